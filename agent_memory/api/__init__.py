@@ -1,0 +1,1 @@
+"""The HTTP API: FastAPI app, OpenAI adapter, agent routes, middleware."""

@@ -1,0 +1,50 @@
+"""Agent lifecycle over HTTP: list agents, show one, end one (frees what it alone holds)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Depends
+
+from agent_memory.api.errors import APIError
+from agent_memory.api.state import ServerState, ready_state
+from agent_memory.memory.store import AgentInfo
+
+router = APIRouter()
+
+
+def agent_dict(info: AgentInfo) -> dict:
+    return {
+        "id": info.id,
+        "object": "agent",
+        "tokens": info.tokens,
+        "blocks": info.blocks,
+        "bytes": {"hot": info.hot_bytes, "disk": info.disk_bytes},
+        "last_used": round(info.last_used, 3),
+    }
+
+
+@router.get("/v1/agents")
+async def list_agents(state: ServerState = Depends(ready_state)) -> dict:
+    store = state.engine.store
+    agents = await asyncio.to_thread(store.all_agents)
+    totals = await asyncio.to_thread(store.totals)
+    return {"object": "list", "data": [agent_dict(a) for a in agents], **totals}
+
+
+@router.get("/v1/agents/{agent_id:path}")
+async def get_agent(agent_id: str, state: ServerState = Depends(ready_state)) -> dict:
+    info = await asyncio.to_thread(state.engine.store.agent_info, agent_id)
+    if info is None:
+        raise APIError(404, f"no agent '{agent_id}'", param="agent_id", code="agent_not_found")
+    return agent_dict(info)
+
+
+@router.delete("/v1/agents/{agent_id:path}")
+async def delete_agent(agent_id: str, state: ServerState = Depends(ready_state)) -> dict:
+    store = state.engine.store
+    # Freeing KV arrays is MLX work: it happens on the engine thread.
+    ended = await asyncio.wrap_future(state.engine.call(lambda: store.end_agent(agent_id)))
+    if not ended:
+        raise APIError(404, f"no agent '{agent_id}'", param="agent_id", code="agent_not_found")
+    return {"id": agent_id, "object": "agent.deleted", "deleted": True}

@@ -1,0 +1,69 @@
+"""The FastAPI app: routes, error shape, middleware, and the engine's lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from agent_memory import __version__
+from agent_memory.api import agents, errors, openai
+from agent_memory.api.middleware import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware, RequestIdMiddleware
+from agent_memory.api.state import ServerState
+from agent_memory.engine.batch import BatchEngine
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    engine: BatchEngine,
+    *,
+    model_name: str,
+    host: str,
+    api_key: str | None,
+    on_load_failure: Callable[[], None],
+) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        watcher = asyncio.create_task(_watch_load(engine, on_load_failure))
+        yield
+        watcher.cancel()
+        await asyncio.to_thread(engine.stop)
+        app.state.server.tokenizer_pool.shutdown()
+
+    app = FastAPI(title="agent-memory", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = ServerState(engine=engine, model_name=model_name)
+    errors.install(app)
+    app.include_router(openai.router)
+    app.include_router(agents.router)
+
+    @app.get("/health")
+    async def health(request: Request):
+        state: ServerState = request.app.state.server
+        if state.engine.load_error:
+            return JSONResponse({"status": "error", "message": state.engine.load_error}, status_code=503)
+        if not state.engine.ready.is_set():
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return {"status": "ok"}
+
+    # Added last runs first: request id, then Host, then key, then body size.
+    app.add_middleware(BodyLimitMiddleware)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(HostCheckMiddleware, bind_host=host)
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+async def _watch_load(engine: BatchEngine, on_load_failure: Callable[[], None]) -> None:
+    await asyncio.to_thread(engine.ready.wait)
+    if engine.load_error:
+        log.error("the model could not be loaded: %s", engine.load_error)
+        on_load_failure()
+    else:
+        log.info("ready")

@@ -1,0 +1,73 @@
+"""Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}}."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status)
+
+
+def _describe(err: dict) -> tuple[str, str | None]:
+    """One readable sentence and the dotted parameter path from a pydantic error."""
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+    if err.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}", None
+    param = ".".join(loc) or None
+    msg = err.get("msg", "invalid value")
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError):
+        return error_response(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        message, param = _describe(errors[0]) if errors else ("invalid request", None)
+        return error_response(400, message, param, "invalid_value" if param else "invalid_json")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException):
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception):
+        log.exception("unhandled error")
+        return error_response(500, "internal server error")

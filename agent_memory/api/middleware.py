@@ -1,0 +1,122 @@
+"""ASGI middleware: request id, Host check, API key, body size limit.
+
+Plain ASGI rather than BaseHTTPMiddleware so streaming responses and client disconnects pass
+through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+
+from starlette.exceptions import HTTPException
+
+from agent_memory.api.errors import error_body
+
+MAX_BODY_BYTES = 16 << 20
+OPEN_PATHS = {"/health"}
+LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+async def _reject(send, status: int, message: str, code: str | None = None) -> None:
+    body = json.dumps(error_body(status, message, code=code)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+class RequestIdMiddleware:
+    """Echo the client's X-Request-Id or make one, so logs and clients can name a request."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class HostCheckMiddleware:
+    """Refuse Host headers naming other sites: a web page must not reach a loopback server
+    through DNS rebinding."""
+
+    def __init__(self, app, bind_host: str) -> None:
+        self.app = app
+        self.any_host = bind_host in ("0.0.0.0", "::", "")
+        self.allowed = LOOPBACK_NAMES | {bind_host}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self.any_host:
+            return await self.app(scope, receive, send)
+        host = _header(scope, b"host") or ""
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if name not in self.allowed:
+            return await _reject(send, 400, f"Host '{host}' is not allowed", "invalid_host")
+        await self.app(scope, receive, send)
+
+
+class APIKeyMiddleware:
+    """Require the key as `Authorization: Bearer KEY` or `x-api-key: KEY` (not for /health)."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        auth = _header(scope, b"authorization") or ""
+        given = auth[7:] if auth.lower().startswith("bearer ") else _header(scope, b"x-api-key") or ""
+        if not secrets.compare_digest(given.strip().encode(), self.api_key):
+            return await _reject(send, 401, "Invalid or missing API key", "invalid_api_key")
+        await self.app(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over the limit, whether announced by Content-Length or streamed."""
+
+    def __init__(self, app, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await _reject(send, 413, f"request body over {self.limit} bytes", "body_too_large")
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    # An HTTPException, so the app's handler answers 413 while reading the body.
+                    raise HTTPException(413, f"request body over {self.limit} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)

@@ -1,0 +1,127 @@
+"""OpenAI request bodies. Unknown fields are accepted and ignored; fields we cannot honour
+meaningfully are rejected with a message that says which and why."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_AGENT_ID = 256
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def only_text(self):
+        if self.type != "text" or self.text is None:
+            raise ValueError(f"content parts of type '{self.type}' are not supported; only 'text' is")
+        return self
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+    def template_role(self) -> str:
+        return "system" if self.role == "developer" else self.role
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """The fields chat and text completions share."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def single_choice(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def stop_list(cls, v):
+        return [v] if isinstance(v, str) else v
+
+    def stop_strings(self) -> list[str]:
+        return [s for s in (self.stop or []) if s]
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def agent_id(self, header: str | None) -> str | None:
+        """Who is speaking: prompt_cache_key, then X-Agent-Id, then user, then metadata.user_id."""
+        user_id = (self.metadata or {}).get("user_id")
+        for candidate in (self.prompt_cache_key, header, self.user, user_id):
+            if isinstance(candidate, str) and candidate:
+                return candidate
+        return None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def single_prompt(cls, v):
+        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
+            if len(v) != 1:
+                raise ValueError("only one prompt per request is supported")
+            return v[0]
+        if isinstance(v, list) and not v:
+            raise ValueError("the prompt is empty")
+        return v
+
+    @field_validator("echo")
+    @classmethod
+    def no_echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def no_best_of(cls, v):
+        if v not in (None, 1):
+            raise ValueError("only best_of=1 is supported")
+        return v

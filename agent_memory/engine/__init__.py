@@ -1,0 +1,1 @@
+"""The BatchEngine: the one thread that touches MLX."""

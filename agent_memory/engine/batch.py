@@ -1,0 +1,341 @@
+"""BatchEngine: the one thread that touches MLX.
+
+Each request is prefilled alone, in chunks, from its plan: cached blocks are appended as KV,
+gaps and the new suffix are computed. Between chunks every running sequence decodes one token
+together in mlx-lm's GenerationBatch, so a long prompt never freezes the others; a request
+joins the batch when its prefill ends and leaves the moment it finishes or its client goes.
+A finished sequence's KV (prompt and reply) is committed to the AgentCacheStore.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import agent_memory.blas  # noqa: F401
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch, StopSequences
+from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.sample_utils import greedy_sampler
+
+from agent_memory.engine import kv
+from agent_memory.engine.loader import LoadedModel, load_model
+from agent_memory.engine.quantized import BatchQuantizedKVCache
+from agent_memory.engine.requests import (
+    Failed,
+    Finished,
+    GenerationRequest,
+    Sink,
+    TextDelta,
+    Usage,
+)
+from agent_memory.engine.sampling import make_sampler
+from agent_memory.engine.stops import StopMatcher
+from agent_memory.memory.blocks import Tier
+from agent_memory.memory.store import AgentCacheStore, Lease, Segment
+
+log = logging.getLogger(__name__)
+
+BLOCK_TOKENS = 64
+# Tokens prefilled per step while others decode (their inter-token delay) and when alone.
+PREFILL_CHUNK_SHARED = 256
+PREFILL_CHUNK_ALONE = 2048
+
+
+@dataclass
+class EngineConfig:
+    model_path: Path
+    max_batch: int = 8
+    hot_budget_bytes: int = 2 << 30
+    precision: kv.KVPrecision = kv.KVPrecision()
+
+
+@dataclass(eq=False)
+class Sequence:
+    id: int
+    request: GenerationRequest
+    sink: Sink
+    lease: Lease
+    plan: deque[Segment]  # what is left to put into `cache` before decoding starts
+    cache: list | None
+    detokenizer: Any
+    stops: StopMatcher
+    sampler: Any
+    usage: Usage
+    pos: int = 0  # prompt tokens in `cache`
+
+    def emit_text(self, text: str, final: bool = False) -> bool:
+        """Pass decoded text through the stop matcher; True when a stop string was reached."""
+        safe, hit = self.stops.feed(text)
+        if not hit and final:
+            safe += self.stops.flush()
+        if safe:
+            self.sink(TextDelta(safe))
+        return hit
+
+
+class BatchEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.loaded: LoadedModel | None = None
+        self.store: AgentCacheStore | None = None
+        self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._seqs: dict[int, Sequence] = {}
+        self._prefilling: deque[Sequence] = deque()
+        self._batch: GenerationBatch | None = None
+
+    # -- called from other threads ------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> int:
+        seq_id = next(self._ids)
+        self._inbox.put(lambda: self._admit(seq_id, request, sink))
+        return seq_id
+
+    def cancel(self, seq_id: int) -> None:
+        self._inbox.put(lambda: self._cancel(seq_id))
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run fn on the engine thread (anything that frees or makes MLX arrays)."""
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except Exception as e:  # handed to the caller
+                future.set_exception(e)
+
+        self._inbox.put(run)
+        return future
+
+    def stop(self) -> None:
+        self._inbox.put(None)
+        self._thread.join()
+
+    # -- the engine thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._load()
+        except Exception as e:
+            log.exception("could not load %s", self.config.model_path)
+            self.load_error = str(e)
+            self.ready.set()
+            return
+        self.ready.set()
+        while self._drain(block=not (self._prefilling or self._decoding)):
+            if self._decoding:
+                self._step(self._decode, list(self._batch_seqs()))
+            if self._prefilling and self._decoding < self.config.max_batch:
+                self._step(self._prefill, [self._prefilling[0]])
+        self._shutdown()
+
+    def _load(self) -> None:
+        self.loaded = load_model(self.config.model_path)
+        self.store = AgentCacheStore(
+            block_tokens=BLOCK_TOKENS,
+            salt=self.loaded.fingerprint,
+            hot_budget_bytes=self.config.hot_budget_bytes,
+            attention_tokens=self.loaded.attention_tokens,
+        )
+        self._eos = StopSequences([(t,) for t in self.loaded.tokenizer.eos_token_ids])
+        self._batch = GenerationBatch.empty(self.loaded.model, greedy_sampler)
+        log.info(
+            "loaded %s: %d layers, context %d, KV %s",
+            self.loaded.name,
+            self.loaded.num_layers,
+            self.loaded.context_length,
+            f"{self.config.precision.bits}-bit" if self.config.precision.quantized else "unquantized",
+        )
+
+    @property
+    def _decoding(self) -> int:
+        return len(self._batch) if self._batch is not None else 0
+
+    def _batch_seqs(self):
+        return (self._seqs[uid] for uid in self._batch.uids)
+
+    def _drain(self, block: bool) -> bool:
+        """Run queued calls; False once stop was asked."""
+        try:
+            item = self._inbox.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if item is None:
+                return False
+            item()
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _step(self, work: Callable[[], None], seqs: list[Sequence]) -> None:
+        """Run one unit of MLX work; if it fails, fail the sequences it touched, not the server."""
+        try:
+            work()
+        except Exception as e:
+            log.exception("engine step failed")
+            for seq in seqs:
+                self._drop(seq)
+                seq.sink(Failed(f"generation failed: {e}"))
+            if any(s.cache is None for s in seqs):
+                self._batch = GenerationBatch.empty(self.loaded.model, greedy_sampler)
+
+    def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink) -> None:
+        prompt = request.prompt
+        lease = self.store.lookup(prompt[:-1])
+        plan = deque(lease.segments)
+        if lease.end < len(prompt) - 1:
+            plan.append(Segment(lease.end, len(prompt) - 1, None))
+        params = request.params
+        seq = Sequence(
+            id=seq_id,
+            request=request,
+            sink=sink,
+            lease=lease,
+            plan=plan,
+            cache=kv.new_cache(self.loaded.num_layers, self.config.precision),
+            detokenizer=self.loaded.tokenizer.detokenizer,
+            stops=StopMatcher(params.stop),
+            sampler=make_sampler(params.temperature, params.top_p, params.seed),
+            usage=Usage(prompt_tokens=len(prompt)),
+        )
+        self._seqs[seq_id] = seq
+        self._prefilling.append(seq)
+
+    def _prefill(self) -> None:
+        seq = self._prefilling[0]
+        budget = PREFILL_CHUNK_SHARED if self._decoding else PREFILL_CHUNK_ALONE
+        while seq.plan and budget > 0:
+            if seq.plan[0].block is not None:
+                self._append_cached(seq)
+                continue
+            segment = seq.plan[0]
+            n = min(budget, segment.end - seq.pos)
+            tokens = mx.array(seq.request.prompt[seq.pos : seq.pos + n])[None]
+            self.loaded.model(tokens, cache=seq.cache)
+            mx.eval([c.state for c in seq.cache])
+            seq.pos += n
+            budget -= n
+            if seq.pos == segment.end:
+                seq.plan.popleft()
+        if not seq.plan:
+            self._prefilling.popleft()
+            self._start_decoding(seq)
+
+    def _append_cached(self, seq: Sequence) -> None:
+        """Append the run of cached blocks at the head of the plan to the sequence's cache."""
+        parts = []
+        while seq.plan and seq.plan[0].block is not None:
+            segment = seq.plan.popleft()
+            n = segment.end - segment.start
+            block = segment.block
+            if block.tier is Tier.HOT:
+                parts.append((block.payload, n))
+                seq.usage.hot_tokens += n
+            seq.pos += n
+        kv.append(seq.cache, parts)
+
+    def _start_decoding(self, seq: Sequence) -> None:
+        prompt = seq.request.prompt
+        merge = BatchQuantizedKVCache.merge if self.config.precision.quantized else BatchKVCache.merge
+        joining = GenerationBatch(
+            self.loaded.model,
+            [seq.id],
+            mx.array(prompt[-1:]),
+            [merge([c]) for c in seq.cache],
+            [list(prompt[:-1])],
+            [seq.sampler],
+            greedy_sampler,
+            [()],
+            [self._eos],
+            [seq.request.params.max_tokens],
+        )
+        seq.cache = None
+        self._batch.extend(joining)
+
+    def _decode(self) -> None:
+        stopped = []
+        for r in self._batch.next():
+            seq = self._seqs[r.uid]
+            seq.usage.completion_tokens += 1
+            if r.finish_reason != "stop":  # "stop" here means an end-of-sequence token
+                seq.detokenizer.add_token(r.token)
+            if r.finish_reason is not None:
+                seq.detokenizer.finalize()
+            if seq.emit_text(seq.detokenizer.last_segment, final=r.finish_reason is not None):
+                if r.finish_reason is None:
+                    stopped.append(seq)
+                    continue
+                self._finish(seq, "stop", r.prompt_cache, r.all_tokens)
+            elif r.finish_reason is not None:
+                self._finish(seq, r.finish_reason, r.prompt_cache, r.all_tokens)
+        if stopped:
+            self._leave_batch(stopped, "stop")
+
+    def _leave_batch(self, seqs: list[Sequence], reason: str) -> None:
+        uids = self._batch.uids
+        index = {s.id: uids.index(s.id) for s in seqs}
+        taken = {s.id: (self._batch.extract_cache(i), list(self._batch.tokens[i])) for s, i in zip(seqs, index.values())}
+        self._batch.filter([i for i in range(len(uids)) if i not in index.values()])
+        for seq in seqs:
+            self._finish(seq, reason, *taken[seq.id])
+
+    def _finish(self, seq: Sequence, reason: str, cache: list, tokens: list[int]) -> None:
+        self._commit(seq, cache, tokens)
+        self._drop(seq)
+        seq.sink(Finished(reason, seq.usage))
+
+    def _commit(self, seq: Sequence, cache: list, tokens: list[int]) -> None:
+        """Hand the sequence's KV to the store, block by block; a failure costs only reuse."""
+        if not tokens:
+            return
+        payloads = []
+
+        def cut(start: int, end: int):
+            payload = kv.cut(cache, start, end)
+            payloads.append(payload)
+            return payload, kv.payload_nbytes(payload)
+
+        try:
+            self.store.commit(seq.request.agent, tokens, cut)
+            mx.eval(payloads)
+        except Exception:
+            log.exception("could not cache the KV of request %d", seq.id)
+
+    def _drop(self, seq: Sequence) -> None:
+        self.store.release(seq.lease)
+        self._seqs.pop(seq.id, None)
+        if seq in self._prefilling:
+            self._prefilling.remove(seq)
+
+    def _cancel(self, seq_id: int) -> None:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            return
+        if seq.cache is not None:  # still prefilling: keep what was computed
+            self._commit(seq, seq.cache, seq.request.prompt[: seq.pos])
+            self._drop(seq)
+            seq.sink(Finished("cancelled", seq.usage))
+        else:
+            self._leave_batch([seq], "cancelled")
+
+    def _shutdown(self) -> None:
+        for seq in list(self._seqs.values()):
+            self._drop(seq)
+            seq.sink(Failed("the server is shutting down"))

@@ -1,0 +1,80 @@
+"""Load a model folder with mlx-lm and describe what the cache needs to know about it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import agent_memory.blas  # noqa: F401
+from mlx_lm import load as mlx_load
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+log = logging.getLogger(__name__)
+
+# Files whose bytes decide what KV a token sequence produces.
+FINGERPRINT_GLOBS = ("*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+class UnsupportedModelError(RuntimeError):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: Path
+    model: Any
+    tokenizer: Any  # mlx-lm TokenizerWrapper
+    context_length: int
+    num_layers: int
+    fingerprint: str
+    # Context length at which a token's attention costs as much as its matmuls:
+    # recompute cost per token grows as 1 + position / attention_tokens.
+    attention_tokens: float
+
+
+def fingerprint(path: Path) -> str:
+    """A digest of the weights, config and tokenizer: KV from another model never matches."""
+    digest = hashlib.sha256()
+    for pattern in FINGERPRINT_GLOBS:
+        for file in sorted(path.glob(pattern)):
+            digest.update(file.name.encode())
+            with open(file, "rb") as f:
+                digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()[:32]
+
+
+def load_model(path: Path) -> LoadedModel:
+    if not (path / "config.json").is_file():
+        raise UnsupportedModelError(f"{path} is not a model folder (no config.json)")
+    model, tokenizer = mlx_load(str(path))
+    if not all(type(c) is KVCache for c in make_prompt_cache(model)):
+        raise UnsupportedModelError(
+            f"{path.name}: only models whose every layer uses a plain KV cache are supported"
+        )
+    config = json.loads((path / "config.json").read_text())
+    context = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
+    layers = len(model.layers)
+    hidden = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    ffn = config.get("intermediate_size") or 4 * hidden
+    matmul_params = layers * (2 * hidden * (heads + kv_heads) * head_dim + 3 * hidden * ffn)
+    return LoadedModel(
+        name=path.name,
+        path=path,
+        model=model,
+        tokenizer=tokenizer,
+        context_length=int(context),
+        num_layers=layers,
+        fingerprint=fingerprint(path),
+        # Matmuls cost ~2 FLOP per weight per token; attention ~4 per query head dim per
+        # layer per earlier token.
+        attention_tokens=2 * matmul_params / (4 * layers * heads * head_dim),
+    )
+

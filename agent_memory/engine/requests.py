@@ -1,0 +1,54 @@
+"""What the API hands the engine, and the events the engine streams back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GenerationRequest:
+    prompt: list[int]
+    params: SamplingParams
+    agent: str | None = None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int = 0
+    hot_tokens: int = 0  # prompt tokens whose KV came from memory
+    warm_tokens: int = 0  # prompt tokens whose KV came from disk
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.hot_tokens + self.warm_tokens
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class Finished:
+    reason: str  # "stop" | "length" | "cancelled"
+    usage: Usage
+
+
+@dataclass
+class Failed:
+    message: str
+
+
+Event = TextDelta | Finished | Failed
+Sink = Callable[[Event], None]

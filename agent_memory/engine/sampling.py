@@ -1,0 +1,30 @@
+"""Per-request samplers: each seeded request owns its PRNG key, so its tokens do not depend
+on which other requests share the batch."""
+
+import secrets
+
+import agent_memory.blas  # noqa: F401
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_top_p, greedy_sampler
+
+
+class SeededSampler:
+    """Temperature + nucleus sampling from a key that only this request advances."""
+
+    def __init__(self, temperature: float, top_p: float, seed: int | None) -> None:
+        self.inv_temperature = 1.0 / temperature
+        self.top_p = top_p
+        self.key = mx.random.key(secrets.randbits(63) if seed is None else seed)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        logits = logprobs * self.inv_temperature
+        if 0.0 < self.top_p < 1.0:
+            logits = apply_top_p(logits - mx.logsumexp(logits, axis=-1, keepdims=True), self.top_p)
+        self.key, step_key = mx.random.split(self.key)
+        return mx.random.categorical(logits, key=step_key)
+
+
+def make_sampler(temperature: float, top_p: float, seed: int | None):
+    if temperature <= 0.0:
+        return greedy_sampler
+    return SeededSampler(temperature, top_p, seed)

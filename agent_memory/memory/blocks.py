@@ -1,0 +1,97 @@
+"""BlockPool: every KV block the server knows, with its tier, references and exact byte counts.
+
+A block is `block_tokens` consecutive tokens of one sequence (the last block of a sequence may
+be shorter), named by a hash chain over token ids, so identical prefixes are held once. The
+pool owns no MLX: a hot block's `payload` is whatever the engine gave it, with its byte size.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Tier(enum.Enum):
+    HOT = "hot"  # KV in memory (it may also have a disk copy)
+    WARM = "warm"  # KV only on disk
+    COLD = "cold"  # tokens known, KV dropped: recomputed on demand
+
+
+@dataclass(eq=False)
+class Block:
+    hash: str
+    parent: str | None
+    tokens: tuple[int, ...]
+    start: int  # position of the block's first token in its sequence
+    payload: Any = None  # engine-owned KV at hot precision; None unless HOT
+    hot_bytes: int = 0
+    disk_bytes: int = 0  # size of its durable file; 0 when none
+    refs: int = 0  # agents whose latest sequence uses the block
+    pins: int = 0  # running sequences using it: never evicted while > 0
+    last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def tier(self) -> Tier:
+        if self.payload is not None:
+            return Tier.HOT
+        return Tier.WARM if self.disk_bytes else Tier.COLD
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+class BlockPool:
+    """Blocks by hash, the parent → children index, and the hot/disk byte totals."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, Block] = {}
+        self.children: dict[str | None, set[str]] = {}
+        self.hot_bytes = 0
+        self.disk_bytes = 0
+
+    def __contains__(self, block_hash: str) -> bool:
+        return block_hash in self.blocks
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def get(self, block_hash: str) -> Block | None:
+        return self.blocks.get(block_hash)
+
+    def add(self, block: Block) -> Block:
+        assert block.hash not in self.blocks, block.hash
+        self.blocks[block.hash] = block
+        self.children.setdefault(block.parent, set()).add(block.hash)
+        return block
+
+    def remove(self, block: Block) -> None:
+        """Forget a block entirely; the caller has deleted its disk copy first."""
+        self.drop_payload(block)
+        assert not block.disk_bytes, "remove the disk copy before the block"
+        del self.blocks[block.hash]
+        siblings = self.children[block.parent]
+        siblings.discard(block.hash)
+        if not siblings:
+            del self.children[block.parent]
+
+    def set_payload(self, block: Block, payload: Any, nbytes: int) -> None:
+        self.drop_payload(block)
+        block.payload, block.hot_bytes = payload, nbytes
+        self.hot_bytes += nbytes
+
+    def drop_payload(self, block: Block) -> None:
+        self.hot_bytes -= block.hot_bytes
+        block.payload, block.hot_bytes = None, 0
+
+    def set_disk(self, block: Block, nbytes: int) -> None:
+        self.disk_bytes += nbytes - block.disk_bytes
+        block.disk_bytes = nbytes
+
+    def drop_disk(self, block: Block) -> None:
+        self.set_disk(block, 0)
+
+    def in_tier(self, tier: Tier) -> list[Block]:
+        return [b for b in self.blocks.values() if b.tier is tier]

@@ -1,0 +1,229 @@
+"""AgentCacheStore: each agent's latest sequence, the blocks behind it, and the hot budget.
+
+The engine thread calls `lookup` before a prefill and `commit` after a sequence ends; HTTP
+handlers read `agents()` under the same lock. Eviction follows Pensieve's retention value:
+recompute cost per byte over idle time, so an idle agent's cheap early blocks leave first, and
+a block a running sequence uses never leaves. A block nobody refers to stays only while hot;
+with a disk tier (see `disk`), agents' blocks become WARM once their file is durable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agent_memory.memory.blocks import Block, BlockPool, Tier
+from agent_memory.memory.prefix import SharedPrefixCache
+
+# Cut one block's KV out of a finished sequence: (start, end) -> (payload, nbytes).
+KVCutter = Callable[[int, int], tuple[Any, int]]
+
+
+class DiskTier(Protocol):
+    """What the store needs from the warm tier (memory/disk.py)."""
+
+    def save_blocks(self, blocks: Sequence[Block]) -> None: ...
+    def delete_blocks(self, blocks: Sequence[Block]) -> None: ...
+    def save_agent(self, agent: str, record: "AgentRecord") -> None: ...
+    def delete_agent(self, agent: str) -> None: ...
+
+
+@dataclass
+class AgentRecord:
+    tokens: list[int]
+    blocks: list[str]  # hashes, in order
+    last_used: float = field(default_factory=time.time)  # wall clock, for people
+
+
+@dataclass
+class Segment:
+    """Request tokens [start, end): from `block`'s first tokens, or recomputed if block is None."""
+
+    start: int
+    end: int
+    block: Block | None
+
+
+@dataclass
+class Lease:
+    """What a running sequence holds: the plan for its cached prefix and the pins behind it."""
+
+    segments: list[Segment]
+    blocks: list[Block]
+
+    @property
+    def end(self) -> int:
+        return self.segments[-1].end if self.segments else 0
+
+
+@dataclass
+class AgentInfo:
+    id: str
+    tokens: int
+    blocks: dict[str, int]  # by tier
+    hot_bytes: int
+    disk_bytes: int
+    last_used: float
+
+
+class AgentCacheStore:
+    def __init__(
+        self,
+        *,
+        block_tokens: int,
+        salt: str,
+        hot_budget_bytes: int,
+        attention_tokens: float,
+        disk: DiskTier | None = None,
+    ) -> None:
+        self.lock = threading.RLock()
+        self.pool = BlockPool()
+        self.prefix = SharedPrefixCache(self.pool, block_tokens, salt)
+        self.agents: dict[str, AgentRecord] = {}
+        self.hot_budget_bytes = hot_budget_bytes
+        # Context length at which a token's attention costs as much as its matmuls.
+        self.attention_tokens = attention_tokens
+        self.disk = disk
+
+    # -- the request path ---------------------------------------------------------------
+
+    def lookup(self, tokens: Sequence[int]) -> Lease:
+        """Plan the longest reusable prefix of `tokens` and pin its blocks."""
+        with self.lock:
+            segments, blocks, pos = [], [], 0
+            for block, n in self.prefix.match(tokens):
+                usable = block is not None and block.tier is not Tier.COLD
+                if usable:
+                    block.pins += 1
+                    block.last_used = time.monotonic()
+                    blocks.append(block)
+                if not usable and segments and segments[-1].block is None:
+                    segments[-1].end += n
+                else:
+                    segments.append(Segment(pos, pos + n, block if usable else None))
+                pos += n
+            return Lease(segments, blocks)
+
+    def release(self, lease: Lease) -> None:
+        with self.lock:
+            for block in lease.blocks:
+                block.pins -= 1
+                self._drop_if_unused(block)
+            lease.blocks = []
+
+    def commit(self, agent: str | None, tokens: Sequence[int], cut: KVCutter) -> None:
+        """Store a finished sequence: its blocks become hot, the agent points at it."""
+        with self.lock:
+            now = time.monotonic()
+            blocks = []
+            for h, parent, start, end in self.prefix.chain(tokens):
+                block = self.pool.get(h) or self.pool.add(
+                    Block(h, parent, tuple(tokens[start:end]), start)
+                )
+                block.last_used = now
+                if block.tier is not Tier.HOT:
+                    self.pool.set_payload(block, *cut(start, end))
+                blocks.append(block)
+            if agent is not None:
+                self._point_agent(agent, list(tokens), blocks)
+            self._evict_hot()
+            if self.disk is not None and agent is not None:
+                self.disk.save_blocks([b for b in blocks if b.tier is Tier.HOT and not b.disk_bytes])
+                self.disk.save_agent(agent, self.agents[agent])
+
+    def _point_agent(self, agent: str, tokens: list[int], blocks: list[Block]) -> None:
+        for block in blocks:
+            block.refs += 1
+        old = self.agents.get(agent)
+        self.agents[agent] = AgentRecord(tokens, [b.hash for b in blocks])
+        if old is not None:
+            self._unref(old.blocks, forget_partial=True)
+
+    # -- agents -------------------------------------------------------------------------
+
+    def end_agent(self, agent: str) -> bool:
+        """Forget an agent: every block only it held leaves every tier."""
+        with self.lock:
+            record = self.agents.pop(agent, None)
+            if record is None:
+                return False
+            self._unref(record.blocks, forget_all=True)
+            if self.disk is not None:
+                self.disk.delete_agent(agent)
+            return True
+
+    def agent_info(self, agent: str) -> AgentInfo | None:
+        with self.lock:
+            record = self.agents.get(agent)
+            if record is None:
+                return None
+            blocks = [self.pool.blocks[h] for h in record.blocks]
+            by_tier = {t.value: 0 for t in Tier}
+            for b in blocks:
+                by_tier[b.tier.value] += 1
+            return AgentInfo(
+                id=agent,
+                tokens=len(record.tokens),
+                blocks=by_tier,
+                hot_bytes=sum(b.hot_bytes for b in blocks),
+                disk_bytes=sum(b.disk_bytes for b in blocks),
+                last_used=record.last_used,
+            )
+
+    def all_agents(self) -> list[AgentInfo]:
+        with self.lock:
+            return [self.agent_info(a) for a in sorted(self.agents)]
+
+    def totals(self) -> dict[str, int]:
+        with self.lock:
+            by_tier = {t: 0 for t in Tier}
+            for block in self.pool.blocks.values():
+                by_tier[block.tier] += 1
+            return {
+                "hot_bytes": self.pool.hot_bytes,
+                "hot_budget_bytes": self.hot_budget_bytes,
+                "disk_bytes": self.pool.disk_bytes,
+                **{f"{t.value}_blocks": n for t, n in by_tier.items()},
+            }
+
+    # -- eviction -----------------------------------------------------------------------
+
+    def retention_value(self, block: Block, now: float) -> float:
+        """Recompute cost per byte per idle second; the lowest leaves memory first."""
+        n = len(block.tokens)
+        cost = n * (1.0 + (block.start + n / 2) / self.attention_tokens)
+        idle = now - block.last_used + 1.0
+        return cost * (1 + block.refs) / (max(block.hot_bytes, 1) * idle)
+
+    def _evict_hot(self) -> None:
+        if self.pool.hot_bytes <= self.hot_budget_bytes:
+            return
+        now = time.monotonic()
+        candidates = [b for b in self.pool.in_tier(Tier.HOT) if b.pins == 0]
+        candidates.sort(key=lambda b: self.retention_value(b, now))
+        for block in candidates:
+            if self.pool.hot_bytes <= self.hot_budget_bytes:
+                break
+            self.pool.drop_payload(block)
+            self._drop_if_unused(block)
+
+    def _unref(self, hashes: Sequence[str], *, forget_all=False, forget_partial=False) -> None:
+        """Drop references; a superseded partial tail is redundant with the block that grew from it."""
+        for h in hashes:
+            block = self.pool.blocks[h]
+            block.refs -= 1
+            partial = len(block.tokens) < self.prefix.block_tokens
+            self._drop_if_unused(block, forget=forget_all or (forget_partial and partial))
+
+    def _drop_if_unused(self, block: Block, forget: bool = False) -> None:
+        """A block no agent refers to lives on only in memory, for anonymous reuse."""
+        if block.refs or block.pins:
+            return
+        if block.disk_bytes and self.disk is not None:
+            self.disk.delete_blocks([block])
+            self.pool.drop_disk(block)
+        if forget or block.tier is not Tier.HOT:
+            self.pool.remove(block)

@@ -1,0 +1,122 @@
+"""Shared fixtures: the tiny model (built once per session) and real server processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`agent-memory serve` as a child process on a free loopback port."""
+
+    def __init__(self, model: Path | str, cache_dir: Path, *args: str, log: Path | None = None) -> None:
+        self.model, self.cache_dir, self.args = str(model), cache_dir, list(args)
+        self.port = free_port()
+        self.log_path = log or cache_dir / f"server-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 180) -> "Server":
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("AGENT_MEMORY_API_KEY", None)
+        cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", self.model, "--port", str(self.port)]
+        cmd += ["--cache-dir", str(self.cache_dir), *self.args]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        code, self.proc = self.proc.returncode, None
+        return code
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
+
+    def async_client(self, **kw) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=self.base_url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw
+        )
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=120)
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from agent_memory.models.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    with Server(tiny_model, tmp_path_factory.mktemp("cache")) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server) -> openai.OpenAI:
+    return server.client()
+
+
+def chat(client: openai.OpenAI, content: str, max_tokens: int = 24, **kw):
+    return client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0, **kw
+    )
