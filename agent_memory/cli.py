@@ -111,6 +111,9 @@ def _serve(settings: ServeSettings) -> int:
             max_batch=settings.max_batch,
             hot_budget_bytes=settings.hot_budget_mb << 20,
             precision=KVPrecision(settings.kv_bits, settings.kv_group_size),
+            cache_dir=settings.cache_dir,
+            disk_budget_bytes=settings.disk_budget_mb << 20,
+            disk_precision=KVPrecision(settings.disk_kv_bits, settings.kv_group_size) if settings.disk_kv_bits else None,
         )
     )
     config = uvicorn.Config(None, host=settings.host, port=settings.port, log_config=None, timeout_graceful_shutdown=30)

@@ -40,6 +40,7 @@ from agent_memory.engine.requests import (
 from agent_memory.engine.sampling import make_sampler
 from agent_memory.engine.stops import StopMatcher
 from agent_memory.memory.blocks import Tier
+from agent_memory.memory.disk import DiskLayout, DiskTier
 from agent_memory.memory.store import AgentCacheStore, Lease, Segment
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,9 @@ class EngineConfig:
     max_batch: int = 8
     hot_budget_bytes: int = 2 << 30
     precision: kv.KVPrecision = kv.KVPrecision()
+    cache_dir: Path | None = None  # None or a zero disk budget: no warm tier
+    disk_budget_bytes: int = 0
+    disk_precision: kv.KVPrecision | None = None  # None: the same as `precision`
 
 
 @dataclass(eq=False)
@@ -66,11 +70,15 @@ class Sequence:
     lease: Lease
     plan: deque[Segment]  # what is left to put into `cache` before decoding starts
     cache: list | None
+    reads: dict[str, Future]  # block hash -> its tensors, being read from disk
     detokenizer: Any
     stops: StopMatcher
     sampler: Any
     usage: Usage
     pos: int = 0  # prompt tokens in `cache`
+
+    def ready(self) -> bool:
+        return all(f.done() for f in self.reads.values())
 
     def emit_text(self, text: str, final: bool = False) -> bool:
         """Pass decoded text through the stop matcher; True when a stop string was reached."""
@@ -89,6 +97,7 @@ class BatchEngine:
         self.load_error: str | None = None
         self.loaded: LoadedModel | None = None
         self.store: AgentCacheStore | None = None
+        self.disk: DiskTier | None = None
         self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -137,21 +146,36 @@ class BatchEngine:
             self.ready.set()
             return
         self.ready.set()
-        while self._drain(block=not (self._prefilling or self._decoding)):
+        while self._drain(block=not (self._decoding or self._next_prefill())):
             if self._decoding:
                 self._step(self._decode, list(self._batch_seqs()))
-            if self._prefilling and self._decoding < self.config.max_batch:
-                self._step(self._prefill, [self._prefilling[0]])
+            seq = self._next_prefill()
+            if seq is not None and self._decoding < self.config.max_batch:
+                self._step(lambda: self._prefill(seq), [seq])
         self._shutdown()
 
     def _load(self) -> None:
         self.loaded = load_model(self.config.model_path)
+        self.kv_shape = kv.probe_shape(self.loaded.model, self.loaded.num_layers)
+        self.disk = self._open_disk()
         self.store = AgentCacheStore(
             block_tokens=BLOCK_TOKENS,
             salt=self.loaded.fingerprint,
             hot_budget_bytes=self.config.hot_budget_bytes,
             attention_tokens=self.loaded.attention_tokens,
+            disk=self.disk,
+            disk_budget_bytes=self.config.disk_budget_bytes,
         )
+        if self.disk is not None:
+            scan = self.disk.open()
+            self.store.restore(scan)
+            log.info(
+                "warm tier %s: %d agents, %d block files (%.1f MiB)",
+                self.disk.layout.root,
+                len(self.store.agents),
+                len(scan.files),
+                self.store.pool.disk_bytes / (1 << 20),
+            )
         self._eos = StopSequences([(t,) for t in self.loaded.tokenizer.eos_token_ids])
         self._batch = GenerationBatch.empty(self.loaded.model, greedy_sampler)
         log.info(
@@ -160,6 +184,24 @@ class BatchEngine:
             self.loaded.num_layers,
             self.loaded.context_length,
             f"{self.config.precision.bits}-bit" if self.config.precision.quantized else "unquantized",
+        )
+
+    @property
+    def _disk_precision(self) -> kv.KVPrecision:
+        return self.config.disk_precision or self.config.precision
+
+    def _open_disk(self) -> DiskTier | None:
+        cfg = self.config
+        if cfg.cache_dir is None or cfg.disk_budget_bytes <= 0:
+            return None
+        precision, shape = self._disk_precision, self.kv_shape
+        folder = DiskLayout.folder_name(self.loaded.name, self.loaded.fingerprint, precision.tag)
+        return DiskTier(
+            DiskLayout(cfg.cache_dir / "kv" / folder),
+            fingerprint=self.loaded.fingerprint,
+            meta=precision.file_meta(),
+            block_layout=lambda n: kv.block_layout(n, shape, precision),
+            encode=lambda payload: kv.to_numpy(kv.convert(payload, cfg.precision, precision)),
         )
 
     @property
@@ -210,16 +252,25 @@ class BatchEngine:
             lease=lease,
             plan=plan,
             cache=kv.new_cache(self.loaded.num_layers, self.config.precision),
+            reads={},
             detokenizer=self.loaded.tokenizer.detokenizer,
             stops=StopMatcher(params.stop),
             sampler=make_sampler(params.temperature, params.top_p, params.seed),
             usage=Usage(prompt_tokens=len(prompt)),
         )
+        for segment in lease.segments:
+            if segment.block is not None and segment.block.tier is Tier.WARM:
+                future = self.disk.read_block(segment.block)
+                future.add_done_callback(lambda _: self._inbox.put(lambda: None))  # wake the loop
+                seq.reads[segment.block.hash] = future
         self._seqs[seq_id] = seq
         self._prefilling.append(seq)
 
-    def _prefill(self) -> None:
-        seq = self._prefilling[0]
+    def _next_prefill(self) -> Sequence | None:
+        """The first waiting sequence whose disk reads are done."""
+        return next((s for s in self._prefilling if s.ready()), None)
+
+    def _prefill(self, seq: Sequence) -> None:
         budget = PREFILL_CHUNK_SHARED if self._decoding else PREFILL_CHUNK_ALONE
         while seq.plan and budget > 0:
             if seq.plan[0].block is not None:
@@ -235,19 +286,30 @@ class BatchEngine:
             if seq.pos == segment.end:
                 seq.plan.popleft()
         if not seq.plan:
-            self._prefilling.popleft()
+            self._prefilling.remove(seq)
             self._start_decoding(seq)
 
     def _append_cached(self, seq: Sequence) -> None:
-        """Append the run of cached blocks at the head of the plan to the sequence's cache."""
+        """Append the run of cached blocks at the head of the plan to the sequence's cache.
+        A block whose file cannot be read becomes a gap to recompute."""
         parts = []
         while seq.plan and seq.plan[0].block is not None:
             segment = seq.plan.popleft()
             n = segment.end - segment.start
             block = segment.block
-            if block.tier is Tier.HOT:
+            read = seq.reads.pop(block.hash, None)
+            if read is None:
                 parts.append((block.payload, n))
                 seq.usage.hot_tokens += n
+            elif read.exception() is None:
+                payload = kv.convert(kv.from_numpy(read.result(), self.kv_shape), self._disk_precision, self.config.precision)
+                parts.append((payload, n))
+                seq.usage.warm_tokens += n
+            else:
+                log.info("block %s unreadable (%s): recomputing it", block.hash[:12], read.exception())
+                self.store.disk_lost(block)
+                seq.plan.appendleft(Segment(segment.start, segment.end, None))
+                break
             seq.pos += n
         kv.append(seq.cache, parts)
 
@@ -339,3 +401,6 @@ class BatchEngine:
         for seq in list(self._seqs.values()):
             self._drop(seq)
             seq.sink(Failed("the server is shutting down"))
+        if self.disk is not None:
+            log.info("flushing the warm tier")
+            self.disk.close()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 QUANT_PARTS = ("q", "scales", "biases")
@@ -29,10 +30,13 @@ class KVPrecision:
     def quantized(self) -> bool:
         return self.bits < 16
 
-    def tensor_names(self) -> list[str]:
-        if not self.quantized:
-            return ["k", "v"]
-        return [f"{kv}.{part}" for kv in "kv" for part in QUANT_PARTS]
+    @property
+    def tag(self) -> str:
+        return f"q{self.bits}g{self.group_size}" if self.quantized else "kv16"
+
+    def file_meta(self) -> dict[str, str]:
+        """What every block file at this precision says about it (checked on read)."""
+        return {"bits": str(self.bits), "group_size": str(self.group_size if self.quantized else 0)}
 
 
 Payload = dict[str, mx.array]
@@ -86,3 +90,79 @@ def append(cache: list, parts: list[tuple[Payload, int]]) -> None:
             c.keys, c.values = new_k, new_v
         c.offset += added
     mx.eval([c.state for c in cache])
+
+
+# -- moving payloads between tiers -------------------------------------------------------
+
+SAFETENSORS_DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.uint32: "U32"}
+VIEW_AS = {mx.bfloat16: mx.uint16}  # numpy has no bfloat16: its bytes travel as uint16
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What one token's KV looks like in this model, probed once at load."""
+
+    layers: int
+    kv_heads: int
+    k_dim: int
+    v_dim: int
+    dtype: mx.Dtype
+
+
+def probe_shape(model, num_layers: int) -> KVShape:
+    cache = new_cache(num_layers, KVPrecision())
+    model(mx.array([[0]]), cache=cache)
+    k, v = cache[0].keys, cache[0].values
+    return KVShape(num_layers, k.shape[1], k.shape[3], v.shape[3], k.dtype)
+
+
+def convert(payload: Payload, src: KVPrecision, dst: KVPrecision) -> Payload:
+    """Change a payload's precision; only tier moves do this."""
+    if src == dst:
+        return payload
+    out = {}
+    for kv in "kv":
+        full = (
+            mx.dequantize(*(payload[f"{kv}.{p}"] for p in QUANT_PARTS), group_size=src.group_size, bits=src.bits)
+            if src.quantized
+            else payload[kv]
+        )
+        if dst.quantized:
+            out.update(zip((f"{kv}.{p}" for p in QUANT_PARTS), mx.quantize(full, group_size=dst.group_size, bits=dst.bits)))
+        else:
+            out[kv] = full
+    return out
+
+
+def to_numpy(payload: Payload) -> dict:
+    """Tensors for a block file: name -> (safetensors dtype, numpy array)."""
+    mx.eval(payload)
+    return {
+        name: (SAFETENSORS_DTYPES[a.dtype], np.asarray(a.view(VIEW_AS.get(a.dtype, a.dtype))))
+        for name, a in payload.items()
+    }
+
+
+def from_numpy(arrays: dict, shape: KVShape) -> Payload:
+    payload = {}
+    for name, a in arrays.items():
+        arr = mx.array(a)
+        if not name.endswith(".q") and shape.dtype in VIEW_AS:
+            arr = arr.view(shape.dtype)
+        payload[name] = arr
+    return payload
+
+
+def block_layout(n: int, shape: KVShape, precision: KVPrecision) -> dict:
+    """The tensors a block file of n tokens must hold at this precision."""
+    dtype = SAFETENSORS_DTYPES[shape.dtype]
+    dims = {"k": shape.k_dim, "v": shape.v_dim}
+    lead = (shape.layers, shape.kv_heads, n)
+    if not precision.quantized:
+        return {kv: (dtype, (*lead, d)) for kv, d in dims.items()}
+    out = {}
+    for kv, d in dims.items():
+        out[f"{kv}.q"] = ("U32", (*lead, d * precision.bits // 32))
+        out[f"{kv}.scales"] = (dtype, (*lead, d // precision.group_size))
+        out[f"{kv}.biases"] = (dtype, (*lead, d // precision.group_size))
+    return out

@@ -13,22 +13,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from agent_memory.memory.blocks import Block, BlockPool, Tier
+from agent_memory.memory.disk import DiskTier, Manifest, ScanResult
 from agent_memory.memory.prefix import SharedPrefixCache
 
 # Cut one block's KV out of a finished sequence: (start, end) -> (payload, nbytes).
 KVCutter = Callable[[int, int], tuple[Any, int]]
 
-
-class DiskTier(Protocol):
-    """What the store needs from the warm tier (memory/disk.py)."""
-
-    def save_blocks(self, blocks: Sequence[Block]) -> None: ...
-    def delete_blocks(self, blocks: Sequence[Block]) -> None: ...
-    def save_agent(self, agent: str, record: "AgentRecord") -> None: ...
-    def delete_agent(self, agent: str) -> None: ...
+# Reloading a block from disk costs this fraction of recomputing it.
+DISK_RELOAD_COST = 0.05
 
 
 @dataclass
@@ -78,6 +73,7 @@ class AgentCacheStore:
         hot_budget_bytes: int,
         attention_tokens: float,
         disk: DiskTier | None = None,
+        disk_budget_bytes: int = 0,
     ) -> None:
         self.lock = threading.RLock()
         self.pool = BlockPool()
@@ -87,6 +83,9 @@ class AgentCacheStore:
         # Context length at which a token's attention costs as much as its matmuls.
         self.attention_tokens = attention_tokens
         self.disk = disk
+        self.disk_budget_bytes = disk_budget_bytes
+        if disk is not None:
+            disk.on_saved = self._block_saved
 
     # -- the request path ---------------------------------------------------------------
 
@@ -113,6 +112,7 @@ class AgentCacheStore:
                 block.pins -= 1
                 self._drop_if_unused(block)
             lease.blocks = []
+            self._evict_hot()
 
     def commit(self, agent: str | None, tokens: Sequence[int], cut: KVCutter) -> None:
         """Store a finished sequence: its blocks become hot, the agent points at it."""
@@ -129,10 +129,15 @@ class AgentCacheStore:
                 blocks.append(block)
             if agent is not None:
                 self._point_agent(agent, list(tokens), blocks)
-            self._evict_hot()
             if self.disk is not None and agent is not None:
-                self.disk.save_blocks([b for b in blocks if b.tier is Tier.HOT and not b.disk_bytes])
-                self.disk.save_agent(agent, self.agents[agent])
+                for block in blocks:  # written behind, before eviction can drop their KV
+                    if block.tier is Tier.HOT and not block.disk_bytes:
+                        self.disk.save_block(block)
+                record = self.agents[agent]
+                self.disk.save_agent(
+                    Manifest(agent, self.disk.fingerprint, record.tokens, record.blocks, record.last_used)
+                )
+            self._evict_hot()
 
     def _point_agent(self, agent: str, tokens: list[int], blocks: list[Block]) -> None:
         for block in blocks:
@@ -141,6 +146,51 @@ class AgentCacheStore:
         self.agents[agent] = AgentRecord(tokens, [b.hash for b in blocks])
         if old is not None:
             self._unref(old.blocks, forget_partial=True)
+
+    # -- the disk tier --------------------------------------------------------------------
+
+    def _block_saved(self, block_hash: str, nbytes: int) -> None:
+        """The writer made a block durable; it counts as on disk unless nobody wants it now."""
+        with self.lock:
+            block = self.pool.get(block_hash)
+            if block is None or not block.refs:
+                self.disk.delete_block(block_hash)
+                return
+            self.pool.set_disk(block, nbytes)
+            self._evict_disk()
+
+    def disk_lost(self, block: Block) -> None:
+        """A block's file could not be read back: it is recomputed from now on."""
+        with self.lock:
+            self.pool.drop_disk(block)
+            self._drop_if_unused(block)
+
+    def restore(self, scan: ScanResult) -> None:
+        """Rebuild agents from their manifests at start: blocks with a file are WARM, the rest
+        COLD; files no manifest names are deleted."""
+        with self.lock:
+            now_wall, now = time.time(), time.monotonic()
+            for manifest in scan.manifests:
+                chain = self.prefix.chain(manifest.tokens)
+                if [h for h, *_ in chain] != manifest.blocks:
+                    self.disk.quarantine_manifest(manifest, "its block hashes do not match its tokens")
+                    continue
+                last_used = now - max(0.0, now_wall - manifest.last_used)
+                blocks = []
+                for h, parent, start, end in chain:
+                    block = self.pool.get(h) or self.pool.add(
+                        Block(h, parent, tuple(manifest.tokens[start:end]), start, last_used=last_used)
+                    )
+                    block.last_used = max(block.last_used, last_used)
+                    if h in scan.files and not block.disk_bytes:
+                        self.pool.set_disk(block, scan.files[h])
+                    blocks.append(block)
+                self._point_agent(manifest.agent, manifest.tokens, blocks)
+                self.agents[manifest.agent].last_used = manifest.last_used
+            for h in scan.files:
+                if h not in self.pool:
+                    self.disk.delete_block(h)
+            self._evict_disk()
 
     # -- agents -------------------------------------------------------------------------
 
@@ -191,24 +241,42 @@ class AgentCacheStore:
 
     # -- eviction -----------------------------------------------------------------------
 
-    def retention_value(self, block: Block, now: float) -> float:
-        """Recompute cost per byte per idle second; the lowest leaves memory first."""
+    def retention_value(self, block: Block, now: float, nbytes: int, on_disk: bool) -> float:
+        """What keeping the block saves, per byte per idle second; the lowest leaves first.
+
+        The saving is the cost of getting its KV back otherwise: recompute (attention makes
+        later positions dearer) or, with a disk copy, a fraction of that to reload it.
+        """
         n = len(block.tokens)
         cost = n * (1.0 + (block.start + n / 2) / self.attention_tokens)
+        if on_disk:
+            cost *= DISK_RELOAD_COST
         idle = now - block.last_used + 1.0
-        return cost * (1 + block.refs) / (max(block.hot_bytes, 1) * idle)
+        return cost * (1 + block.refs) / (max(nbytes, 1) * idle)
 
     def _evict_hot(self) -> None:
         if self.pool.hot_bytes <= self.hot_budget_bytes:
             return
         now = time.monotonic()
         candidates = [b for b in self.pool.in_tier(Tier.HOT) if b.pins == 0]
-        candidates.sort(key=lambda b: self.retention_value(b, now))
+        candidates.sort(key=lambda b: self.retention_value(b, now, b.hot_bytes, bool(b.disk_bytes)))
         for block in candidates:
             if self.pool.hot_bytes <= self.hot_budget_bytes:
                 break
             self.pool.drop_payload(block)
             self._drop_if_unused(block)
+
+    def _evict_disk(self) -> None:
+        if self.pool.disk_bytes <= self.disk_budget_bytes:
+            return
+        now = time.monotonic()
+        candidates = [b for b in self.pool.blocks.values() if b.disk_bytes and b.pins == 0]
+        candidates.sort(key=lambda b: self.retention_value(b, now, b.disk_bytes, False))
+        for block in candidates:
+            if self.pool.disk_bytes <= self.disk_budget_bytes:
+                break
+            self.disk.delete_block(block.hash)
+            self.pool.drop_disk(block)  # agents still refer to it: it becomes COLD, not gone
 
     def _unref(self, hashes: Sequence[str], *, forget_all=False, forget_partial=False) -> None:
         """Drop references; a superseded partial tail is redundant with the block that grew from it."""
@@ -222,8 +290,8 @@ class AgentCacheStore:
         """A block no agent refers to lives on only in memory, for anonymous reuse."""
         if block.refs or block.pins:
             return
-        if block.disk_bytes and self.disk is not None:
-            self.disk.delete_blocks([block])
+        if block.disk_bytes:
+            self.disk.delete_block(block.hash)
             self.pool.drop_disk(block)
         if forget or block.tier is not Tier.HOT:
             self.pool.remove(block)

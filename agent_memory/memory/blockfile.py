@@ -1,0 +1,165 @@
+"""The on-disk block format: one safetensors file per block, written atomically, read with distrust.
+
+Standard safetensors (8-byte header length, JSON header, raw tensor bytes), with metadata that
+names what the file holds: format version, model fingerprint, block hash and parent, token ids,
+KV precision and a CRC32 of the tensor bytes. A reader checks the header's size before reading
+it and every shape, dtype and offset before reading any data, then the checksum after, so a
+truncated, bit-flipped, swapped or foreign file is refused before it can cost memory.
+No MLX here: the `cache` command line reads these files too.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import struct
+import sys
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "agent-memory-kv-block"
+VERSION = "1"
+MAX_HEADER_BYTES = 1 << 20
+TEMP_SUFFIX = ".tmp"
+
+# safetensors dtype -> how the bytes are held in numpy (bfloat16 travels as raw uint16).
+NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U32": np.uint32}
+
+Tensors = dict[str, tuple[str, np.ndarray]]  # name -> (safetensors dtype, array)
+Layout = dict[str, tuple[str, tuple[int, ...]]]  # name -> (safetensors dtype, shape)
+
+
+class BlockFileError(Exception):
+    """The file is not a block this server may load; the message says why."""
+
+
+def encode(meta: dict[str, str], tensors: Tensors) -> list[bytes]:
+    """The file's bytes: header and tensor data, with the data's checksum in the metadata."""
+    header: dict = {}
+    data, offset, crc = [], 0, 0
+    for name in sorted(tensors):
+        dtype, array = tensors[name]
+        raw = np.ascontiguousarray(array).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(raw)]}
+        data.append(raw)
+        crc = zlib.crc32(raw, crc)
+        offset += len(raw)
+    header["__metadata__"] = {**meta, "format": FORMAT, "version": VERSION, "crc32": f"{crc:08x}"}
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return [struct.pack("<Q", len(head)), head, *data]
+
+
+def read_header(f, size: int) -> tuple[dict[str, str], dict]:
+    if size < 8:
+        raise BlockFileError(f"file of {size} bytes is too short")
+    (n,) = struct.unpack("<Q", f.read(8))
+    if n > MAX_HEADER_BYTES or 8 + n > size:
+        raise BlockFileError(f"header length {n} does not fit a file of {size} bytes")
+    try:
+        header = json.loads(f.read(n))
+        meta = header.pop("__metadata__")
+    except (ValueError, KeyError, AttributeError) as e:
+        raise BlockFileError(f"unreadable header: {e}") from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise BlockFileError("not an agent-memory block file")
+    if meta.get("version") != VERSION:
+        raise BlockFileError(f"format version {meta.get('version')} (this server reads {VERSION})")
+    return meta, header
+
+
+def check_entries(header: dict, data_size: int, layout: Layout | None) -> list[tuple[str, str, tuple, int, int]]:
+    """(name, dtype, shape, start, stop) of each tensor, after checking that the offsets tile
+    the data exactly and, given a layout, that names, dtypes and shapes match it."""
+    if layout is not None and set(header) != set(layout):
+        raise BlockFileError(f"tensors {sorted(header)} where {sorted(layout)} are expected")
+    entries = []
+    for name, entry in header.items():
+        try:
+            dtype, shape, (start, stop) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+            itemsize = np.dtype(NUMPY_DTYPES[dtype]).itemsize
+            count = int(np.prod(shape, dtype=np.int64))
+        except (TypeError, KeyError, ValueError) as e:
+            raise BlockFileError(f"tensor {name}: malformed entry") from e
+        if layout is not None and (dtype, shape) != layout[name]:
+            expected_dtype, expected_shape = layout[name]
+            raise BlockFileError(f"tensor {name} is {dtype}{list(shape)}, expected {expected_dtype}{list(expected_shape)}")
+        if stop - start != count * itemsize:
+            raise BlockFileError(f"tensor {name}: offsets {start}..{stop} do not match its shape")
+        entries.append((name, dtype, shape, start, stop))
+    end = 0
+    for name, _, _, start, stop in sorted(entries, key=lambda e: e[3]):
+        if start != end:
+            raise BlockFileError(f"tensor {name} starts at {start}, not {end}")
+        end = stop
+    if end != data_size:
+        raise BlockFileError(f"tensor data is {data_size} bytes, the header describes {end}")
+    return entries
+
+
+def read(path: Path, expect: dict[str, str], layout: Layout | None) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """Read and check a block file: its metadata must carry every `expect` value exactly."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        meta, header = read_header(f, size)
+        for key, value in expect.items():
+            if meta.get(key) != value:
+                raise BlockFileError(f"{key} is {str(meta.get(key))[:80]!r}, expected {value[:80]!r}")
+        data_size = size - f.tell()
+        entries = check_entries(header, data_size, layout)
+        data = f.read(data_size)
+    if len(data) != data_size or f"{zlib.crc32(data):08x}" != meta.get("crc32"):
+        raise BlockFileError("checksum mismatch: the tensor data is damaged")
+    view = memoryview(data)
+    arrays = {
+        name: np.frombuffer(view[start:stop], NUMPY_DTYPES[dtype]).reshape(shape)
+        for name, dtype, shape, start, stop in entries
+    }
+    return meta, arrays
+
+
+def write_atomic(path: Path, chunks: Iterable[bytes]) -> int:
+    """Temp file in the same folder, fsync, rename, fsync the folder: old or new, never partial."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    written = 0
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    n = os.write(fd, view)
+                    if n <= 0:
+                        raise OSError(errno.EIO, "short write")
+                    view, written = view[n:], written + n
+            _full_fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return written
+
+
+def _full_fsync(fd: int) -> None:
+    if sys.platform == "darwin":
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+    else:
+        os.fsync(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _full_fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,172 @@
+"""The store's invariants (ARCHITECTURE.md) under random commits, lookups, branches, evictions,
+agent ends and concurrent running sequences, checked after every step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from agent_memory.memory.blocks import Tier
+from agent_memory.memory.prefix import common_prefix
+from agent_memory.memory.store import AgentCacheStore
+
+BYTES_PER_TOKEN = 10
+AGENTS = st.sampled_from(["a", "b", "c", None])
+TOKENS = st.lists(st.integers(0, 3), max_size=14)  # a small alphabet makes shared prefixes
+
+
+@dataclass(frozen=True)
+class FakeKV:
+    """Stands in for the engine's KV: it remembers which tokens it was cut for."""
+
+    tokens: tuple[int, ...]
+
+
+@dataclass
+class Running:
+    tokens: list[int]
+    lease: object
+    hot_at_lookup: list
+
+
+class StoreMachine(RuleBasedStateMachine):
+    @initialize(budget_tokens=st.integers(0, 60), block_tokens=st.sampled_from([2, 3, 4]))
+    def setup(self, budget_tokens, block_tokens):
+        self.store = AgentCacheStore(
+            block_tokens=block_tokens,
+            salt="fingerprint",
+            hot_budget_bytes=budget_tokens * BYTES_PER_TOKEN,
+            attention_tokens=50.0,
+        )
+        self.seen: list[list[int]] = []
+        self.running: list[Running] = []
+        self.ended: set[str] = set()
+
+    def _commit(self, agent, tokens):
+        def cut(start, end):
+            return FakeKV(tuple(tokens[start:end])), (end - start) * BYTES_PER_TOKEN
+
+        self.store.commit(agent, tokens, cut)
+        self.seen.append(tokens)
+        if agent is not None:
+            self.ended.discard(agent)
+
+    def _draw_tokens(self, data):
+        base = data.draw(st.sampled_from(self.seen)) if self.seen else []
+        keep = data.draw(st.integers(0, len(base)))
+        return base[:keep] + data.draw(TOKENS)
+
+    @rule(agent=AGENTS, data=st.data())
+    def commit(self, agent, data):
+        tokens = self._draw_tokens(data)
+        if tokens:
+            self._commit(agent, tokens)
+
+    @rule(data=st.data())
+    def lookup(self, data):
+        tokens = self._draw_tokens(data)
+        lease = self.store.lookup(tokens)
+        pos = 0
+        for seg in lease.segments:
+            assert seg.start == pos and seg.end > seg.start
+            if seg.block is not None:
+                assert seg.block.start == seg.start
+                assert list(seg.block.tokens[: seg.end - seg.start]) == tokens[seg.start : seg.end]
+                assert seg.block.payload.tokens[: seg.end - seg.start] == tuple(tokens[seg.start : seg.end])
+            pos = seg.end
+        assert lease.segments == [] or lease.segments[-1].block is not None
+        hot = [s.block for s in lease.segments if s.block is not None and s.block.tier is Tier.HOT]
+        self.running.append(Running(tokens, lease, hot))
+
+    @precondition(lambda self: self.running)
+    @rule(agent=AGENTS, data=st.data(), extra=TOKENS)
+    def finish(self, agent, data, extra):
+        """A running sequence ends: its prompt and reply are committed, then its pins go."""
+        run = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
+        tokens = run.tokens + extra
+        if tokens:
+            self._commit(agent, tokens)
+        self.store.release(run.lease)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def cancel(self, data):
+        run = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
+        self.store.release(run.lease)
+
+    @rule(agent=st.sampled_from(["a", "b", "c"]))
+    def end_agent(self, agent):
+        record = self.store.agents.get(agent)
+        ended = self.store.end_agent(agent)
+        assert ended == (record is not None)
+        assert agent not in self.store.agents
+        if record is None:
+            return
+        self.ended.add(agent)
+        others = {h for a, r in self.store.agents.items() for h in r.blocks}
+        pinned = {b.hash for r in self.running for b in r.lease.blocks}
+        for h in record.blocks:
+            if h not in others and h not in pinned:
+                assert h not in self.store.pool, "an ended agent's own block survived"
+
+    @rule(data=st.data())
+    def own_history_is_found(self, data):
+        """With everything hot, an agent's next prompt reuses its whole common prefix."""
+        hot_agents = [
+            (a, r)
+            for a, r in self.store.agents.items()
+            if all(self.store.pool.blocks[h].tier is Tier.HOT for h in r.blocks)
+        ]
+        if not hot_agents:
+            return
+        _, record = data.draw(st.sampled_from(hot_agents))
+        prompt = record.tokens[: data.draw(st.integers(0, len(record.tokens)))] + data.draw(TOKENS)
+        lease = self.store.lookup(prompt)
+        assert lease.end >= common_prefix(record.tokens, prompt)
+        self.store.release(lease)
+
+    @invariant()
+    def invariants_hold(self):
+        if not hasattr(self, "store"):
+            return
+        pool, store = self.store.pool, self.store
+        # 1 + 2: one block per hash, one tier each, exact byte accounting within budget.
+        assert all(h == b.hash for h, b in pool.blocks.items())
+        hot = [b for b in pool.blocks.values() if b.tier is Tier.HOT]
+        assert pool.hot_bytes == sum(b.hot_bytes for b in hot)
+        assert all(b.hot_bytes == 0 for b in pool.blocks.values() if b.tier is not Tier.HOT)
+        assert pool.hot_bytes <= store.hot_budget_bytes
+        assert pool.disk_bytes == sum(b.disk_bytes for b in pool.blocks.values()) == 0
+        # 3: no orphans; references are exact.
+        refs = {h: 0 for h in pool.blocks}
+        for record in store.agents.values():
+            assert len(set(record.blocks)) == len(record.blocks)
+            for h in record.blocks:
+                refs[h] += 1
+        pins = {h: 0 for h in pool.blocks}
+        for run in self.running:
+            for b in run.lease.blocks:
+                pins[b.hash] += 1
+        for h, b in pool.blocks.items():
+            assert b.refs == refs[h] and b.pins == pins[h]
+            assert b.refs or b.pins or b.tier is Tier.HOT, "an unreferenced block outside memory"
+            assert h in pool.children[b.parent]
+        assert sum(len(c) for c in pool.children.values()) == len(pool)
+        # 4: ended agents are gone.
+        assert not (self.ended & set(store.agents))
+        # 5: blocks pinned by running sequences stay hot.
+        for run in self.running:
+            assert all(b.tier is Tier.HOT for b in run.hot_at_lookup)
+        # Agents' records cover their tokens with their blocks, in order.
+        for record in store.agents.values():
+            covered = [t for h in record.blocks for t in pool.blocks[h].tokens]
+            assert covered == record.tokens
+
+
+StoreMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+test_store_state_machine = StoreMachine.TestCase
