@@ -18,7 +18,12 @@ from rich.table import Table
 
 from agent_memory.config import ENV_PREFIX, ConfigError, ServeSettings, default_cache_dir, read_config_file
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="A local LLM server that remembers every agent.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # locals may hold the API key
+    help="A local LLM server that remembers every agent.",
+)
 models_app = typer.Typer(no_args_is_help=True, help="Get, build and list models (offline).")
 app.add_typer(models_app, name="models")
 
@@ -56,7 +61,7 @@ class _ProgressReporter:
 
 
 def resolve_model_with_progress(spec: str, models_dir: Path) -> Path:
-    from agent_memory.models.registry import resolve_model
+    from agent_memory.models.registry import resolve_model  # noqa
 
     with _progress() as progress:
         return resolve_model(spec, models_dir, progress=_ProgressReporter(progress))
@@ -87,7 +92,8 @@ def serve(
         settings = ServeSettings(**values)
         settings.check()
     except (ConfigError, TypeError) as e:
-        raise click.UsageError(str(e)) from e
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
     _configure_logging()
     sys.exit(_serve(settings))
 

@@ -117,6 +117,7 @@ def client(server) -> openai.OpenAI:
 
 
 def chat(client: openai.OpenAI, content: str, max_tokens: int = 24, **kw):
+    kw.setdefault("temperature", 0)
     return client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0, **kw
+        model="tiny", messages=[{"role": "user", "content": content}], max_tokens=max_tokens, **kw
     )

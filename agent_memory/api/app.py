@@ -7,8 +7,9 @@ import logging
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent_memory import __version__
 from agent_memory.api import agents, errors, openai
@@ -50,6 +51,10 @@ def create_app(
         if not state.engine.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503)
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # Added last runs first: request id, then Host, then key, then body size.
     app.add_middleware(BodyLimitMiddleware)

@@ -159,12 +159,16 @@ def _generation_request(
             param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
             code="context_length_exceeded",
         )
+    bias = body.logit_bias or {}
+    if any(not 0 <= t < state.vocab_size for t in bias):
+        raise APIError(400, f"logit_bias token ids must be in [0, {state.vocab_size})", param="logit_bias")
     params = SamplingParams(
         max_tokens=limit or room,
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
         stop=body.stop_strings(),
+        logit_bias=bias,
     )
     return GenerationRequest(prompt=prompt, params=params, agent=agent)
 

@@ -5,27 +5,32 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_AGENT_ID = 256
 
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
-
-    @model_validator(mode="after")
-    def only_text(self):
-        if self.type != "text" or self.text is None:
-            raise ValueError(f"content parts of type '{self.type}' are not supported; only 'text' is")
-        return self
+    type: Literal["text"]
+    text: str
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def only_text_parts(cls, v):
+        """Say which part is not text, rather than which union branch failed."""
+        if isinstance(v, list):
+            for i, part in enumerate(v):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                if kind != "text":
+                    raise ValueError(f"content part {i} has type '{kind}': only 'text' parts are supported")
+        return v
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -57,6 +62,14 @@ class SamplingFields(BaseModel):
     user: str | None = None
     prompt_cache_key: str | None = None
     metadata: dict[str, Any] | None = None
+    logit_bias: dict[int, float] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def bias_range(cls, v):
+        if v and any(not -100 <= b <= 100 for b in v.values()):
+            raise ValueError("logit_bias values must be between -100 and 100")
+        return v
 
     @field_validator("n")
     @classmethod

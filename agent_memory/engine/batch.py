@@ -13,6 +13,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -24,7 +25,7 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, StopSequences
 from mlx_lm.models.cache import BatchKVCache
-from mlx_lm.sample_utils import greedy_sampler
+from mlx_lm.sample_utils import greedy_sampler, make_logits_processors
 
 from agent_memory.engine import kv
 from agent_memory.engine.loader import LoadedModel, load_model
@@ -42,6 +43,7 @@ from agent_memory.engine.stops import StopMatcher
 from agent_memory.memory.blocks import Tier
 from agent_memory.memory.disk import DiskLayout, DiskTier
 from agent_memory.memory.store import AgentCacheStore, Lease, Segment
+from agent_memory.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,9 @@ class Sequence:
     detokenizer: Any
     stops: StopMatcher
     sampler: Any
+    processors: list  # mlx-lm logits processors (logit_bias)
     usage: Usage
+    submitted: float  # perf_counter() when the request arrived
     pos: int = 0  # prompt tokens in `cache`
 
     def ready(self) -> bool:
@@ -104,6 +108,7 @@ class BatchEngine:
         self._seqs: dict[int, Sequence] = {}
         self._prefilling: deque[Sequence] = deque()
         self._batch: GenerationBatch | None = None
+        self.metrics = Metrics()
 
     # -- called from other threads ------------------------------------------------------
 
@@ -112,8 +117,18 @@ class BatchEngine:
 
     def submit(self, request: GenerationRequest, sink: Sink) -> int:
         seq_id = next(self._ids)
-        self._inbox.put(lambda: self._admit(seq_id, request, sink))
+        submitted = time.perf_counter()
+        self._inbox.put(lambda: self._admit(seq_id, request, sink, submitted))
         return seq_id
+
+    @property
+    def waiting(self) -> int:
+        """Sequences admitted but not yet decoding (read from any thread)."""
+        return len(self._prefilling)
+
+    @property
+    def decoding(self) -> int:
+        return self._decoding
 
     def cancel(self, seq_id: int) -> None:
         self._inbox.put(lambda: self._cancel(seq_id))
@@ -166,6 +181,7 @@ class BatchEngine:
             disk=self.disk,
             disk_budget_bytes=self.config.disk_budget_bytes,
         )
+        self.metrics.watch(self)
         if self.disk is not None:
             scan = self.disk.open()
             self.store.restore(scan)
@@ -234,11 +250,12 @@ class BatchEngine:
             log.exception("engine step failed")
             for seq in seqs:
                 self._drop(seq)
+                self.metrics.finished.labels("error").inc()
                 seq.sink(Failed(f"generation failed: {e}"))
             if any(s.cache is None for s in seqs):
                 self._batch = GenerationBatch.empty(self.loaded.model, greedy_sampler)
 
-    def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink) -> None:
+    def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
         prompt = request.prompt
         lease = self.store.lookup(prompt[:-1])
         plan = deque(lease.segments)
@@ -256,8 +273,11 @@ class BatchEngine:
             detokenizer=self.loaded.tokenizer.detokenizer,
             stops=StopMatcher(params.stop),
             sampler=make_sampler(params.temperature, params.top_p, params.seed),
+            processors=make_logits_processors(params.logit_bias) if params.logit_bias else [],
             usage=Usage(prompt_tokens=len(prompt)),
+            submitted=submitted,
         )
+        self.metrics.prompt_tokens.inc(len(prompt))
         for segment in lease.segments:
             if segment.block is not None and segment.block.tier is Tier.WARM:
                 future = self.disk.read_block(segment.block)
@@ -324,7 +344,7 @@ class BatchEngine:
             [list(prompt[:-1])],
             [seq.sampler],
             greedy_sampler,
-            [()],
+            [seq.processors],
             [self._eos],
             [seq.request.params.max_tokens],
         )
@@ -333,9 +353,13 @@ class BatchEngine:
 
     def _decode(self) -> None:
         stopped = []
+        self.metrics.batch_size.observe(len(self._batch))
         for r in self._batch.next():
             seq = self._seqs[r.uid]
             seq.usage.completion_tokens += 1
+            self.metrics.generated_tokens.inc()
+            if seq.usage.completion_tokens == 1:
+                self.metrics.ttft.observe(time.perf_counter() - seq.submitted)
             if r.finish_reason != "stop":  # "stop" here means an end-of-sequence token
                 seq.detokenizer.add_token(r.token)
             if r.finish_reason is not None:
@@ -361,6 +385,9 @@ class BatchEngine:
     def _finish(self, seq: Sequence, reason: str, cache: list, tokens: list[int]) -> None:
         self._commit(seq, cache, tokens)
         self._drop(seq)
+        self.metrics.finished.labels(reason).inc()
+        self.metrics.cached_tokens.labels("hot").inc(seq.usage.hot_tokens)
+        self.metrics.cached_tokens.labels("warm").inc(seq.usage.warm_tokens)
         seq.sink(Finished(reason, seq.usage))
 
     def _commit(self, seq: Sequence, cache: list, tokens: list[int]) -> None:
@@ -393,6 +420,7 @@ class BatchEngine:
         if seq.cache is not None:  # still prefilling: keep what was computed
             self._commit(seq, seq.cache, seq.request.prompt[: seq.pos])
             self._drop(seq)
+            self.metrics.finished.labels("cancelled").inc()
             seq.sink(Finished("cancelled", seq.usage))
         else:
             self._leave_batch([seq], "cancelled")

@@ -13,6 +13,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass

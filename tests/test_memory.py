@@ -1,0 +1,185 @@
+"""Agent memory in RAM, through the real server: reuse across turns, shared prefixes, branches,
+eviction and return, and ending agents."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from tests.conftest import Server
+
+SYSTEM = (
+    "You are the archivist of a coastal town. You answer questions about its lighthouse, its "
+    "harbour, its fishing fleet and the storms of the last hundred years. Keep answers short, "
+    "cite the year when you know it, and say plainly when the archive has no record. "
+) * 3
+QUESTIONS = [
+    "When was the lighthouse built?",
+    "Which storm damaged the harbour wall?",
+    "How many boats were in the fleet in 1950?",
+    "Who kept the light during the war?",
+]
+
+
+def ask(client, messages, agent=None, max_tokens=16):
+    extra = {"prompt_cache_key": agent} if agent else {}
+    return client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=max_tokens, temperature=0, extra_body=extra
+    )
+
+
+def details(response) -> dict:
+    d = response.usage.prompt_tokens_details
+    return {"cached": d.cached_tokens, "hot": d.model_extra["hot_tokens"], "warm": d.model_extra["warm_tokens"]}
+
+
+def agents(server) -> dict:
+    return httpx.get(server.base_url + "/v1/agents").json()
+
+
+@pytest.fixture(scope="module")
+def fresh(tiny_model, tmp_path_factory):
+    """Answers from a server that has never seen anything: the uncached reference."""
+
+    def answer(messages, max_tokens=16):
+        with Server(tiny_model, tmp_path_factory.mktemp("fresh"), "--disk-budget-mb", "0") as s:
+            return ask(s.client(), messages, max_tokens=max_tokens).choices[0].message.content
+
+    return answer
+
+
+def test_second_turn_reuses_prompt_and_reply_and_matches_uncached(server, fresh):
+    client = server.client()
+    turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
+    r1 = ask(client, turn1, agent="alice")
+    assert details(r1)["cached"] < r1.usage.prompt_tokens
+    turn2 = turn1 + [
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": QUESTIONS[1]},
+    ]
+    r2 = ask(client, turn2, agent="alice")
+    d = details(r2)
+    # Everything of turn 1 but a few template/merge boundary tokens is reused, from memory.
+    assert d["cached"] >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 4
+    assert d["hot"] == d["cached"] and d["warm"] == 0
+    assert r2.choices[0].message.content == fresh(turn2)
+
+
+def test_regenerate_and_branch_reuse_up_to_the_first_changed_token(server):
+    client = server.client()
+    base = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[2]}]
+    first = ask(client, base, agent="bob")
+    again = ask(client, base, agent="bob")  # regenerate: all but the last prompt token
+    assert details(again)["cached"] == first.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == first.choices[0].message.content
+    edited = [base[0], {"role": "user", "content": QUESTIONS[2].replace("1950", "1960")}]
+    branch = ask(client, edited, agent="bob")
+    shared_chars = QUESTIONS[2].index("1950")
+    # The system prompt and the unchanged start of the question are reused.
+    assert details(branch)["cached"] >= first.usage.prompt_tokens - shared_chars // 2 - 8
+    assert details(branch)["cached"] < branch.usage.prompt_tokens
+
+
+def test_shared_system_prompt_is_stored_once_and_reused_by_a_new_agent(tiny_model, tmp_path):
+    with Server(tiny_model, tmp_path, "--disk-budget-mb", "0") as s:
+        client = s.client()
+        ask(client, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}], "a0")
+        one = agents(s)["hot_bytes"]
+        tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+        shared = f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
+        system_tokens = len(tokenizer.encode(shared, add_special_tokens=False).ids) - 1
+        for i in range(1, 4):
+            r = ask(client, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[i]}], f"a{i}")
+            assert details(r)["cached"] >= system_tokens  # the newcomer skips the shared prefill
+        total = agents(s)["hot_bytes"]
+        # Four agents cost far less than four copies: the shared blocks are held once.
+        assert total < 2.2 * one
+
+
+def test_concurrent_agents_get_exactly_their_own_answers(server, fresh):
+    personas = ["a sailor", "a baker", "a judge", "a child"]
+    convs = [
+        [{"role": "system", "content": f"You are {p}. " + SYSTEM[:200]}, {"role": "user", "content": q}]
+        for p, q in zip(personas, QUESTIONS)
+    ]
+
+    async def run_all():
+        client = server.async_client()
+
+        async def two_turns(i):
+            r1 = await client.chat.completions.create(
+                model="tiny", messages=convs[i], max_tokens=12, temperature=0, extra_body={"prompt_cache_key": f"p{i}"}
+            )
+            turn2 = convs[i] + [
+                {"role": "assistant", "content": r1.choices[0].message.content},
+                {"role": "user", "content": "And then?"},
+            ]
+            r2 = await client.chat.completions.create(
+                model="tiny", messages=turn2, max_tokens=12, temperature=0, extra_body={"prompt_cache_key": f"p{i}"}
+            )
+            return turn2, r2
+
+        return await asyncio.gather(*(two_turns(i) for i in range(4)))
+
+    for turn2, r2 in asyncio.run(run_all()):
+        assert details(r2)["cached"] > 0
+        assert r2.choices[0].message.content == fresh(turn2, max_tokens=12)
+
+
+def test_evicted_agent_returns_with_identical_output(tiny_model, tmp_path):
+    # ~1 MiB holds a few hundred tokens of the tiny model's KV: other agents push the first out.
+    with Server(tiny_model, tmp_path, "--hot-budget-mb", "1", "--disk-budget-mb", "0") as s:
+        client = s.client()
+        conv = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
+        before = ask(client, conv, "returning")
+        for i in range(4):
+            ask(client, [{"role": "system", "content": f"Persona {i}. " + SYSTEM}, {"role": "user", "content": "Hi"}], f"other{i}")
+        mine = httpx.get(s.base_url + "/v1/agents/returning").json()
+        assert mine["blocks"]["cold"] > 0, mine
+        assert agents(s)["hot_bytes"] <= 1 << 20
+        after = ask(client, conv, "returning")
+        assert after.choices[0].message.content == before.choices[0].message.content
+        assert details(after)["cached"] < after.usage.prompt_tokens - 1
+
+
+def test_delete_agent_frees_its_own_blocks_and_keeps_shared_ones(tiny_model, tmp_path):
+    with Server(tiny_model, tmp_path, "--disk-budget-mb", "0") as s:
+        client = s.client()
+        ask(client, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}], "keep")
+        ask(client, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[1] * 8}], "drop")
+        before = agents(s)
+        kept = httpx.get(s.base_url + "/v1/agents/keep").json()
+        r = httpx.delete(s.base_url + "/v1/agents/drop")
+        assert r.status_code == 200 and r.json()["deleted"] is True
+        assert httpx.get(s.base_url + "/v1/agents/drop").status_code == 404
+        assert httpx.delete(s.base_url + "/v1/agents/drop").status_code == 404
+        after = agents(s)
+        assert [a["id"] for a in after["data"]] == ["keep"]
+        assert after["hot_bytes"] < before["hot_bytes"]
+        assert httpx.get(s.base_url + "/v1/agents/keep").json()["bytes"] == kept["bytes"]
+
+
+def test_agent_id_sources_in_order(server):
+    client = server.client()
+    conv = [{"role": "user", "content": "Which source names me?"}]
+    ask(client, conv, max_tokens=2, agent=None)
+    client.chat.completions.create(
+        model="tiny", messages=conv, max_tokens=2, user="by-user", extra_headers={"X-Agent-Id": "by-header"}
+    )
+    client.chat.completions.create(model="tiny", messages=conv, max_tokens=2, user="by-user")
+    client.chat.completions.create(
+        model="tiny", messages=conv, max_tokens=2, metadata={"user_id": "by-metadata"}
+    )
+    client.chat.completions.create(
+        model="tiny",
+        messages=conv,
+        max_tokens=2,
+        extra_body={"prompt_cache_key": "by-key"},
+        extra_headers={"X-Agent-Id": "not-me"},
+    )
+    ids = {a["id"] for a in agents(server)["data"]}
+    assert {"by-header", "by-user", "by-metadata", "by-key"} <= ids
+    assert "not-me" not in ids
