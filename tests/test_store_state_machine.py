@@ -84,12 +84,12 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.running)
     @rule(agent=AGENTS, data=st.data(), extra=TOKENS)
     def finish(self, agent, data, extra):
-        """A running sequence ends: its prompt and reply are committed, then its pins go."""
+        """A running sequence ends: its pins go, then its prompt and reply are committed."""
         run = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
         tokens = run.tokens + extra
+        self.store.release(run.lease)  # as the engine does: release, then commit
         if tokens:
             self._commit(agent, tokens)
-        self.store.release(run.lease)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())

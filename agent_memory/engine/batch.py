@@ -383,6 +383,7 @@ class BatchEngine:
             self._finish(seq, reason, *taken[seq.id])
 
     def _finish(self, seq: Sequence, reason: str, cache: list, tokens: list[int]) -> None:
+        self.store.release(seq.lease)  # first, so the blocks it read from disk can become hot
         self._commit(seq, cache, tokens)
         self._drop(seq)
         self.metrics.finished.labels(reason).inc()
@@ -418,6 +419,7 @@ class BatchEngine:
         if seq is None:
             return
         if seq.cache is not None:  # still prefilling: keep what was computed
+            self.store.release(seq.lease)
             self._commit(seq, seq.cache, seq.request.prompt[: seq.pos])
             self._drop(seq)
             self.metrics.finished.labels("cancelled").inc()

@@ -115,7 +115,8 @@ class AgentCacheStore:
             self._evict_hot()
 
     def commit(self, agent: str | None, tokens: Sequence[int], cut: KVCutter) -> None:
-        """Store a finished sequence: its blocks become hot, the agent points at it."""
+        """Store a finished sequence (after releasing its lease): its blocks become hot, the
+        agent points at it, and its new blocks are queued for the disk."""
         with self.lock:
             now = time.monotonic()
             blocks = []
@@ -124,7 +125,9 @@ class AgentCacheStore:
                     Block(h, parent, tuple(tokens[start:end]), start)
                 )
                 block.last_used = now
-                if block.tier is not Tier.HOT:
+                # A block another running sequence pinned outside memory stays there: made hot
+                # now, it could not be evicted until that sequence ends.
+                if block.tier is not Tier.HOT and not block.pins:
                     self.pool.set_payload(block, *cut(start, end))
                 blocks.append(block)
             if agent is not None:

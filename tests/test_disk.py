@@ -1,0 +1,350 @@
+"""The warm tier in process: the block file format, distrust of damaged files, a full disk,
+and the store's invariants across write-behind, crashes and restarts (real files in tmp)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import queue
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from safetensors.numpy import load_file
+
+from agent_memory.memory import blockfile
+from agent_memory.memory.blockfile import BlockFileError
+from agent_memory.memory.blocks import Tier
+from agent_memory.memory.disk import DiskLayout, DiskTier, Manifest
+from agent_memory.memory.store import AgentCacheStore
+
+FINGERPRINT = "f" * 32
+BYTES_PER_TOKEN = 10
+
+
+@dataclass(frozen=True)
+class FakeKV:
+    tokens: tuple[int, ...]
+
+
+def encode(payload: FakeKV) -> dict:
+    return {"k": ("U32", np.asarray(payload.tokens, dtype=np.uint32))}
+
+
+def layout(n: int) -> dict:
+    return {"k": ("U32", (n,))}
+
+
+def make_store(root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=3) -> tuple[AgentCacheStore, DiskTier]:
+    disk = DiskTier(DiskLayout(root), fingerprint=FINGERPRINT, meta={"bits": "16"}, block_layout=layout, encode=encode)
+    store = AgentCacheStore(
+        block_tokens=block_tokens,
+        salt=FINGERPRINT,
+        hot_budget_bytes=hot_tokens * BYTES_PER_TOKEN,
+        attention_tokens=50.0,
+        disk=disk,
+        disk_budget_bytes=disk_bytes,
+    )
+    store.restore(disk.open())
+    return store, disk
+
+
+def commit(store, agent, tokens):
+    store.commit(agent, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN))
+
+
+# -- the file format -------------------------------------------------------------------------
+
+
+def test_block_files_are_plain_safetensors_with_their_identity(tmp_path):
+    store, disk = make_store(tmp_path)
+    commit(store, "a", [1, 2, 3, 4, 5])
+    disk.flush()
+    files = sorted((tmp_path / "blocks").rglob("*.safetensors"))
+    assert len(files) == 2
+    for f in files:
+        arrays = load_file(f)  # the reference safetensors reader accepts our files
+        meta, ours = blockfile.read(f, {"hash": f.stem}, None)
+        assert np.array_equal(arrays["k"], ours["k"])
+        assert json.loads(meta["tokens"]) == arrays["k"].tolist()
+        assert meta["fingerprint"] == FINGERPRINT and meta["format"] == blockfile.FORMAT
+    disk.close()
+
+
+def write_block(path: Path, tokens=(1, 2, 3)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blockfile.write_atomic(path, blockfile.encode({"hash": path.stem}, {"k": ("U32", np.asarray(tokens, np.uint32))}))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncate_header", "truncate_middle", "truncate_tail", "flip_header", "flip_middle", "flip_tail", "huge_header", "empty"],
+)
+def test_damaged_files_are_refused_with_a_reason(tmp_path, damage):
+    path = tmp_path / "b.safetensors"
+    write_block(path, tuple(range(64)))
+    data = bytearray(path.read_bytes())
+    n = struct.unpack("<Q", data[:8])[0]
+    where = {"header": 8 + n // 2, "middle": 8 + n + (len(data) - 8 - n) // 2, "tail": len(data) - 1}
+    kind, _, at = damage.partition("_")
+    if kind == "truncate":
+        data = data[: where[at]]
+    elif kind == "flip":
+        data[where[at]] ^= 0x10
+    elif damage == "huge_header":
+        data[:8] = struct.pack("<Q", 1 << 40)
+    else:
+        data = bytearray()
+    path.write_bytes(bytes(data))
+    with pytest.raises(BlockFileError) as e:
+        blockfile.read(path, {"hash": "b"}, {"k": ("U32", (64,))})
+    assert str(e.value)
+
+
+def test_header_is_checked_before_data_is_read(tmp_path):
+    """A header that announces more tensor data than the file has fails on the header alone."""
+    path = tmp_path / "b.safetensors"
+    write_block(path)
+    with pytest.raises(BlockFileError, match="expected"):
+        blockfile.read(path, {"hash": "b"}, {"k": ("U32", (1 << 34,))})
+    with pytest.raises(BlockFileError, match="hash"):
+        blockfile.read(path, {"hash": "other"}, None)
+
+
+def test_a_crash_mid_write_leaves_the_old_file_and_a_temp_file(tmp_path):
+    path = tmp_path / "b.safetensors"
+    write_block(path, (7, 8, 9))
+
+    def chunks():
+        yield b"partial bytes"
+        raise KeyboardInterrupt  # the process dies mid-write
+
+    with pytest.raises(KeyboardInterrupt):
+        blockfile.write_atomic(path, chunks())
+    assert blockfile.read(path, {"hash": "b"}, None)[1]["k"].tolist() == [7, 8, 9]
+    assert [f for f in tmp_path.iterdir() if f.name.endswith(".tmp")] == []
+
+
+def test_full_disk_keeps_the_server_consistent(tmp_path, caplog):
+    store, disk = make_store(tmp_path)
+    real_write = os.write
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with mock.patch("agent_memory.memory.blockfile.os.write", side_effect=full):
+        commit(store, "a", list(range(10)))
+        commit(store, "b", list(range(20, 30)))
+        disk.flush()
+    assert os.write is real_write
+    # Nothing half-written, nothing counted on disk, every block still in memory.
+    assert list((tmp_path / "blocks").rglob("*")) == [p for p in (tmp_path / "blocks").rglob("*") if p.is_dir()]
+    assert store.pool.disk_bytes == 0
+    assert all(b.tier is Tier.HOT for b in store.pool.blocks.values())
+    assert [r.message for r in caplog.records].count(
+        next(r.message for r in caplog.records if "save_block failed" in r.message)
+    ) == 1, "the same failure is logged once"
+    # Once there is room again, the next commit writes everything.
+    commit(store, "a", list(range(12)))
+    disk.flush()
+    assert store.pool.disk_bytes == sum(p.stat().st_size for p in (tmp_path / "blocks").rglob("*.safetensors"))
+    assert store.pool.disk_bytes > 0
+    disk.close()
+
+
+def test_restart_restores_agents_and_removes_orphans_and_temp_files(tmp_path):
+    store, disk = make_store(tmp_path)
+    commit(store, "a", list(range(10)))
+    commit(store, "b", list(range(5)) + [9, 9, 9])
+    disk.close()
+    orphan = DiskLayout(tmp_path).block_path("0" * 32)
+    write_block(orphan)
+    tmp = tmp_path / "blocks" / "00" / ".x.safetensors.abcd.tmp"
+    tmp.write_bytes(b"junk")
+    (tmp_path / "agents" / "nonsense.json").write_text("{not json")
+
+    store2, disk2 = make_store(tmp_path)
+    disk2.flush()
+    assert sorted(store2.agents) == ["a", "b"]
+    assert store2.agents["a"].tokens == list(range(10))
+    assert all(b.tier is Tier.WARM for b in store2.pool.blocks.values())
+    assert not orphan.exists() and not tmp.exists()
+    assert any(p.name.endswith("nonsense.json") for p in (tmp_path / "quarantine").iterdir())
+    lease = store2.lookup(list(range(10)) + [1])
+    assert lease.end == 10
+    for seg in lease.segments:
+        tensors = disk2.read_block(seg.block).result()
+        assert tensors["k"].tolist() == list(seg.block.tokens)
+    store2.release(lease)
+    disk2.close()
+
+
+def test_a_damaged_block_is_quarantined_and_becomes_a_miss(tmp_path):
+    store, disk = make_store(tmp_path)
+    commit(store, "a", list(range(9)))
+    disk.close()
+    store2, disk2 = make_store(tmp_path)
+    victim = DiskLayout(tmp_path).block_path(store2.agents["a"].blocks[1])
+    data = bytearray(victim.read_bytes())
+    data[-2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    lease = store2.lookup(list(range(9)))
+    bad = lease.segments[1].block
+    with pytest.raises(BlockFileError):
+        disk2.read_block(bad).result()
+    store2.disk_lost(bad)
+    assert bad.tier is Tier.COLD and not victim.exists()
+    assert any(p.name.endswith(".why") for p in (tmp_path / "quarantine").iterdir())
+    store2.release(lease)
+    again = store2.lookup(list(range(9)))
+    # The damaged block is a gap to recompute; the good block after it is still reused.
+    assert [(s.start, s.end, s.block is None) for s in again.segments] == [(0, 3, False), (3, 6, True), (6, 9, False)]
+    store2.release(again)
+    disk2.close()
+
+
+def test_a_block_another_sequence_reads_from_disk_stays_within_the_hot_budget(tmp_path):
+    store, disk = make_store(tmp_path, hot_tokens=3)
+    commit(store, "a", list(range(9)))
+    disk.close()
+    store2, disk2 = make_store(tmp_path, hot_tokens=3)
+    reading = store2.lookup(list(range(9)))  # pins three WARM blocks while it reads them
+    commit(store2, "b", list(range(9)))  # another agent finishes with the same tokens
+    assert store2.pool.hot_bytes <= 3 * BYTES_PER_TOKEN
+    assert all(s.block.tier is Tier.WARM for s in reading.segments)
+    store2.release(reading)
+    disk2.close()
+
+
+# -- the state machine, with disk, crashes and restarts -----------------------------------------
+
+AGENTS = st.sampled_from(["a", "b", "c", None])
+TOKENS = st.lists(st.integers(0, 3), max_size=12)
+
+
+class DiskStoreMachine(RuleBasedStateMachine):
+    @initialize(hot_tokens=st.integers(0, 40), disk_blocks=st.integers(0, 12))
+    def setup(self, hot_tokens, disk_blocks):
+        self.root = Path(tempfile.mkdtemp(prefix="am-disk-sm-"))
+        self.hot_tokens = hot_tokens
+        self.disk_budget = disk_blocks * 200  # a 3-token block file is ~180 bytes
+        self.store, self.disk = make_store(self.root, hot_tokens=hot_tokens, disk_bytes=self.disk_budget)
+        self.seen: list[list[int]] = []
+        self.history: dict[str, list[list[int]]] = {}  # every sequence each agent committed
+        self.running = []
+
+    def teardown(self):
+        if hasattr(self, "disk"):
+            self.disk.close()
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def _commit(self, agent, tokens):
+        commit(self.store, agent, tokens)
+        self.seen.append(tokens)
+        if agent is not None:
+            self.history.setdefault(agent, []).append(tokens)
+
+    def _draw(self, data):
+        base = data.draw(st.sampled_from(self.seen)) if self.seen else []
+        return base[: data.draw(st.integers(0, len(base)))] + data.draw(TOKENS)
+
+    @rule(agent=AGENTS, data=st.data())
+    def commit(self, agent, data):
+        tokens = self._draw(data)
+        if tokens:
+            self._commit(agent, tokens)
+
+    @rule(data=st.data())
+    def lookup_and_read(self, data):
+        tokens = self._draw(data)
+        lease = self.store.lookup(tokens)
+        for seg in lease.segments:
+            if seg.block is not None and seg.block.tier is Tier.WARM:
+                got = self.disk.read_block(seg.block).result()["k"].tolist()
+                assert got == list(seg.block.tokens), "a warm block read back other tokens"
+        self.running.append((tokens, lease))
+
+    @precondition(lambda self: self.running)
+    @rule(agent=AGENTS, extra=TOKENS, data=st.data())
+    def finish(self, agent, extra, data):
+        tokens, lease = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
+        self.store.release(lease)  # as the engine does: release, then commit
+        if tokens + extra:
+            self._commit(agent, tokens + extra)
+
+    @rule(agent=st.sampled_from(["a", "b", "c"]))
+    def end_agent(self, agent):
+        self.store.end_agent(agent)
+
+    @rule()
+    def flush(self):
+        self.disk.flush()
+        self._check_files()
+
+    @precondition(lambda self: not self.running)
+    @rule(graceful=st.booleans())
+    def restart(self, graceful):
+        """Stop (flushing, or crashing with writes still queued) and start on the same folder."""
+        expected = {a: list(r.tokens) for a, r in self.store.agents.items()}
+        if graceful:
+            self.disk.close()
+        else:
+            _crash(self.disk)
+        self.store, self.disk = make_store(self.root, hot_tokens=self.hot_tokens, disk_bytes=self.disk_budget)
+        self.disk.flush()
+        if graceful:
+            assert {a: r.tokens for a, r in self.store.agents.items()} == expected
+        else:  # writes were lost: each agent is back at some sequence it really had
+            for agent, record in self.store.agents.items():
+                assert record.tokens in self.history[agent]
+        assert not list(self.root.rglob("*.tmp"))
+        self._check_files()
+
+    def _check_files(self):
+        files = {p.stem: p.stat().st_size for p in (self.root / "blocks").rglob("*.safetensors")}
+        on_disk = {b.hash: b.disk_bytes for b in self.store.pool.blocks.values() if b.disk_bytes}
+        assert files == on_disk
+        manifests = {Manifest.read(p).agent for p in (self.root / "agents").glob("*.json")}
+        assert manifests == set(self.store.agents)
+
+    @invariant()
+    def invariants(self):
+        if not hasattr(self, "store"):
+            return
+        pool = self.store.pool
+        assert pool.hot_bytes == sum(b.hot_bytes for b in pool.blocks.values())
+        assert pool.hot_bytes <= self.hot_tokens * BYTES_PER_TOKEN
+        assert pool.disk_bytes == sum(b.disk_bytes for b in pool.blocks.values())
+        for b in pool.blocks.values():
+            assert b.refs or b.pins or (b.tier is Tier.HOT and not b.disk_bytes)
+        for record in self.store.agents.values():
+            assert [t for h in record.blocks for t in pool.blocks[h].tokens] == record.tokens
+
+
+def _crash(disk: DiskTier) -> None:
+    """Lose every queued write, as a killed process would, and leave a half-written temp file."""
+    while True:
+        try:
+            disk._jobs.get_nowait()
+        except queue.Empty:
+            break
+        disk._jobs.task_done()
+    disk.close()
+    some_dir = disk.layout.blocks / "ab"
+    some_dir.mkdir(exist_ok=True)
+    (some_dir / ".ab00.safetensors.dead.tmp").write_bytes(b"half a block")
+
+
+DiskStoreMachine.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+test_disk_store_state_machine = DiskStoreMachine.TestCase
