@@ -2,11 +2,13 @@
 
 The Linux `mlx[cpu]` wheel links a slow reference BLAS; loading Debian's OpenBLAS with
 RTLD_GLOBAL before `mlx.core` is imported makes float32 matmul ~37x faster (MODELS.md).
-Every module that imports MLX imports this one first.
+Every module that imports MLX imports this one first. AGENT_MEMORY_OPENBLAS=0 keeps MLX's
+own BLAS (to compare, or if OpenBLAS misbehaves on some CPU).
 """
 
 import ctypes
 import logging
+import os
 import sys
 
 log = logging.getLogger(__name__)
@@ -15,7 +17,7 @@ OPENBLAS_LIBRARY = "libopenblas.so.0"
 
 
 def _load_openblas() -> bool:
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or os.environ.get("AGENT_MEMORY_OPENBLAS") == "0":
         return False
     if "mlx.core" in sys.modules:
         log.warning("mlx.core was imported before OpenBLAS could be loaded; CPU matmul will be slow")

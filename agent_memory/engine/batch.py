@@ -434,3 +434,7 @@ class BatchEngine:
         if self.disk is not None:
             log.info("flushing the warm tier")
             self.disk.close()
+        # MLX's per-thread streams must be cleared by the thread that used them, or the
+        # process can abort at exit (ml-explore/mlx#4327).
+        mx.synchronize()
+        mx.clear_streams()

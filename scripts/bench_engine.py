@@ -1,0 +1,141 @@
+#!/usr/bin/env python
+"""Engine throughput on one model: prefill and decode tok/s with and without OpenBLAS, and
+aggregate decode tok/s for 1/2/4/8 concurrent requests.
+
+    .venv/bin/python scripts/bench_engine.py                 # the demo model
+    .venv/bin/python scripts/bench_engine.py --model DIR --json out.json
+
+Each configuration runs in its own process (OpenBLAS is chosen at import time), side by side
+in one run, so the ratios hold on a noisy machine. Requests go straight to the BatchEngine
+(no HTTP; bench_agents.py measures the server end to end) with end-of-sequence suppressed so
+every request decodes exactly --decode-tokens tokens, and with no cache reuse (random prompts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def run_worker(args) -> dict:
+    import agent_memory.blas as blas
+    from agent_memory.engine.batch import BatchEngine, EngineConfig
+    from agent_memory.engine.requests import Finished, GenerationRequest, SamplingParams, TextDelta
+
+    engine = BatchEngine(EngineConfig(model_path=Path(args.model), max_batch=max(args.concurrency), hot_budget_bytes=0))
+    engine.start()
+    engine.ready.wait()
+    if engine.load_error:
+        raise SystemExit(engine.load_error)
+    tokenizer = engine.loaded.tokenizer
+    vocab = len(tokenizer)
+    no_eos = {t: -100.0 for t in tokenizer.eos_token_ids}
+    counter = iter(range(10**9))
+
+    def prompt(n: int) -> list[int]:
+        seed = next(counter)
+        return [(seed * 7919 + i * 104729) % (vocab - 300) + 256 for i in range(n)]
+
+    def generated() -> float:
+        return engine.metrics.registry.get_sample_value("agent_memory_generated_tokens_total")
+
+    def run(prompts: list[list[int]], max_tokens: int) -> dict:
+        """Submit all at once. Returns when the last finished and, for the stretch in which
+        all of them decode together, the tokens generated and the time it took."""
+        marks: dict = {}
+        started, finished = set(), threading.Event()
+
+        def sink_for(i):
+            def sink(event):  # runs on the engine thread, in step with generation
+                now = time.perf_counter()
+                if isinstance(event, TextDelta):
+                    started.add(i)
+                    if len(started) == len(prompts) and "all_decoding" not in marks:
+                        marks["all_decoding"] = (now, generated())
+                    return
+                assert isinstance(event, Finished), event
+                marks.setdefault("first_done", (now, generated()))
+                marks.setdefault("done", []).append(now)
+                if len(marks["done"]) == len(prompts):
+                    finished.set()
+
+            return sink
+
+        start = time.perf_counter()
+        for i, p in enumerate(prompts):
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logit_bias=no_eos)
+            engine.submit(GenerationRequest(prompt=p, params=params), sink_for(i))
+        finished.wait()
+        (t0, c0), (t1, c1) = marks.get("all_decoding", (start, 0.0)), marks["first_done"]
+        return {"elapsed": max(marks["done"]) - start, "tokens": c1 - c0, "span": t1 - t0}
+
+    run([prompt(32)], 4)  # warm up
+    result = {"openblas": blas.OPENBLAS_LOADED, "prefill_tokens": args.prompt_tokens}
+    result["prefill_tok_s"] = args.prompt_tokens / run([prompt(args.prompt_tokens)], 1)["elapsed"]
+    decode = {}
+    for n in args.concurrency:
+        r = run([prompt(16) for _ in range(n)], args.decode_tokens)
+        decode[n] = r["tokens"] / r["span"]
+    result["decode_tok_s"] = decode
+    engine.stop()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="model folder (default: the demo model in the cache dir)")
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8])
+    parser.add_argument("--no-blas-prompt-tokens", type=int, default=128, help="shorter: reference BLAS is slow")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.model is None:
+        from agent_memory.config import default_cache_dir
+        from agent_memory.models.demo import DEMO_NAME
+
+        args.model = str(default_cache_dir() / "models" / DEMO_NAME)
+    if args.worker:
+        print(json.dumps(run_worker(args)))
+        return
+
+    runs = {}
+    for label, blas, prompt_tokens, concurrency in (
+        ("openblas", "1", args.prompt_tokens, args.concurrency),
+        ("reference BLAS", "0", args.no_blas_prompt_tokens, [1]),
+    ):
+        cmd = [sys.executable, __file__, "--worker", "--model", args.model, "--prompt-tokens", str(prompt_tokens)]
+        cmd += ["--decode-tokens", str(args.decode_tokens), "--concurrency", ",".join(map(str, concurrency))]
+        env = {**os.environ, "AGENT_MEMORY_OPENBLAS": blas, "HF_HUB_OFFLINE": "1"}
+        print(f"running {label} ...", file=sys.stderr)
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+        runs[label] = json.loads(out.stdout.strip().splitlines()[-1])
+
+    fast, slow = runs["openblas"], runs["reference BLAS"]
+    single = fast["decode_tok_s"]["1"]
+    print(f"\nmodel: {Path(args.model).name}   machine: {platform.machine()}, {os.cpu_count()} cores\n")
+    print("| BLAS | prefill tok/s | decode tok/s (1 request) |")
+    print("|---|---|---|")
+    for label, r in runs.items():
+        print(f"| {label} | {r['prefill_tok_s']:.1f} ({r['prefill_tokens']}-token prompt) | {r['decode_tok_s']['1']:.1f} |")
+    print(f"\nOpenBLAS speed-up: prefill {fast['prefill_tok_s'] / slow['prefill_tok_s']:.1f}x, "
+          f"decode {single / slow['decode_tok_s']['1']:.1f}x\n")
+    print("| concurrent requests | aggregate decode tok/s | vs 1 request |")
+    print("|---|---|---|")
+    for n, tps in fast["decode_tok_s"].items():
+        print(f"| {n} | {tps:.1f} | {tps / single:.2f}x |")
+    if args.json:
+        args.json.write_text(json.dumps({"model": Path(args.model).name, "runs": runs}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
