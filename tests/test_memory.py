@@ -51,20 +51,50 @@ def fresh(tiny_model, tmp_path_factory):
     return answer
 
 
-def test_second_turn_reuses_prompt_and_reply_and_matches_uncached(server, fresh):
-    client = server.client()
+def whole_word_bias(tiny_model, n: int = 64) -> dict[str, int]:
+    """logit_bias that makes the tiny model answer in whole-word tokens (" the", " of", ...).
+    Re-encoding such a reply gives back exactly the generated tokens, as a real model's
+    replies mostly do; random weights otherwise produce token runs BPE would merge."""
+    tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+    words = sorted(
+        i
+        for t, i in tokenizer.get_vocab().items()
+        if t.startswith("Ġ") and t[1:].isalpha() and tokenizer.encode(tokenizer.decode([i])).ids == [i]
+    )
+    return {str(i): 100 for i in words[:n]}
+
+
+def two_turns(client, agent, reply_bias=None):
     turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
-    r1 = ask(client, turn1, agent="alice")
-    assert details(r1)["cached"] < r1.usage.prompt_tokens
+    r1 = client.chat.completions.create(
+        model="tiny",
+        messages=turn1,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"prompt_cache_key": agent, "logit_bias": reply_bias or {}},
+    )
     turn2 = turn1 + [
         {"role": "assistant", "content": r1.choices[0].message.content},
         {"role": "user", "content": QUESTIONS[1]},
     ]
-    r2 = ask(client, turn2, agent="alice")
+    return r1, turn2, ask(client, turn2, agent=agent)
+
+
+def test_second_turn_reuses_prompt_and_reply_and_matches_uncached(server, fresh, tiny_model):
+    r1, turn2, r2 = two_turns(server.client(), "alice", whole_word_bias(tiny_model))
+    assert details(r1)["cached"] < r1.usage.prompt_tokens
     d = details(r2)
-    # Everything of turn 1 but a few template/merge boundary tokens is reused, from memory.
-    assert d["cached"] >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 4
+    # All of turn 1, its reply included, is reused from memory.
+    assert d["cached"] >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 2
     assert d["hot"] == d["cached"] and d["warm"] == 0
+    assert r2.choices[0].message.content == fresh(turn2)
+
+
+def test_a_reply_that_retokenizes_differently_is_reused_up_to_the_first_changed_token(server, fresh):
+    """Without the bias the reply's text encodes to other tokens than were generated: reuse
+    stops exactly where the two token sequences part, and the output is still the fresh one."""
+    r1, turn2, r2 = two_turns(server.client(), "carol")
+    assert details(r2)["cached"] >= r1.usage.prompt_tokens
     assert r2.choices[0].message.content == fresh(turn2)
 
 

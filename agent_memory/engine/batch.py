@@ -28,6 +28,7 @@ from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.sample_utils import greedy_sampler, make_logits_processors
 
 from agent_memory.engine import kv
+from agent_memory.engine.detokenizer import Detokenizer
 from agent_memory.engine.loader import LoadedModel, load_model
 from agent_memory.engine.quantized import BatchQuantizedKVCache
 from agent_memory.engine.requests import (
@@ -73,7 +74,7 @@ class Sequence:
     plan: deque[Segment]  # what is left to put into `cache` before decoding starts
     cache: list | None
     reads: dict[str, Future]  # block hash -> its tensors, being read from disk
-    detokenizer: Any
+    detokenizer: Detokenizer
     stops: StopMatcher
     sampler: Any
     processors: list  # mlx-lm logits processors (logit_bias)
@@ -270,7 +271,7 @@ class BatchEngine:
             plan=plan,
             cache=kv.new_cache(self.loaded.num_layers, self.config.precision),
             reads={},
-            detokenizer=self.loaded.tokenizer.detokenizer,
+            detokenizer=Detokenizer(self.loaded.decoder),
             stops=StopMatcher(params.stop),
             sampler=make_sampler(params.temperature, params.top_p, params.seed),
             processors=make_logits_processors(params.logit_bias) if params.logit_bias else [],
@@ -360,11 +361,11 @@ class BatchEngine:
             self.metrics.generated_tokens.inc()
             if seq.usage.completion_tokens == 1:
                 self.metrics.ttft.observe(time.perf_counter() - seq.submitted)
-            if r.finish_reason != "stop":  # "stop" here means an end-of-sequence token
-                seq.detokenizer.add_token(r.token)
+            # finish_reason "stop" here means an end-of-sequence token: not part of the text.
+            text = seq.detokenizer.add(r.token) if r.finish_reason != "stop" else ""
             if r.finish_reason is not None:
-                seq.detokenizer.finalize()
-            if seq.emit_text(seq.detokenizer.last_segment, final=r.finish_reason is not None):
+                text += seq.detokenizer.flush()
+            if seq.emit_text(text, final=r.finish_reason is not None):
                 if r.finish_reason is None:
                     stopped.append(seq)
                     continue

@@ -12,6 +12,7 @@ from typing import Any
 import agent_memory.blas  # noqa: F401
 from mlx_lm import load as mlx_load
 from mlx_lm.models.cache import KVCache, make_prompt_cache
+from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,8 @@ class LoadedModel:
     name: str
     path: Path
     model: Any
-    tokenizer: Any  # mlx-lm TokenizerWrapper
+    tokenizer: Any  # mlx-lm TokenizerWrapper, for the API's tokenizer thread
+    decoder: Tokenizer  # an independent copy, for the engine thread's detokenizing
     context_length: int
     num_layers: int
     fingerprint: str
@@ -70,6 +72,7 @@ def load_model(path: Path) -> LoadedModel:
         path=path,
         model=model,
         tokenizer=tokenizer,
+        decoder=Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()),
         context_length=int(context),
         num_layers=layers,
         fingerprint=fingerprint(path),

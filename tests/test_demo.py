@@ -1,0 +1,34 @@
+"""The demo model (SmolLM2-135M-Instruct, converted from its PyPI wheel) answers sensibly.
+scripts/test fetches it; without it this test is skipped."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_memory.config import default_cache_dir
+from agent_memory.models.demo import DEMO_NAME
+from tests.conftest import Server
+
+DEMO = default_cache_dir() / "models" / DEMO_NAME
+
+
+@pytest.mark.skipif(not (DEMO / "config.json").is_file(), reason="demo model not fetched (agent-memory models fetch demo)")
+def test_demo_model_knows_the_capital_of_france(tmp_path):
+    with Server(DEMO, tmp_path) as s:
+        client = s.client()
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        first = client.chat.completions.create(
+            model="demo", messages=messages, max_tokens=24, temperature=0, extra_body={"prompt_cache_key": "geo"}
+        )
+        assert "Paris" in first.choices[0].message.content
+        follow = messages + [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And of Italy?"},
+        ]
+        second = client.chat.completions.create(
+            model="demo", messages=follow, max_tokens=24, temperature=0, extra_body={"prompt_cache_key": "geo"}
+        )
+        # A real model's reply re-tokenizes to the tokens it generated: all of turn 1 is reused.
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 2
+        assert "Rome" in second.choices[0].message.content
