@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agent_memory.cachectl import cache_app
 from agent_memory.config import ENV_PREFIX, ConfigError, ServeSettings, default_cache_dir, read_config_file
 
 app = typer.Typer(
@@ -26,6 +27,7 @@ app = typer.Typer(
 )
 models_app = typer.Typer(no_args_is_help=True, help="Get, build and list models (offline).")
 app.add_typer(models_app, name="models")
+app.add_typer(cache_app, name="cache")
 
 console = Console(stderr=True)
 

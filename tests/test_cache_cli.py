@@ -1,0 +1,485 @@
+"""`agent-memory cache`: the disk cache inspected and tidied without a model, on real files
+written through the project's own block file and manifest code."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from agent_memory.cachectl import cache_app, human_age, human_bytes, parse_duration
+from agent_memory.memory import blockfile
+from agent_memory.memory.blocks import BlockPool
+from agent_memory.memory.disk import DiskLayout, Manifest, tokens_text
+from agent_memory.memory.prefix import SharedPrefixCache
+
+REPO = Path(__file__).resolve().parent.parent
+FP_TINY = "a1" * 16
+FP_DEMO = "b2" * 16
+DAY = 86400.0
+
+
+@dataclass
+class Agent:
+    id: str
+    tokens: list[int]
+    blocks: list[str]
+    layout: DiskLayout
+
+
+@dataclass
+class Cache:
+    root: Path
+    tiny: DiskLayout
+    demo: DiskLayout
+    alice: Agent  # tiny, used 10 days ago
+    bob: Agent  # tiny, shares alice's first two blocks, its last block is cold
+    carol: Agent  # demo, 64-token blocks like the server's
+    orphan: str  # a tiny block file no manifest names
+
+    def run(self, *args: str, input: str | None = None):
+        return CliRunner().invoke(cache_app, [*args, "--cache-dir", str(self.root)], input=input)
+
+    def json(self, *args: str) -> dict:
+        result = self.run(*args, "--format", "json")
+        return json.loads(result.stdout)
+
+    def files(self) -> set[Path]:
+        return {p for p in self.root.rglob("*") if p.is_file()}
+
+
+def make_folder(root: Path, name: str, fingerprint: str) -> DiskLayout:
+    layout = DiskLayout(root / "kv" / DiskLayout.folder_name(name, fingerprint, "kv16"))
+    layout.agents.mkdir(parents=True)
+    layout.blocks.mkdir()
+    (layout.root / "model.json").write_text(json.dumps({"fingerprint": fingerprint, "bits": "16", "group_size": "0"}))
+    return layout
+
+
+def write_block(
+    layout: DiskLayout, fingerprint: str, h: str, parent: str | None, start: int, tokens: list[int]
+) -> Path:
+    """A block file as the server writes it: K and V of 2 layers, 2 heads, 8 dims per token."""
+    rng = np.random.default_rng(start)
+    tensors = {kv: ("F16", rng.standard_normal((2, 2, len(tokens), 8)).astype(np.float16)) for kv in ("k", "v")}
+    meta = {
+        "fingerprint": fingerprint,
+        "bits": "16",
+        "group_size": "0",
+        "hash": h,
+        "parent": parent or "",
+        "start": str(start),
+        "tokens": tokens_text(tokens),
+    }
+    path = layout.block_path(h)
+    path.parent.mkdir(exist_ok=True)
+    blockfile.write_atomic(path, blockfile.encode(meta, tensors))
+    return path
+
+
+def write_agent(
+    layout: DiskLayout, fingerprint: str, block_tokens: int, agent: str, tokens: list[int], last_used: float, skip=()
+) -> Agent:
+    """The agent's manifest and its block files (but those in `skip`: cold)."""
+    chain = SharedPrefixCache(BlockPool(), block_tokens, fingerprint).chain(tokens)
+    for i, (h, parent, start, end) in enumerate(chain):
+        if i not in skip and not layout.block_path(h).exists():
+            write_block(layout, fingerprint, h, parent, start, tokens[start:end])
+    blocks = [h for h, *_ in chain]
+    manifest = Manifest(agent, fingerprint, tokens, blocks, last_used)
+    blockfile.write_atomic(layout.agent_path(agent), [manifest.to_bytes()])
+    return Agent(agent, tokens, blocks, layout)
+
+
+def age(path: Path, seconds: float) -> None:
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
+@pytest.fixture
+def cache(tmp_path) -> Cache:
+    now = time.time()
+    root = tmp_path / "cache"
+    tiny, demo = make_folder(root, "tiny", FP_TINY), make_folder(root, "demo", FP_DEMO)
+    shared = list(range(1, 9))
+    alice = write_agent(tiny, FP_TINY, 4, "alice", [*shared, 20, 21, 22, 23, 24, 25], now - 10 * DAY)
+    bob = write_agent(tiny, FP_TINY, 4, "bob", [*shared, 30, 31, 32, 33, 34, 35], now - 60, skip={3})
+    carol = write_agent(demo, FP_DEMO, 64, "carol", list(range(100, 200)), now - 3 * 3600)
+    orphan = SharedPrefixCache(BlockPool(), 4, FP_TINY).block_hash(None, [7, 7, 7, 7])
+    age(write_block(tiny, FP_TINY, orphan, None, 0, [7, 7, 7, 7]), 2 * DAY)
+    return Cache(root, tiny, demo, alice, bob, carol, orphan)
+
+
+# -- ls ------------------------------------------------------------------------------------
+
+
+def test_ls_human_lists_every_agent_of_every_model(cache):
+    result = cache.run("ls")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:3] == ["id", "model", "tokens"]
+    rows = {line.split()[0]: line for line in lines[1:4]}
+    assert set(rows) == {"alice", "bob", "carol"}
+    assert "tiny-" in rows["alice"] and "demo-" in rows["carol"]
+    assert "3 + 1 cold" in rows["bob"] and "10d ago" in rows["alice"] and "3h ago" in rows["carol"]
+    assert "3 agents" in result.stdout
+
+
+def test_ls_json_has_stable_fields(cache):
+    agents = {a["id"]: a for a in cache.json("ls")["agents"]}
+    bob = agents["bob"]
+    assert set(bob) == {
+        "id",
+        "model",
+        "folder",
+        "tokens",
+        "blocks",
+        "on_disk",
+        "cold",
+        "bytes",
+        "last_used",
+        "manifest",
+    }
+    assert (bob["tokens"], bob["blocks"], bob["on_disk"], bob["cold"]) == (14, 4, 3, 1)
+    sizes = {h: cache.tiny.block_path(h).stat().st_size for h in cache.bob.blocks[:3]}
+    assert bob["bytes"] == sum(sizes.values())
+    assert bob["manifest"] == str(cache.tiny.agent_path("bob"))
+    assert agents["carol"]["blocks"] == 2 and agents["carol"]["cold"] == 0
+    assert abs(agents["alice"]["last_used"] - (time.time() - 10 * DAY)) < 60
+
+
+def test_ls_quiet_sorting_filter_and_limit(cache):
+    def ids(*args):
+        result = cache.run("ls", "--format", "quiet", *args)
+        assert result.exit_code == 0, result.output
+        return result.stdout.splitlines()
+
+    assert ids() == ["bob", "carol", "alice"]  # most recently used first
+    assert ids("--reverse") == ["alice", "carol", "bob"]
+    assert ids("--sort", "id") == ["alice", "bob", "carol"]
+    assert ids("--sort", "tokens") == ["carol", "alice", "bob"]  # 100, then 14 and 14 by id
+    assert ids("--sort", "bytes", "--limit", "1") == ["carol"]
+    assert ids("--model", "tiny") == ["bob", "alice"]
+    assert ids("--model", cache.demo.root.name) == ["carol"]
+    result = cache.run("ls", "--model", "nope")
+    assert result.exit_code == 1 and "no model folder matches" in result.stderr
+
+
+def test_ls_of_an_empty_or_missing_cache_dir(tmp_path):
+    result = CliRunner().invoke(cache_app, ["ls", "--cache-dir", str(tmp_path / "none"), "--format", "json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["agents"] == []
+
+
+def test_cache_dir_comes_from_the_environment(cache):
+    result = CliRunner().invoke(cache_app, ["ls", "--format", "quiet"], env={"AGENT_MEMORY_CACHE_DIR": str(cache.root)})
+    assert result.exit_code == 0 and sorted(result.stdout.split()) == ["alice", "bob", "carol"]
+
+
+# -- show ----------------------------------------------------------------------------------
+
+
+def test_show_lists_blocks_with_sharing_and_cold_ones(cache):
+    doc = cache.json("show", "bob")
+    assert doc["id"] == "bob" and doc["folder"] == cache.tiny.root.name and doc["block_tokens"] == 4
+    assert [b["hash"] for b in doc["blocks"]] == cache.bob.blocks
+    assert [(b["start"], b["tokens"]) for b in doc["blocks"]] == [(0, 4), (4, 4), (8, 4), (12, 2)]
+    assert [b["on_disk"] for b in doc["blocks"]] == [True, True, True, False]
+    assert [b["shared_with"] for b in doc["blocks"]] == [1, 1, 0, 0]
+    own = cache.tiny.block_path(cache.bob.blocks[2]).stat().st_size
+    assert doc["totals"]["cold"] == 1 and doc["totals"]["private_bytes"] == own
+
+    result = cache.run("show", "bob")
+    assert result.exit_code == 0, result.output
+    assert "cold" in result.stdout and "1 agent" in result.stdout and cache.bob.blocks[0][:16] in result.stdout
+
+
+def test_show_unknown_agent_fails_clearly(cache):
+    result = cache.run("show", "dave")
+    assert result.exit_code == 1 and "no agent dave" in result.stderr
+
+
+# -- verify --------------------------------------------------------------------------------
+
+
+def verify(cache) -> tuple[int, dict]:
+    result = cache.run("verify", "--format", "json")
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_verify_passes_on_a_sound_cache(cache):
+    code, doc = verify(cache)
+    assert (code, doc["ok"], doc["problems"]) == (0, True, [])
+    assert doc["checked"] == {"folders": 2, "blocks": 8, "manifests": 3}
+    result = cache.run("verify")
+    assert result.exit_code == 0 and "all good" in result.stdout
+    assert cache.run("verify", "--format", "quiet").stdout == ""
+
+
+def damage_truncate(cache):
+    path = cache.tiny.block_path(cache.alice.blocks[2])
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 10)
+    return [path]
+
+
+def damage_flip(cache):
+    path = cache.tiny.block_path(cache.alice.blocks[2])
+    data = bytearray(path.read_bytes())
+    n = struct.unpack("<Q", data[:8])[0]
+    data[8 + n + (len(data) - 8 - n) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    return [path]
+
+
+def damage_swap(cache):
+    a, b = (cache.tiny.block_path(h) for h in cache.alice.blocks[2:4])
+    tmp = a.with_name("swap")
+    os.replace(a, tmp)
+    os.replace(b, a)
+    os.replace(tmp, b)
+    return [a, b]
+
+
+def damage_forge(cache):
+    """A well-formed file whose metadata claims the name, but whose tokens hash elsewhere."""
+    h, parent = cache.alice.blocks[2], cache.alice.blocks[1]
+    return [write_block(cache.tiny, FP_TINY, h, parent, 8, [20, 21, 22, 99])]
+
+
+def damage_manifest(cache):
+    tokens = list(cache.alice.tokens)
+    tokens[5] = 999
+    manifest = Manifest("alice", FP_TINY, tokens, cache.alice.blocks, time.time())
+    path = cache.tiny.agent_path("alice")
+    blockfile.write_atomic(path, [manifest.to_bytes()])
+    return [path]
+
+
+@pytest.mark.parametrize("damage", [damage_truncate, damage_flip, damage_swap, damage_forge, damage_manifest])
+def test_verify_names_each_bad_file(cache, damage):
+    bad = damage(cache)
+    before = {p: p.read_bytes() for p in cache.files()}
+    code, doc = verify(cache)
+    assert code == 1 and not doc["ok"]
+    assert sorted(p["path"] for p in doc["problems"]) == sorted(map(str, bad))
+    assert all(p["reason"] for p in doc["problems"])
+    result = cache.run("verify")
+    assert result.exit_code == 1
+    for path in bad:
+        assert path.name[:16] in result.stdout
+    assert {p: p.read_bytes() for p in cache.files()} == before  # verify changes nothing
+
+
+def test_verify_reports_old_temp_files_and_unreadable_manifests(cache):
+    fresh = cache.tiny.agents / ".x.json.1234abcd.tmp"
+    fresh.write_bytes(b"{")
+    old = cache.tiny.blocks / "ab" / ".ab.safetensors.0000aaaa.tmp"
+    old.parent.mkdir(exist_ok=True)
+    old.write_bytes(b"partial")
+    age(old, DAY)
+    broken = cache.demo.agent_path("carol")
+    broken.write_bytes(b'{"version": 1, "agent": ')
+    code, doc = verify(cache)
+    assert code == 1
+    assert {(p["path"], p["kind"]) for p in doc["problems"]} == {(str(old), "temp"), (str(broken), "manifest")}
+
+
+# -- rm ------------------------------------------------------------------------------------
+
+
+def test_rm_keeps_blocks_another_agent_uses(cache):
+    shared, private = cache.alice.blocks[:2], cache.alice.blocks[2:]
+    sizes = sum(cache.tiny.block_path(h).stat().st_size for h in private)
+    manifest_size = cache.tiny.agent_path("alice").stat().st_size
+    result = cache.run("rm", "alice", "-y", "--format", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert sorted(doc["removed_blocks"]) == sorted(private) and doc["kept_shared_blocks"] == 2
+    assert doc["freed_bytes"] == sizes + manifest_size
+    assert not cache.tiny.agent_path("alice").exists()
+    assert all(cache.tiny.block_path(h).exists() for h in shared)
+    assert not any(cache.tiny.block_path(h).exists() for h in private)
+    assert cache.run("ls", "--format", "quiet").stdout.split() == ["bob", "carol"]
+    assert verify(cache)[0] == 0  # bob is still sound
+    assert cache.json("show", "bob")["totals"]["on_disk"] == 3
+
+
+def test_rm_asks_first_and_refuses_unknown_agents(cache):
+    result = cache.run("rm", "alice", input="n\n")
+    assert result.exit_code == 1 and cache.tiny.agent_path("alice").exists()
+    result = cache.run("rm", "alice", input="y\n")
+    assert result.exit_code == 0 and "freed" in result.stdout and not cache.tiny.agent_path("alice").exists()
+    result = cache.run("rm", "alice", "-y")
+    assert result.exit_code == 1 and "no agent alice" in result.stderr
+
+
+# -- prune ---------------------------------------------------------------------------------
+
+
+def test_prune_dry_run_deletes_nothing(cache):
+    before = cache.files()
+    result = cache.run("prune", "--older-than", "7d", "--dry-run", "--format", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["dry_run"] and doc["older_than_s"] == 7 * DAY
+    assert {(i["kind"], i["name"]) for i in doc["removed"]} == {
+        ("agent", "alice"),
+        *(("block", h) for h in cache.alice.blocks[2:]),
+        ("block", cache.orphan),
+    }
+    assert doc["freed_bytes"] > 0 and cache.files() == before
+    human = cache.run("prune", "--older-than", "7d", "--dry-run")
+    assert "would free" in human.stdout and cache.files() == before
+
+
+def test_prune_removes_only_old_agents_orphans_and_old_temp_files(cache):
+    old_tmp = cache.tiny.agents / ".y.json.00000000.tmp"
+    old_tmp.write_bytes(b"x" * 10)
+    age(old_tmp, DAY)
+    fresh_tmp = cache.tiny.agents / ".z.json.11111111.tmp"
+    fresh_tmp.write_bytes(b"x")
+    fresh_orphan = SharedPrefixCache(BlockPool(), 4, FP_TINY).block_hash(None, [5, 5, 5, 5])
+    write_block(cache.tiny, FP_TINY, fresh_orphan, None, 0, [5, 5, 5, 5])  # maybe the server's write under way
+    gone = [
+        cache.tiny.agent_path("alice"),
+        old_tmp,
+        *(cache.tiny.block_path(h) for h in [*cache.alice.blocks[2:], cache.orphan]),
+    ]
+    expected = sum(p.stat().st_size for p in gone)
+
+    result = cache.run("prune", "--older-than", "1w", "-y", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["freed_bytes"] == expected
+    assert not any(p.exists() for p in gone)
+    assert fresh_tmp.exists() and cache.tiny.block_path(fresh_orphan).exists()
+    assert cache.run("ls", "--format", "quiet").stdout.split() == ["bob", "carol"]
+    assert all(cache.tiny.block_path(h).exists() for h in cache.bob.blocks[:3])
+    assert verify(cache)[0] == 0
+
+
+def test_prune_without_age_keeps_agents_and_empties_quarantine_on_request(cache):
+    cache.tiny.quarantine_dir.mkdir()
+    (cache.tiny.quarantine_dir / "1-x.safetensors").write_bytes(b"q" * 100)
+    result = cache.run("prune", "-y", "--format", "json")
+    assert {i["kind"] for i in json.loads(result.stdout)["removed"]} == {"block"}  # the orphan only
+    assert cache.run("ls", "--format", "quiet").stdout.split() == ["bob", "carol", "alice"]
+    assert (cache.tiny.quarantine_dir / "1-x.safetensors").exists()
+    result = cache.run("prune", "--quarantine", "-y", "--format", "json")
+    assert [i["kind"] for i in json.loads(result.stdout)["removed"]] == ["quarantine"]
+    assert not any(cache.tiny.quarantine_dir.iterdir())
+
+
+def test_prune_refuses_a_bad_duration(cache):
+    result = cache.run("prune", "--older-than", "7 days")
+    assert result.exit_code == 2 and cache.tiny.agent_path("alice").exists()
+
+
+# -- stats ---------------------------------------------------------------------------------
+
+
+def test_stats_per_model_and_total(cache):
+    cache.tiny.quarantine_dir.mkdir()
+    (cache.tiny.quarantine_dir / "1-x.safetensors").write_bytes(b"q" * 100)
+    (cache.tiny.quarantine_dir / "1-x.safetensors.why").write_bytes(b"checksum\n")
+    (cache.tiny.agents / ".t.json.22222222.tmp").write_bytes(b"x")
+    doc = cache.json("stats")
+    models = {m["folder"]: m for m in doc["models"]}
+    tiny, demo = models[cache.tiny.root.name], models[cache.demo.root.name]
+    tiny_bytes = sum(p.stat().st_size for p in cache.tiny.blocks.rglob("*.safetensors"))
+    assert tiny == {
+        "model": cache.tiny.root.name,
+        "folder": cache.tiny.root.name,
+        "agents": 2,
+        "block_files": 6,  # alice 4, bob's own 1, the orphan
+        "bytes": tiny_bytes,
+        "cold_blocks": 1,
+        "orphan_blocks": 1,
+        "quarantined_files": 2,
+        "quarantined_bytes": 109,
+        "temp_files": 1,
+    }
+    assert (demo["agents"], demo["block_files"], demo["cold_blocks"]) == (1, 2, 0)
+    assert doc["total"]["agents"] == 3 and doc["total"]["block_files"] == 8
+    assert doc["total"]["bytes"] == tiny_bytes + demo["bytes"]
+    result = cache.run("stats")
+    assert result.exit_code == 0 and "total" in result.stdout and human_bytes(doc["total"]["bytes"]) in result.stdout
+
+
+# -- helpers and the real command line -----------------------------------------------------
+
+
+def test_durations_sizes_and_ages():
+    assert parse_duration("90s") == 90 and parse_duration("15m") == 900 and parse_duration("1d12h") == 1.5 * DAY
+    assert parse_duration("2w") == 14 * DAY and parse_duration("1.5h") == 5400
+    for bad in ("7", "7 days", "", "d7", "-1d"):
+        with pytest.raises(typer.BadParameter):
+            parse_duration(bad)
+    assert [human_bytes(n) for n in (0, 1023, 1024, 3 << 20, 5 << 30)] == [
+        "0 B",
+        "1023 B",
+        "1.0 KiB",
+        "3.0 MiB",
+        "5.0 GiB",
+    ]
+    now = 1_000_000.0
+    assert [human_age(now - s, now) for s in (0, 5, 180, 7200, 3 * DAY, 21 * DAY)] == [
+        "just now",
+        "5s ago",
+        "3m ago",
+        "2h ago",
+        "3d ago",
+        "3w ago",
+    ]
+
+
+def test_hostile_agent_ids_stay_on_one_line(tmp_path):
+    layout = make_folder(tmp_path, "tiny", FP_TINY)
+    write_agent(layout, FP_TINY, 4, "evil\n[red]id\x1b[2J", [1, 2, 3], time.time())
+    result = CliRunner().invoke(cache_app, ["ls", "--cache-dir", str(tmp_path), "--format", "quiet"])
+    assert result.stdout == '"evil\\n[red]id\\u001b[2J"\n'
+    result = CliRunner().invoke(cache_app, ["ls", "--cache-dir", str(tmp_path)])
+    assert "[red]id" in result.stdout and "\x1b" not in result.stdout
+
+
+def test_the_cache_commands_never_import_mlx(cache):
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "import agent_memory.cachectl as c\n"
+        "for cmd in ('ls', 'stats', 'verify'):\n"
+        f"    r = CliRunner().invoke(c.cache_app, [cmd, '--cache-dir', {str(cache.root)!r}])\n"
+        "    assert r.exit_code == 0, r.output\n"
+        "loaded = [m for m in sys.modules if m.startswith('mlx')]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)
+
+
+def _cache_is_registered() -> bool:
+    from agent_memory.cli import app
+
+    return "cache" in typer.main.get_command(app).commands
+
+
+@pytest.mark.skipif(not _cache_is_registered(), reason="`cache` is not yet a command of agent_memory.cli.app")
+def test_python_dash_m_agent_memory_cache_ls(cache):
+    result = subprocess.run(
+        [sys.executable, "-m", "agent_memory", "cache", "ls", "--cache-dir", str(cache.root), "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(a["id"] for a in json.loads(result.stdout)["agents"]) == ["alice", "bob", "carol"]
