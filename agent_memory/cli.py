@@ -78,9 +78,14 @@ def serve(
     cache_dir: Path = CacheDirOption,
     hot_budget_mb: int = _opt(2048, "hot-budget-mb", "Memory for cached KV blocks, in MiB."),
     disk_budget_mb: int = _opt(10240, "disk-budget-mb", "Disk for cached KV blocks, in MiB."),
-    kv_bits: int = _opt(16, "kv-bits", "KV precision in memory: 4, 8 or 16 (unquantized)."),
+    kv_bits: int = _opt(4, "kv-bits", "Precision of cached KV: 4, 8 or 16 (unquantized)."),
     kv_group_size: int = _opt(64, "kv-group-size", "Quantization group size for KV: 32, 64 or 128."),
     disk_kv_bits: int = _opt(None, "disk-kv-bits", "KV precision on disk (default: --kv-bits)."),
+    decode_quantized: bool = _opt(
+        False,
+        "decode-quantized",
+        "Running requests attend to quantized KV too (least memory; lower quality, slower on CPU).",
+    ),
     max_batch: int = _opt(8, "max-batch", "Most sequences decoded together."),
     api_key: str = _opt(None, "api-key", "Require this key (Bearer or x-api-key) on every route but /health."),
 ) -> None:
@@ -122,6 +127,7 @@ def _serve(settings: ServeSettings) -> int:
             cache_dir=settings.cache_dir,
             disk_budget_bytes=settings.disk_budget_mb << 20,
             disk_precision=KVPrecision(settings.disk_kv_bits, settings.kv_group_size) if settings.disk_kv_bits else None,
+            decode_quantized=settings.decode_quantized,
         )
     )
     config = uvicorn.Config(None, host=settings.host, port=settings.port, log_config=None, timeout_graceful_shutdown=30)

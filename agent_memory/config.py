@@ -38,9 +38,10 @@ class ServeSettings:
     cache_dir: Path = field(default_factory=default_cache_dir)
     hot_budget_mb: int = 2048
     disk_budget_mb: int = 10240
-    kv_bits: int = 16
+    kv_bits: int = 4  # cached KV at rest; running requests attend at full precision
     kv_group_size: int = 64
     disk_kv_bits: int | None = None  # None: the same as kv_bits
+    decode_quantized: bool = False
     max_batch: int = 8
     api_key: str | None = None
 

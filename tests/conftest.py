@@ -45,6 +45,8 @@ class Server:
         env.pop("AGENT_MEMORY_API_KEY", None)
         cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", self.model, "--port", str(self.port)]
         cmd += ["--cache-dir", str(self.cache_dir), *self.args]
+        if "--kv-bits" not in self.args:  # tests compare outputs across cache states: exact at 16
+            cmd += ["--kv-bits", "16"]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         deadline = time.monotonic() + timeout

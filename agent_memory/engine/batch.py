@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,10 @@ class EngineConfig:
     cache_dir: Path | None = None  # None or a zero disk budget: no warm tier
     disk_budget_bytes: int = 0
     disk_precision: kv.KVPrecision | None = None  # None: the same as `precision`
+    # False: a running sequence attends to full-precision KV (its cached prefix dequantized
+    # once, its own new tokens never quantized) and only blocks at rest are quantized.
+    # True: it attends to quantized KV too (least memory; +10 % perplexity at Q4, slower on CPU).
+    decode_quantized: bool = False
 
 
 @dataclass(eq=False)
@@ -81,6 +85,9 @@ class Sequence:
     usage: Usage
     submitted: float  # perf_counter() when the request arrived
     pos: int = 0  # prompt tokens in `cache`
+    # Runs of `cache` that came from cached blocks, as those blocks' stored payloads: a commit
+    # reuses them rather than quantizing dequantized KV again (which is not exact).
+    stored: list[kv.StoredRun] = field(default_factory=list)
 
     def ready(self) -> bool:
         return all(f.done() for f in self.reads.values())
@@ -196,12 +203,18 @@ class BatchEngine:
         self._eos = StopSequences([(t,) for t in self.loaded.tokenizer.eos_token_ids])
         self._batch = GenerationBatch.empty(self.loaded.model, greedy_sampler)
         log.info(
-            "loaded %s: %d layers, context %d, KV %s",
+            "loaded %s: %d layers, context %d; KV cached as %s, attended as %s",
             self.loaded.name,
             self.loaded.num_layers,
             self.loaded.context_length,
-            f"{self.config.precision.bits}-bit" if self.config.precision.quantized else "unquantized",
+            self.config.precision.tag,
+            self._working_precision.tag,
         )
+
+    @property
+    def _working_precision(self) -> kv.KVPrecision:
+        """The precision of running sequences' caches: what decoding attends to."""
+        return self.config.precision if self.config.decode_quantized else kv.KVPrecision()
 
     @property
     def _disk_precision(self) -> kv.KVPrecision:
@@ -269,7 +282,7 @@ class BatchEngine:
             sink=sink,
             lease=lease,
             plan=plan,
-            cache=kv.new_cache(self.loaded.num_layers, self.config.precision),
+            cache=kv.new_cache(self.loaded.num_layers, self._working_precision),
             reads={},
             detokenizer=Detokenizer(self.loaded.decoder),
             stops=StopMatcher(params.stop),
@@ -320,23 +333,24 @@ class BatchEngine:
             block = segment.block
             read = seq.reads.pop(block.hash, None)
             if read is None:
-                parts.append((block.payload, n))
+                stored = block.payload
                 seq.usage.hot_tokens += n
             elif read.exception() is None:
-                payload = kv.convert(kv.from_numpy(read.result(), self.kv_shape), self._disk_precision, self.config.precision)
-                parts.append((payload, n))
+                stored = kv.convert(kv.from_numpy(read.result(), self.kv_shape), self._disk_precision, self.config.precision)
                 seq.usage.warm_tokens += n
             else:
                 log.info("block %s unreadable (%s): recomputing it", block.hash[:12], read.exception())
                 self.store.disk_lost(block)
                 seq.plan.appendleft(Segment(segment.start, segment.end, None))
                 break
+            parts.append((kv.convert(stored, self.config.precision, self._working_precision), n))
+            seq.stored.append(kv.StoredRun(seq.pos, seq.pos + n, stored))
             seq.pos += n
         kv.append(seq.cache, parts)
 
     def _start_decoding(self, seq: Sequence) -> None:
         prompt = seq.request.prompt
-        merge = BatchQuantizedKVCache.merge if self.config.precision.quantized else BatchKVCache.merge
+        merge = BatchQuantizedKVCache.merge if self._working_precision.quantized else BatchKVCache.merge
         joining = GenerationBatch(
             self.loaded.model,
             [seq.id],
@@ -399,7 +413,7 @@ class BatchEngine:
         payloads = []
 
         def cut(start: int, end: int):
-            payload = kv.cut(cache, start, end)
+            payload = kv.cut_at(cache, start, end, seq.stored, self._working_precision, self.config.precision)
             payloads.append(payload)
             return payload, kv.payload_nbytes(payload)
 

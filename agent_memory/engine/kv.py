@@ -66,6 +66,38 @@ def cut(cache: list, start: int, end: int) -> Payload:
     }
 
 
+@dataclass(frozen=True)
+class StoredRun:
+    """Tokens [start, end) of a running sequence, as the cached block payload they came from."""
+
+    start: int
+    end: int
+    payload: Payload
+
+
+def cut_at(cache: list, start: int, end: int, stored: list[StoredRun], working: KVPrecision, precision: KVPrecision) -> Payload:
+    """Tokens [start, end) of a sequence's cache as a payload at `precision`. Runs that came
+    from stored blocks keep their stored bits: MLX's quantize of dequantized values changes
+    about a sixth of the codes, so quantizing them again would drift a little every turn."""
+    if working == precision:
+        return cut(cache, start, end)
+    pieces, pos = [], start
+    for run in sorted(stored, key=lambda r: r.start):
+        if run.end <= pos or run.start >= end:
+            continue
+        if run.start > pos:
+            pieces.append(convert(cut(cache, pos, run.start), working, precision))
+            pos = run.start
+        stop = min(run.end, end)
+        pieces.append({name: a[:, :, pos - run.start : stop - run.start] for name, a in run.payload.items()})
+        pos = stop
+    if pos < end:
+        pieces.append(convert(cut(cache, pos, end), working, precision))
+    if len(pieces) == 1:
+        return {name: mx.contiguous(a) for name, a in pieces[0].items()}
+    return {name: mx.concatenate([p[name] for p in pieces], axis=2) for name in pieces[0]}
+
+
 def append(cache: list, parts: list[tuple[Payload, int]]) -> None:
     """Append the first n tokens of each payload, in order, to a single-sequence cache."""
     if not parts:

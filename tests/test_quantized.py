@@ -1,0 +1,205 @@
+"""Quantized KV: the batched quantized cache against mlx-lm's per-sequence one, exact
+extraction, blocks that keep their bits through the tiers, and every precision end to end."""
+
+from __future__ import annotations
+
+import asyncio
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load
+from mlx_lm.models.cache import QuantizedKVCache
+
+from agent_memory.engine import kv
+from agent_memory.engine.quantized import BatchQuantizedKVCache
+from agent_memory.memory import blockfile
+from tests.conftest import Server
+
+PROMPTS = [
+    "The keeper of the lighthouse wrote in the log that night",
+    "Seven ships left the harbour before dawn, and the first of them",
+    "A short one",
+    "When the storm came over the northern cape the bells of the old church rang for an hour",
+]
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def model_and_tokens(tiny_model):
+    model, tokenizer = load(str(tiny_model))
+    return model, [tokenizer.encode(p) for p in PROMPTS]
+
+
+def prefilled(model, tokens: list[int], bits: int, group: int) -> list[QuantizedKVCache]:
+    """mlx-lm's own per-sequence quantized cache holding all but the last prompt token."""
+    cache = [QuantizedKVCache(group_size=group, bits=bits) for _ in model.layers]
+    model(mx.array(tokens[:-1])[None], cache=cache)
+    return cache
+
+
+def solo_greedy(model, tokens: list[int], bits: int, group: int) -> list[int]:
+    cache = prefilled(model, tokens, bits, group)
+    y, out = tokens[-1], []
+    for _ in range(STEPS):
+        y = model(mx.array([[y]]), cache=cache)[0, -1].argmax().item()
+        out.append(y)
+    return out
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (8, 64)])
+def test_batched_quantized_decode_equals_per_sequence_decode(model_and_tokens, bits, group):
+    """Rows of different lengths decode together; one joins late, one leaves early."""
+    model, prompts = model_and_tokens
+    expected = [solo_greedy(model, t, bits, group) for t in prompts]
+    first, late = prompts[:3], prompts[3]
+    caches = [prefilled(model, t, bits, group) for t in first]
+    batch = [BatchQuantizedKVCache.merge([c[layer] for c in caches]) for layer in range(len(model.layers))]
+    rows = [0, 1, 2]
+    y = mx.array([[t[-1]] for t in first])
+    got: dict[int, list[int]] = {i: [] for i in range(4)}
+    for step in range(STEPS + 5):
+        if step == 5:  # a request joins a running batch
+            joining = prefilled(model, late, bits, group)
+            for layer, c in enumerate(batch):
+                c.extend(BatchQuantizedKVCache.merge([joining[layer]]))
+            rows.append(3)
+            y = mx.concatenate([y, mx.array([[late[-1]]])])
+        nxt = model(y, cache=batch)[:, -1].argmax(axis=-1)
+        for row, token in zip(rows, nxt.tolist()):
+            got[row].append(token)
+        y = nxt[:, None]
+        done = [i for i, r in enumerate(rows) if len(got[r]) == STEPS]
+        if done:  # finished rows leave at once
+            keep = [i for i in range(len(rows)) if i not in done]
+            if not keep:
+                break
+            for c in batch:
+                c.filter(keep)
+            rows = [rows[i] for i in keep]
+            y = y[mx.array(keep)]
+    assert [got[i] for i in range(4)] == expected
+
+
+def test_a_sequence_extracted_from_a_batch_has_exactly_its_own_kv(model_and_tokens):
+    model, prompts = model_and_tokens
+    caches = [prefilled(model, t, 4, 32) for t in prompts]
+    batch = [BatchQuantizedKVCache.merge([c[layer] for c in caches]) for layer in range(len(model.layers))]
+    for row, own in enumerate(caches):
+        for layer, c in enumerate(batch):
+            taken = c.extract(row)
+            assert taken.offset == own[layer].offset == len(prompts[row]) - 1
+            for a, b in zip(taken.keys + taken.values, own[layer].keys + own[layer].values):
+                b = b[..., : own[layer].offset, :]
+                assert a.shape == b.shape and mx.array_equal(a, b).item()
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (8, 64)])
+def test_quantized_blocks_round_trip_through_the_tiers_unchanged(model_and_tokens, tmp_path, bits, group):
+    """Hot payload -> block file -> hot payload keeps every bit, and a running sequence's
+    working cache gets the same dequantized values whichever tier the block came from."""
+    model, prompts = model_and_tokens
+    precision = kv.KVPrecision(bits, group)
+    cache = prefilled(model, prompts[0], bits, group)
+    hot = kv.cut(cache, 0, 8)
+    shape = kv.probe_shape(model, len(model.layers))
+    tensors = kv.to_numpy(hot)
+    path = tmp_path / "block.safetensors"
+    blockfile.write_atomic(path, blockfile.encode({"hash": "h"}, tensors))
+    _, arrays = blockfile.read(path, {"hash": "h"}, kv.block_layout(8, shape, precision))
+    back = kv.from_numpy(arrays, shape)
+    assert sorted(back) == sorted(hot)
+    for name in hot:
+        assert back[name].dtype == hot[name].dtype and mx.array_equal(back[name], hot[name]).item()
+    full = kv.KVPrecision()
+    assert mx.array_equal(kv.convert(back, precision, full)["k"], kv.convert(hot, precision, full)["k"]).item()
+
+
+def test_a_commit_keeps_the_stored_bits_of_restored_tokens(model_and_tokens):
+    """A running sequence attends to float KV: its restored prefix dequantized, its own tokens
+    computed. Committing it takes the restored tokens' stored bits and quantizes only its own."""
+    model, prompts = model_and_tokens
+    precision, full = kv.KVPrecision(4, 32), kv.KVPrecision()
+    tokens = prompts[3]
+    stored = kv.cut(prefilled(model, tokens[:11], 4, 32), 0, 10)  # a partial block at rest
+    working = kv.new_cache(len(model.layers), full)
+    kv.append(working, [(kv.convert(stored, precision, full), 10)])
+    model(mx.array(tokens[10:-1])[None], cache=working)
+    n = len(tokens) - 1
+    committed = kv.cut_at(working, 0, n, [kv.StoredRun(0, 10, stored)], full, precision)
+    own = kv.convert(kv.cut(working, 10, n), full, precision)
+    for name in stored:
+        assert mx.array_equal(committed[name][:, :, :10], stored[name]).item()
+        assert mx.array_equal(committed[name][:, :, 10:], own[name]).item()
+    # Quantizing the dequantized prefix again would not have given the stored bits back.
+    again = kv.convert(kv.cut(working, 0, 10), full, precision)
+    assert not mx.array_equal(again["k.q"], stored["k.q"]).item()
+
+
+CONVERSATION = [
+    {"role": "system", "content": "You keep the records of the lighthouse on the northern cape. " * 8},
+    {"role": "user", "content": "What happened on the night of the great storm?"},
+]
+
+
+def ask(client, messages, agent, max_tokens=16):
+    return client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=max_tokens, temperature=0, extra_body={"prompt_cache_key": agent}
+    )
+
+
+def tiers(response) -> tuple[int, int]:
+    d = response.usage.prompt_tokens_details
+    return d.model_extra["hot_tokens"], d.model_extra["warm_tokens"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--kv-bits", "4", "--kv-group-size", "32"),
+        ("--kv-bits", "8", "--kv-group-size", "64"),
+        ("--kv-bits", "4", "--kv-group-size", "64", "--disk-kv-bits", "8"),
+        ("--kv-bits", "4", "--kv-group-size", "32", "--decode-quantized"),
+        ("--kv-bits", "8", "--kv-group-size", "32", "--decode-quantized"),
+    ],
+    ids=["q4g32", "q8g64", "q4g64-disk8", "q4g32-decode-quantized", "q8g32-decode-quantized"],
+)
+def test_every_precision_end_to_end(tiny_model, tmp_path, args):
+    """Two turns hot, a batch of concurrent agents, then a restart that loads from disk and
+    answers exactly as the hot cache did."""
+    with Server(tiny_model, tmp_path, *args) as s:
+        client = s.client()
+        first = ask(client, CONVERSATION, "keeper")
+        assert first.usage.completion_tokens > 0 and first.choices[0].finish_reason in ("stop", "length")
+        turn2 = CONVERSATION + [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And the morning after?"},
+        ]
+        second = ask(client, turn2, "keeper")
+        hot, warm = tiers(second)
+        assert hot >= first.usage.prompt_tokens - 4 and warm == 0
+        # Now every prompt token but the last comes from quantized blocks in memory.
+        from_hot = ask(client, turn2, "keeper").choices[0].message.content
+        if "--decode-quantized" in args:
+            check_batched_equals_solo(s)
+    with Server(tiny_model, tmp_path, *args) as s:
+        restored = ask(s.client(), turn2, "keeper")
+        hot, warm = tiers(restored)
+        assert warm >= first.usage.prompt_tokens - 4
+        if "--disk-kv-bits" not in args:  # the same bits came back from disk: the same answer
+            assert restored.choices[0].message.content == from_hot
+
+
+def check_batched_equals_solo(s: Server) -> None:
+    """Quantized attention in a batch of four gives each request its solo answer. The solo runs
+    go first; the batch then reads their prompts' quantized blocks, bit for bit."""
+    client = s.client()
+    prompts = [[{"role": "user", "content": f"Tell me about ship number {i} of the fleet."}] for i in range(4)]
+    solo = [ask(client, p, None, 12).choices[0].message.content for p in prompts]
+
+    async def together():
+        aclient = s.async_client()
+        return await asyncio.gather(
+            *(aclient.chat.completions.create(model="tiny", messages=p, max_tokens=12, temperature=0) for p in prompts)
+        )
+
+    assert [r.choices[0].message.content for r in asyncio.run(together())] == solo
