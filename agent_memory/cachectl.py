@@ -202,8 +202,12 @@ class ModelFolder:
         return self.token_counts[block_hash]
 
     def block_tokens(self, manifest: Manifest) -> int:
-        """The block size the manifest was written with: every block but the last is full, so
-        one block file of the manifest tells; the server's BLOCK_TOKENS when none can."""
+        """The block size the manifest was written with: model.json says (the server writes
+        it there); else every block but the last is full, so one block file of the manifest
+        tells; the server's BLOCK_TOKENS when none can."""
+        size = self.meta.get("block_tokens")
+        if type(size) is int and size > 0:
+            return size
         n, total = len(manifest.blocks), len(manifest.tokens)
         if n <= 1:
             return max(total, 1)
@@ -238,6 +242,9 @@ def scan_folder(root: Path) -> ModelFolder:
                 folder.blocks[path.stem] = info
             elif not path.name.startswith("."):
                 folder.stray_files.append(info)
+    for path in _listdir(layout.root):  # an interrupted model.json write
+        if path.name.endswith(blockfile.TEMP_SUFFIX) and (info := _stat(path)):
+            folder.temp_files.append(info)
     for path in _listdir(layout.agents):
         if path.name.endswith(blockfile.TEMP_SUFFIX):
             if info := _stat(path):

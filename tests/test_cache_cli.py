@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from agent_memory.cachectl import cache_app, human_age, human_bytes, parse_duration
 from agent_memory.memory import blockfile
 from agent_memory.memory.blocks import BlockPool
-from agent_memory.memory.disk import DiskLayout, Manifest, tokens_text
+from agent_memory.memory.disk import DiskLayout, DiskTier, Manifest, tokens_text
 from agent_memory.memory.prefix import SharedPrefixCache
 
 REPO = Path(__file__).resolve().parent.parent
@@ -208,6 +208,36 @@ def test_show_unknown_agent_fails_clearly(cache):
     assert result.exit_code == 1 and "no agent dave" in result.stderr
 
 
+def test_the_servers_model_json_names_the_model_and_its_block_size(tmp_path):
+    """model.json as DiskTier writes it: `ls` shows the model's name, `--model` takes it, and
+    `show` knows the block size even when none of the agent's blocks has a file."""
+    root = tmp_path / "cache"
+    layout = DiskLayout(root / "kv" / DiskLayout.folder_name("org/Model-1", FP_TINY, "kv16"))
+    disk = DiskTier(
+        layout,
+        fingerprint=FP_TINY,
+        meta={"bits": "16", "group_size": "0"},
+        block_layout=lambda n: {},
+        encode=lambda payload: {},
+        name="org/Model-1",
+        block_tokens=4,
+    )
+    disk.open()
+    disk.close()
+    write_agent(layout, FP_TINY, 4, "dora", list(range(10)), time.time(), skip={0, 1, 2})
+
+    def run(*args: str):
+        result = CliRunner().invoke(cache_app, [*args, "--cache-dir", str(root), "--format", "json"])
+        return result.exit_code, json.loads(result.stdout)
+
+    code, doc = run("ls", "--model", "org/Model-1")
+    assert code == 0 and [(a["id"], a["model"]) for a in doc["agents"]] == [("dora", "org/Model-1")]
+    code, doc = run("show", "dora")
+    assert code == 0 and doc["block_tokens"] == 4 and [b["tokens"] for b in doc["blocks"]] == [4, 4, 2]
+    code, doc = run("verify")
+    assert code == 0, doc
+
+
 # -- verify --------------------------------------------------------------------------------
 
 
@@ -346,6 +376,9 @@ def test_prune_removes_only_old_agents_orphans_and_old_temp_files(cache):
     old_tmp = cache.tiny.agents / ".y.json.00000000.tmp"
     old_tmp.write_bytes(b"x" * 10)
     age(old_tmp, DAY)
+    old_model_tmp = cache.tiny.root / ".model.json.22222222.tmp"  # a model.json write cut short
+    old_model_tmp.write_bytes(b"{")
+    age(old_model_tmp, DAY)
     fresh_tmp = cache.tiny.agents / ".z.json.11111111.tmp"
     fresh_tmp.write_bytes(b"x")
     fresh_orphan = SharedPrefixCache(BlockPool(), 4, FP_TINY).block_hash(None, [5, 5, 5, 5])
@@ -353,6 +386,7 @@ def test_prune_removes_only_old_agents_orphans_and_old_temp_files(cache):
     gone = [
         cache.tiny.agent_path("alice"),
         old_tmp,
+        old_model_tmp,
         *(cache.tiny.block_path(h) for h in [*cache.alice.blocks[2:], cache.orphan]),
     ]
     expected = sum(p.stat().st_size for p in gone)

@@ -24,7 +24,7 @@ from safetensors.numpy import load_file
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError
 from agent_memory.memory.blocks import Tier
-from agent_memory.memory.disk import DiskLayout, DiskTier, Manifest
+from agent_memory.memory.disk import DiskLayout, DiskTier, Manifest, ScanResult
 from agent_memory.memory.store import AgentCacheStore
 
 FINGERPRINT = "f" * 32
@@ -45,7 +45,15 @@ def layout(n: int) -> dict:
 
 
 def make_store(root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=3) -> tuple[AgentCacheStore, DiskTier]:
-    disk = DiskTier(DiskLayout(root), fingerprint=FINGERPRINT, meta={"bits": "16"}, block_layout=layout, encode=encode)
+    disk = DiskTier(
+        DiskLayout(root),
+        fingerprint=FINGERPRINT,
+        meta={"bits": "16"},
+        block_layout=layout,
+        encode=encode,
+        name="test/model",
+        block_tokens=block_tokens,
+    )
     store = AgentCacheStore(
         block_tokens=block_tokens,
         salt=FINGERPRINT,
@@ -222,6 +230,188 @@ def test_a_block_another_sequence_reads_from_disk_stays_within_the_hot_budget(tm
     assert store2.pool.hot_bytes <= 3 * BYTES_PER_TOKEN
     assert all(s.block.tier is Tier.WARM for s in reading.segments)
     store2.release(reading)
+    disk2.close()
+
+
+# -- review fixes: model.json, hostile manifests and headers, races with a pruner ----------------
+
+
+def test_model_json_names_the_model_block_size_and_precision_and_is_written_atomically(tmp_path):
+    disk = DiskTier(
+        DiskLayout(tmp_path),
+        fingerprint=FINGERPRINT,
+        meta={"bits": "8", "group_size": "32"},
+        block_layout=layout,
+        encode=encode,
+        name="HuggingFaceTB/SmolLM2-135M",
+        block_tokens=64,
+    )
+    with mock.patch("agent_memory.memory.disk.blockfile.write_atomic", wraps=blockfile.write_atomic) as w:
+        disk.open()
+    assert [c.args[0] for c in w.call_args_list] == [tmp_path / "model.json"]
+    info = json.loads((tmp_path / "model.json").read_text())
+    assert info["name"] == "HuggingFaceTB/SmolLM2-135M" and info["fingerprint"] == FINGERPRINT
+    assert info["block_tokens"] == 64 and info["precision"] == {"bits": 8, "group_size": 32}
+    assert (info["bits"], info["group_size"]) == ("8", "32")  # what every block file repeats
+    disk.close()
+
+
+def test_a_crash_while_writing_model_json_leaves_a_temp_file_the_next_start_removes(tmp_path):
+    store, disk = make_store(tmp_path)
+    disk.close()
+    leftover = tmp_path / ".model.json.dead.tmp"
+    leftover.write_bytes(b"{half")
+    store2, disk2 = make_store(tmp_path)
+    assert not leftover.exists() and json.loads((tmp_path / "model.json").read_text())["block_tokens"] == 3
+    disk2.close()
+
+
+def write_manifest(root: Path, agent: str, **fields) -> Path:
+    """A manifest named after `agent` whose fields (valid unless overridden) are written raw."""
+    body = {"version": 1, "agent": agent, "fingerprint": FINGERPRINT, "last_used": 1.0, "blocks": [], "tokens": []}
+    path = DiskLayout(root).agent_path(agent)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**body, **fields}) if fields.get("raw") is None else fields["raw"])
+    return path
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tokens": [2**32]},
+        {"tokens": [-1]},
+        {"tokens": [1.0]},
+        {"tokens": [True]},
+        {"tokens": ["1"]},
+        {"last_used": float("nan")},
+        {"last_used": 10**400},
+        {"last_used": True},
+        {"raw": '{"version": 1, "agent": "x", "tokens": ' + "[" * 100_000 + "]" * 100_000 + "}"},
+    ],
+    ids=["id_2_32", "negative", "float", "bool", "string", "nan_time", "huge_time", "bool_time", "deep_nesting"],
+)
+def test_hostile_manifests_are_refused_with_a_value_error(tmp_path, fields):
+    with pytest.raises(ValueError):
+        Manifest.read(write_manifest(tmp_path, "x", **fields))
+
+
+def test_a_bad_manifest_is_quarantined_and_the_others_still_load(tmp_path):
+    store, disk = make_store(tmp_path)
+    commit(store, "good", list(range(7)))
+    disk.close()
+    write_manifest(tmp_path, "huge-id", tokens=[1, 2**32])
+    write_manifest(tmp_path, "deep", raw="[" * 100_000 + "]" * 100_000)
+    store2, disk2 = make_store(tmp_path)
+    assert sorted(store2.agents) == ["good"] and store2.agents["good"].tokens == list(range(7))
+    quarantined = sorted(p.name.split("-", 2)[2] for p in (tmp_path / "quarantine").iterdir())
+    names = sorted(DiskLayout(tmp_path).agent_path(a).name for a in ("huge-id", "deep"))
+    assert quarantined == sorted([*names, *(n + ".why" for n in names)])
+    disk2.close()
+
+
+def test_restore_quarantines_a_manifest_it_cannot_hash_and_loads_the_rest(tmp_path):
+    """Even a manifest that slipped past Manifest.read never stops the others from loading."""
+    store, disk = make_store(tmp_path)
+    chain = store.prefix.chain([5, 6, 7, 8])
+    bad_path = write_manifest(tmp_path, "bad", tokens=[1])
+    bad = Manifest("bad", FINGERPRINT, [2**40], [], 1.0, bad_path)
+    good = Manifest("good", FINGERPRINT, [5, 6, 7, 8], [h for h, *_ in chain], 1.0)
+    store.restore(ScanResult([bad, good], {}))
+    assert list(store.agents) == ["good"] and not bad_path.exists()
+    assert all(b.tier is Tier.COLD for b in store.pool.blocks.values())
+    disk.close()
+
+
+def rewrite_header(path: Path, change) -> None:
+    """Replace a block file's header by change(header) (a dict, or any JSON text), keeping its data."""
+    data = path.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = change(json.loads(data[8 : 8 + n]))
+    head = (header if isinstance(header, str) else json.dumps(header)).encode()
+    path.write_bytes(struct.pack("<Q", len(head)) + head + data[8 + n :])
+
+
+def _entry(**changes):
+    return lambda h: {**h, "k": {**h["k"], **changes}}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _entry(data_offsets=[0.0, 12.0]),
+        _entry(data_offsets=["0", "12"]),
+        _entry(data_offsets=[False, 12]),
+        _entry(shape=[-1, -3]),  # the right size, but no shape
+        _entry(shape=[True, 3]),
+        _entry(shape=[3.0]),
+        _entry(shape=[2**64]),  # overflows int64
+        _entry(shape="abc"),
+        lambda h: [h],  # a list, not an object
+        lambda h: "[" * 100_000 + "]" * 100_000,  # nested too deeply for the parser
+    ],
+    ids=[
+        "float_offsets", "str_offsets", "bool_offset", "negative_dims", "bool_dim",
+        "float_dim", "huge_dim", "str_shape", "list", "deep",
+    ],
+)
+def test_hostile_headers_are_bad_files_never_other_exceptions(tmp_path, change):
+    path = tmp_path / "b.safetensors"
+    write_block(path)  # three uint32 tokens: 12 bytes of data
+    rewrite_header(path, change)
+    for shape in (None, {"k": ("U32", (3,))}):
+        with pytest.raises(BlockFileError):
+            blockfile.read(path, {}, shape)
+
+
+def test_a_block_with_a_hostile_header_is_quarantined_on_read(tmp_path):
+    store, disk = make_store(tmp_path)
+    commit(store, "a", [1, 2, 3])
+    disk.flush()
+    block = store.pool.get(store.agents["a"].blocks[0])
+    rewrite_header(disk.layout.block_path(block.hash), _entry(shape=[True, 3]))
+    with pytest.raises(BlockFileError):
+        disk.read_block(block).result()
+    assert not disk.layout.block_path(block.hash).exists()
+    assert len(list((tmp_path / "quarantine").glob("*.why"))) == 1
+    disk.close()
+
+
+def test_files_of_one_name_quarantined_in_the_same_second_are_all_kept(tmp_path):
+    disk_layout = DiskLayout(tmp_path)
+    for content in ("first", "second"):
+        (tmp_path / "m.json").write_text(content)
+        with mock.patch("agent_memory.memory.disk.time.time", return_value=1_700_000_000.0):
+            disk_layout.quarantine(tmp_path / "m.json", f"bad {content}")
+    kept = sorted(p.read_text() for p in disk_layout.quarantine_dir.iterdir() if not p.name.endswith(".why"))
+    assert kept == ["first", "second"]
+    assert len(list(disk_layout.quarantine_dir.glob("*.why"))) == 2
+
+
+def test_listing_survives_folders_pruned_meanwhile(tmp_path):
+    """Another process (`agent-memory cache prune`) may remove folders while the server lists them."""
+    store, disk = make_store(tmp_path)
+    commit(store, "a", [1, 2, 3, 4, 5, 6])
+    disk.close()
+    disk_layout = DiskLayout(tmp_path)
+    subs = sorted(d for d in disk_layout.blocks.iterdir())
+    (subs[0] / ".x.safetensors.abcd.tmp").write_bytes(b"junk")
+    real_iterdir = Path.iterdir
+
+    def pruning_iterdir(self):
+        if self.parent == disk_layout.blocks or self == disk_layout.agents:
+            shutil.rmtree(self, ignore_errors=True)  # gone between listing blocks/ and listing it
+        return real_iterdir(self)
+
+    with mock.patch.object(Path, "iterdir", pruning_iterdir):
+        assert disk_layout.block_files() == {}
+        disk_layout.blocks.mkdir(exist_ok=True)
+        assert disk_layout.temp_files() == []
+
+    # A block file deleted between the listing and its stat is simply not there.
+    gone = disk_layout.block_path("0" * 32)
+    with mock.patch.object(DiskLayout, "block_files", return_value={"0" * 32: gone}):
+        store2, disk2 = make_store(tmp_path)
+    assert store2.pool.disk_bytes == 0
     disk2.close()
 
 

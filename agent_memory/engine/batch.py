@@ -230,6 +230,8 @@ class BatchEngine:
             DiskLayout(cfg.cache_dir / "kv" / folder),
             fingerprint=self.loaded.fingerprint,
             meta=precision.file_meta(),
+            name=self.loaded.name,
+            block_tokens=BLOCK_TOKENS,
             block_layout=lambda n: kv.block_layout(n, shape, precision),
             encode=lambda payload: kv.to_numpy(kv.convert(payload, cfg.precision, precision)),
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import secrets
 import struct
@@ -64,13 +65,19 @@ def read_header(f, size: int) -> tuple[dict[str, str], dict]:
     try:
         header = json.loads(f.read(n))
         meta = header.pop("__metadata__")
-    except (ValueError, KeyError, AttributeError) as e:
+    except (ValueError, KeyError, AttributeError, TypeError, RecursionError) as e:
+        # RecursionError: deeply nested JSON; TypeError: a header that is a list, not an object.
         raise BlockFileError(f"unreadable header: {e}") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise BlockFileError("not an agent-memory block file")
     if meta.get("version") != VERSION:
         raise BlockFileError(f"format version {meta.get('version')} (this server reads {VERSION})")
     return meta, header
+
+
+def _is_int(x: object) -> bool:
+    """A JSON integer: bools are ints in Python but never a size or an offset here."""
+    return type(x) is int
 
 
 def check_entries(header: dict, data_size: int, layout: Layout | None) -> list[tuple[str, str, tuple, int, int]]:
@@ -83,9 +90,13 @@ def check_entries(header: dict, data_size: int, layout: Layout | None) -> list[t
         try:
             dtype, shape, (start, stop) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
             itemsize = np.dtype(NUMPY_DTYPES[dtype]).itemsize
-            count = int(np.prod(shape, dtype=np.int64))
         except (TypeError, KeyError, ValueError) as e:
             raise BlockFileError(f"tensor {name}: malformed entry") from e
+        # Checked before any arithmetic: a float, string or negative dim would otherwise raise
+        # TypeError or overflow later, or pass the size check with two negative dims.
+        if not (_is_int(start) and _is_int(stop) and all(_is_int(d) and d >= 0 for d in shape)):
+            raise BlockFileError(f"tensor {name}: offsets and dims must be non-negative integers")
+        count = math.prod(shape)  # exact: no int64 overflow on hostile dims
         if layout is not None and (dtype, shape) != layout[name]:
             expected_dtype, expected_shape = layout[name]
             raise BlockFileError(f"tensor {name} is {dtype}{list(shape)}, expected {expected_dtype}{list(expected_shape)}")

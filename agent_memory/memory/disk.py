@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import re
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 HASH_RE = re.compile(r"^[0-9a-f]{32}$")
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 64 << 20
+MAX_TOKEN_ID = 2**32  # block hashes pack token ids as uint32 (prefix.py)
 
 
 def agent_file_stem(agent: str) -> str:
@@ -74,19 +76,25 @@ class Manifest:
         """Parse and check a manifest; ValueError says what is wrong with it."""
         if path.stat().st_size > MAX_MANIFEST_BYTES:
             raise ValueError("manifest too large")
-        data = json.loads(path.read_bytes())
+        try:
+            data = json.loads(path.read_bytes())
+        except RecursionError as e:  # deeply nested JSON: a bad file, not a crash
+            raise ValueError("manifest nested too deeply") from e
         if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
             raise ValueError("not a manifest of this version")
         agent, tokens, blocks = data.get("agent"), data.get("tokens"), data.get("blocks")
         if not isinstance(agent, str) or agent_file_stem(agent) != path.stem:
             raise ValueError("agent id does not match the file name")
-        if not isinstance(tokens, list) or not all(type(t) is int and t >= 0 for t in tokens):
-            raise ValueError("tokens must be a list of token ids")
+        # Out-of-range ids would raise OverflowError later, in the hash chain.
+        if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < MAX_TOKEN_ID for t in tokens):
+            raise ValueError("tokens must be a list of token ids (integers 0 <= id < 2**32)")
         if not isinstance(blocks, list) or not all(isinstance(h, str) and HASH_RE.match(h) for h in blocks):
             raise ValueError("blocks must be a list of block hashes")
         last_used = data.get("last_used")
-        if not isinstance(last_used, (int, float)) or not isinstance(data.get("fingerprint"), str):
+        if type(last_used) not in (int, float) or not isinstance(data.get("fingerprint"), str):
             raise ValueError("missing fingerprint or last_used")
+        if not abs(last_used) < 1e15:  # also false for NaN and inf; float(10**400) would overflow
+            raise ValueError("last_used is not a time")
         return cls(agent, data["fingerprint"], tokens, blocks, float(last_used), path)
 
 
@@ -113,28 +121,47 @@ class DiskLayout:
     def block_files(self) -> dict[str, Path]:
         """Block hash -> file, for every well-named block file."""
         found = {}
-        if self.blocks.is_dir():
-            for sub in self.blocks.iterdir():
-                if sub.is_dir():
-                    for f in sub.iterdir():
-                        if f.suffix == ".safetensors" and HASH_RE.match(f.stem) and f.stem[:2] == sub.name:
-                            found[f.stem] = f
+        for sub in _listdir(self.blocks):
+            for f in _listdir(sub):
+                if f.suffix == ".safetensors" and HASH_RE.match(f.stem) and f.stem[:2] == sub.name:
+                    found[f.stem] = f
         return found
 
     def temp_files(self) -> list[Path]:
-        dirs = [self.agents, *(d for d in self.blocks.iterdir() if d.is_dir())] if self.blocks.is_dir() else [self.agents]
-        return [f for d in dirs if d.is_dir() for f in d.iterdir() if f.name.endswith(blockfile.TEMP_SUFFIX)]
+        """Leftovers of interrupted atomic writes (model.json's are in the root)."""
+        dirs = [self.root, self.agents, *_listdir(self.blocks)]
+        return [f for d in dirs for f in _listdir(d) if f.name.endswith(blockfile.TEMP_SUFFIX)]
 
     def quarantine(self, path: Path, reason: str) -> None:
-        """Move a file that failed a check out of the way, with a note saying why."""
-        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
-        target = self.quarantine_dir / f"{int(time.time())}-{path.name}"
+        """Move a file that failed a check out of the way, with a note saying why. The random
+        part keeps two files of one name quarantined in the same second apart."""
+        target = self.quarantine_dir / f"{int(time.time())}-{secrets.token_hex(4)}-{path.name}"
         try:
+            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
             os.replace(path, target)
             target.with_name(target.name + ".why").write_text(reason + "\n")
         except FileNotFoundError:
             return
+        except OSError as e:  # a read-only folder, say: the caller treats the file as bad anyway
+            log.warning("could not quarantine %s (%s): %s", path.name, e, reason)
+            return
         log.warning("quarantined %s: %s", path.name, reason)
+
+
+def _listdir(path: Path) -> list[Path]:
+    """A folder's entries; none if it is not a folder or vanishes meanwhile (another process
+    may prune the cache while the server starts)."""
+    try:
+        return list(path.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
 
 
 @dataclass
@@ -152,12 +179,17 @@ class DiskTier:
         meta: dict[str, str],
         block_layout: Callable[[int], Layout],
         encode: Callable[[object], Tensors],
+        name: str | None = None,
+        block_tokens: int | None = None,
     ) -> None:
         """meta: precision fields every block file carries and must match on read;
-        block_layout(n): the tensors a block of n tokens must hold; encode(payload): tensors."""
+        block_layout(n): the tensors a block of n tokens must hold; encode(payload): tensors;
+        name, block_tokens: the model's name and the block size, for model.json."""
         self.layout = layout
         self.fingerprint = fingerprint
         self.meta = {"fingerprint": fingerprint, **meta}
+        self.name = name or layout.root.name
+        self.block_tokens = block_tokens
         self.block_layout = block_layout
         self.encode = encode
         self.on_saved: Callable[[str, int], None] = lambda block_hash, nbytes: None
@@ -169,14 +201,25 @@ class DiskTier:
 
     # -- start --------------------------------------------------------------------------
 
+    def model_info(self) -> dict:
+        """model.json: what the folder holds, for people and `agent-memory cache`. The string
+        fields of `meta` are the ones every block file repeats (checked by `cache verify`)."""
+        info = {"name": self.name, **self.meta}
+        if self.block_tokens is not None:
+            info["block_tokens"] = self.block_tokens
+        info["precision"] = {k: int(v) for k, v in self.meta.items() if k in ("bits", "group_size")}
+        return info
+
     def open(self) -> ScanResult:
         """Create the folders, drop temp files, index blocks and manifests; start writing."""
         for d in (self.layout.blocks, self.layout.agents):
             d.mkdir(parents=True, exist_ok=True)
-        (self.layout.root / "model.json").write_text(json.dumps(self.meta, indent=1))
+        # Atomic like every other write: a crash never leaves a torn model.json for the CLI.
+        blockfile.write_atomic(self.layout.root / "model.json", [json.dumps(self.model_info(), indent=1).encode()])
         for tmp in self.layout.temp_files():
             tmp.unlink(missing_ok=True)
-        files = {h: p.stat().st_size for h, p in self.layout.block_files().items()}
+        sizes = {h: _size(p) for h, p in self.layout.block_files().items()}
+        files = {h: n for h, n in sizes.items() if n is not None}
         manifests = []
         for path in sorted(self.layout.agents.glob("*.json")):
             try:

@@ -174,7 +174,14 @@ class AgentCacheStore:
         with self.lock:
             now_wall, now = time.time(), time.monotonic()
             for manifest in scan.manifests:
-                chain = self.prefix.chain(manifest.tokens)
+                # Every check comes before the first change to the pool, so a bad manifest is
+                # quarantined whole and the others still load (Manifest.read already refuses
+                # token ids the hash chain cannot pack; this catch is the last line).
+                try:
+                    chain = self.prefix.chain(manifest.tokens)
+                except (ValueError, TypeError, OverflowError) as e:
+                    self.disk.quarantine_manifest(manifest, f"its tokens cannot be hashed: {e}")
+                    continue
                 if [h for h, *_ in chain] != manifest.blocks:
                     self.disk.quarantine_manifest(manifest, "its block hashes do not match its tokens")
                     continue

@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""What quantized KV costs: perplexity, greedy agreement with float KV, and decode speed.
+
+    .venv/bin/python scripts/bench_quality.py                  # the demo model, all schemes
+    .venv/bin/python scripts/bench_quality.py --windows 2 --json out.json
+
+Text: the GPL-3 and Apache-2.0 licences Debian ships in /usr/share/common-licenses. Perplexity
+runs over --windows windows of 1,024 tokens, each fed through the cache in 128-token steps,
+the way an agent's conversation grows. Two ways to use a precision, as the server does:
+
+- at rest (the default): what is cached is quantized; a running request attends to its cached
+  prefix dequantized and to its own new tokens at full precision. Here each 128-token step is
+  a request: the steps before it come back from quantized blocks (engine/kv.py, as the engine
+  stores and restores them), its own tokens stay float.
+- decode-quantized (`--decode-quantized`): everything attended to is quantized, through
+  mlx-lm's QuantizedKVCache (the batched cache decodes the same tokens, tests/test_quantized.py).
+
+Greedy agreement: 256 tokens generated after a 1,024-token prompt, compared position by
+position with float KV. Decode speed: tok/s for 1 and 8 sequences decoding together over a
+--context-token history, with the batch caches the engine uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import agent_memory.blas  # noqa: F401
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.models.cache import BatchKVCache
+
+from agent_memory.config import default_cache_dir
+from agent_memory.engine import kv
+from agent_memory.engine.quantized import BatchQuantizedKVCache
+from agent_memory.models.registry import resolve_model
+
+TEXTS = [Path("/usr/share/common-licenses/GPL-3"), Path("/usr/share/common-licenses/Apache-2.0")]
+WINDOW, STEP = 1024, 128
+FULL = kv.KVPrecision()
+
+
+@dataclass(frozen=True)
+class Scheme:
+    precision: kv.KVPrecision
+    decode_quantized: bool = False
+
+    @property
+    def name(self) -> str:
+        if not self.precision.quantized:
+            return "16-bit (float)"
+        mode = "decode-quantized" if self.decode_quantized else "at rest"
+        return f"Q{self.precision.bits} g{self.precision.group_size}, {mode}"
+
+
+def schemes() -> list[Scheme]:
+    out = [Scheme(FULL)]
+    for bits in (8, 4):
+        for group in (32, 64):
+            for decode_quantized in (False, True):
+                out.append(Scheme(kv.KVPrecision(bits, group), decode_quantized))
+    return out
+
+
+class Runner:
+    """Feeds tokens through a model's cache the way the engine would for a scheme."""
+
+    def __init__(self, model, scheme: Scheme) -> None:
+        self.model, self.scheme = model, scheme
+        self.layers = len(model.layers)
+        working = scheme.precision if scheme.decode_quantized else FULL
+        self.cache = kv.new_cache(self.layers, working)
+        self.stored: kv.Payload | None = None  # everything before the current request, at rest
+        self.length = 0
+
+    def at_rest(self) -> bool:
+        return self.scheme.precision.quantized and not self.scheme.decode_quantized
+
+    def new_request(self) -> None:
+        """Commit what the cache holds and restore it, as a returning agent's request does."""
+        if not self.at_rest() or self.length == 0:
+            return
+        start = 0 if self.stored is None else self.stored["k.q"].shape[2]
+        runs = [] if self.stored is None else [kv.StoredRun(0, start, self.stored)]
+        self.stored = kv.cut_at(self.cache, 0, self.length, runs, FULL, self.scheme.precision)
+        self.cache = kv.new_cache(self.layers, FULL)
+        kv.append(self.cache, [(kv.convert(self.stored, self.scheme.precision, FULL), self.length)])
+
+    def forward(self, tokens: list[int]) -> mx.array:
+        logits = self.model(mx.array(tokens)[None], cache=self.cache)
+        self.length += len(tokens)
+        return logits[0].astype(mx.float32)
+
+
+def perplexity(model, ids: list[int], starts: list[int], scheme: Scheme) -> float:
+    nll, count = 0.0, 0
+    for s in starts:
+        window = ids[s : s + WINDOW + 1]
+        runner = Runner(model, scheme)
+        for i in range(0, WINDOW, STEP):
+            runner.new_request()
+            logits = runner.forward(window[i : i + STEP])
+            targets = mx.array(window[i + 1 : i + STEP + 1])
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            nll -= mx.take_along_axis(logprobs, targets[:, None], axis=-1).sum().item()
+            count += STEP
+    return math.exp(nll / count)
+
+
+def greedy(model, prompt: list[int], scheme: Scheme, n: int) -> list[int]:
+    runner = Runner(model, scheme)
+    runner.forward(prompt[:-1])
+    runner.new_request()
+    token, out = prompt[-1], []
+    for _ in range(n):
+        token = runner.forward([token])[-1].argmax().item()
+        out.append(token)
+    return out
+
+
+def decode_speed(model, scheme: Scheme, batch: int, context: int, steps: int) -> float:
+    """Aggregate tok/s of `batch` sequences decoding together over `context` cached tokens."""
+    history = mx.random.randint(0, 1000, (1, context), key=mx.random.key(0))
+    single = kv.new_cache(len(model.layers), scheme.precision if scheme.decode_quantized else FULL)
+    model(history, cache=single)
+    mx.eval([c.state for c in single])
+    merge = BatchQuantizedKVCache.merge if scheme.decode_quantized else BatchKVCache.merge
+    cache = [merge([c] * batch) for c in single]
+    y = mx.zeros((batch, 1), dtype=mx.int32)
+    for _ in range(3):
+        y = model(y, cache=cache)[:, -1].argmax(axis=-1)[:, None]
+        mx.eval(y)
+    start = time.perf_counter()
+    for _ in range(steps):
+        y = model(y, cache=cache)[:, -1].argmax(axis=-1)[:, None]
+        mx.eval(y)
+    return batch * steps / (time.perf_counter() - start)
+
+
+def kv_bytes_per_1k_tokens(model, precision: kv.KVPrecision) -> int:
+    shape = kv.probe_shape(model, len(model.layers))
+    dtype_bytes = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4}
+    layout = kv.block_layout(1000, shape, precision)
+    return sum(dtype_bytes[d] * math.prod(dims) for d, dims in layout.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="demo", help="model folder, 'demo' (default) or 'tiny'")
+    parser.add_argument("--windows", type=int, default=8, help="1,024-token windows for perplexity")
+    parser.add_argument("--generate", type=int, default=256, help="greedy tokens compared with float KV")
+    parser.add_argument("--prompts", type=int, default=2, help="prompts for greedy agreement")
+    parser.add_argument("--context-tokens", type=int, default=1024, help="history for the decode speed")
+    parser.add_argument("--decode-steps", type=int, default=32)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    args.model = str(resolve_model(args.model, default_cache_dir() / "models"))  # never a hub
+    model, tokenizer = load(args.model)
+    ids = tokenizer.encode("".join(p.read_text() for p in TEXTS))
+    span = len(ids) - WINDOW - 1
+    starts = [i * span // max(1, args.windows - 1) for i in range(args.windows)]
+    prompts = [ids[i * span // max(1, args.prompts) :][:WINDOW] for i in range(args.prompts)]
+    print(f"model {Path(args.model).name}: {len(ids)} tokens of text, {args.windows} windows", file=sys.stderr)
+
+    results, reference, base = [], {}, None
+    for scheme in schemes():
+        t0 = time.perf_counter()
+        ppl = perplexity(model, ids, starts, scheme)
+        base = base or ppl
+        generated = [greedy(model, p, scheme, args.generate) for p in prompts]
+        if not scheme.precision.quantized:
+            reference = generated
+        same = sum(a == b for g, r in zip(generated, reference) for a, b in zip(g, r))
+        first = [next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), len(g)) for g, r in zip(generated, reference)]
+        row = {
+            "scheme": scheme.name,
+            "bits": scheme.precision.bits,
+            "group_size": scheme.precision.group_size if scheme.precision.quantized else None,
+            "decode_quantized": scheme.decode_quantized,
+            "perplexity": ppl,
+            "perplexity_change": ppl / base - 1,
+            "greedy_agreement": same / sum(len(g) for g in generated),
+            "first_divergence": min(first),
+            "kv_bytes_per_1k_tokens": kv_bytes_per_1k_tokens(model, scheme.precision),
+            "decode_tok_s": {
+                n: decode_speed(model, scheme, n, args.context_tokens, args.decode_steps) for n in (1, 8)
+            },
+        }
+        results.append(row)
+        print(f"{scheme.name}: ppl {ppl:.3f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+
+    print(f"\nmodel: {Path(args.model).name}   machine: {platform.machine()}, {os.cpu_count()} cores")
+    print(f"perplexity: {args.windows} windows of {WINDOW} tokens in {STEP}-token steps; greedy: "
+          f"{args.prompts} prompts x {args.generate} tokens; decode over {args.context_tokens} cached tokens\n")
+    print("| KV | perplexity | vs float | greedy agreement | first divergence | KV bytes / 1k tokens "
+          "| decode tok/s, 1 | decode tok/s, 8 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['scheme']} | {r['perplexity']:.3f} | {r['perplexity_change'] * 100:+.2f} % "
+              f"| {r['greedy_agreement'] * 100:.1f} % | {r['first_divergence']} "
+              f"| {r['kv_bytes_per_1k_tokens'] / 2**20:.1f} MiB | {r['decode_tok_s'][1]:.1f} | {r['decode_tok_s'][8]:.1f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"model": Path(args.model).name, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
