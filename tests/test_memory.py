@@ -129,6 +129,49 @@ def test_shared_system_prompt_is_stored_once_and_reused_by_a_new_agent(tiny_mode
         assert total < 2.2 * one
 
 
+def test_an_agent_arriving_while_another_decodes_reuses_their_shared_prompt(tiny_model, tmp_path):
+    """The first agent's prompt blocks are offered for reuse once its prefill ends, not when
+    its reply does: a newcomer arriving mid-reply skips the shared prefill."""
+    vocab = Tokenizer.from_file(str(tiny_model / "tokenizer.json")).get_vocab()
+    no_end = {str(vocab[t]): -100 for t in ("<|im_end|>", "<|endoftext|>")}
+    system = [{"role": "system", "content": SYSTEM * 2}]
+    with Server(tiny_model, tmp_path, "--disk-budget-mb", "0") as s:
+        client = s.client()
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=system + [{"role": "user", "content": QUESTIONS[0]}],
+            max_tokens=400,
+            temperature=0,
+            stream=True,
+            extra_body={"prompt_cache_key": "first", "logit_bias": no_end},
+        )
+        next(c for c in stream if c.choices and c.choices[0].delta.content)  # it is decoding
+        newcomer = ask(client, system + [{"role": "user", "content": QUESTIONS[1]}], "second")
+        still_running = sum(1 for _ in stream)
+        assert still_running > 0  # the first reply was not over when the newcomer came
+        assert details(newcomer)["cached"] >= newcomer.usage.prompt_tokens - 64 - 16
+
+
+def test_an_agent_that_moves_on_frees_the_blocks_only_its_old_turn_used(tiny_model, tmp_path):
+    """Editing the question leaves the old question's and reply's blocks unreachable: they are
+    freed at once, so memory holds one copy of the conversation, not one per attempt."""
+    vocab = Tokenizer.from_file(str(tiny_model / "tokenizer.json")).get_vocab()
+    no_end = {str(vocab[t]): -100 for t in ("<|im_end|>", "<|endoftext|>")}
+    with Server(tiny_model, tmp_path, "--disk-budget-mb", "0") as s:
+        client = s.client()
+        for i, question in enumerate(QUESTIONS):  # each time a different question, same length of reply
+            client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+                max_tokens=200,
+                temperature=0,
+                extra_body={"prompt_cache_key": "solo", "logit_bias": no_end},
+            )
+            if i == 0:
+                once = agents(s)["hot_bytes"]
+        assert agents(s)["hot_bytes"] <= once * 1.1
+
+
 def test_concurrent_agents_get_exactly_their_own_answers(server, fresh):
     personas = ["a sailor", "a baker", "a judge", "a child"]
     convs = [

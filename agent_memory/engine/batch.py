@@ -74,7 +74,7 @@ class Sequence:
     id: int
     request: GenerationRequest
     sink: Sink
-    lease: Lease
+    lease: Lease | None  # what the store lent it; None until its turn to prefill comes
     plan: deque[Segment]  # what is left to put into `cache` before decoding starts
     cache: list | None
     reads: dict[str, Future]  # block hash -> its tensors, being read from disk
@@ -273,17 +273,13 @@ class BatchEngine:
 
     def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
         prompt = request.prompt
-        lease = self.store.lookup(prompt[:-1])
-        plan = deque(lease.segments)
-        if lease.end < len(prompt) - 1:
-            plan.append(Segment(lease.end, len(prompt) - 1, None))
         params = request.params
         seq = Sequence(
             id=seq_id,
             request=request,
             sink=sink,
-            lease=lease,
-            plan=plan,
+            lease=None,
+            plan=deque(),
             cache=kv.new_cache(self.loaded.num_layers, self._working_precision),
             reads={},
             detokenizer=Detokenizer(self.loaded.decoder),
@@ -294,17 +290,31 @@ class BatchEngine:
             submitted=submitted,
         )
         self.metrics.prompt_tokens.inc(len(prompt))
-        for segment in lease.segments:
+        self._seqs[seq_id] = seq
+        self._prefilling.append(seq)
+
+    def _plan(self, seq: Sequence) -> None:
+        """Look the prompt up when the sequence's turn to prefill comes rather than on arrival:
+        agents that arrive together then reuse the shared prefix the first of them computed."""
+        prompt = seq.request.prompt
+        seq.lease = self.store.lookup(prompt[:-1])
+        seq.plan = deque(seq.lease.segments)
+        if seq.lease.end < len(prompt) - 1:
+            seq.plan.append(Segment(seq.lease.end, len(prompt) - 1, None))
+        for segment in seq.lease.segments:
             if segment.block is not None and segment.block.tier is Tier.WARM:
                 future = self.disk.read_block(segment.block)
                 future.add_done_callback(lambda _: self._inbox.put(lambda: None))  # wake the loop
                 seq.reads[segment.block.hash] = future
-        self._seqs[seq_id] = seq
-        self._prefilling.append(seq)
 
     def _next_prefill(self) -> Sequence | None:
-        """The first waiting sequence whose disk reads are done."""
-        return next((s for s in self._prefilling if s.ready()), None)
+        """The first waiting sequence whose disk reads are done, planning them in order."""
+        for seq in self._prefilling:
+            if seq.lease is None:
+                self._plan(seq)
+            if seq.ready():
+                return seq
+        return None
 
     def _prefill(self, seq: Sequence) -> None:
         budget = PREFILL_CHUNK_SHARED if self._decoding else PREFILL_CHUNK_ALONE
@@ -323,7 +333,15 @@ class BatchEngine:
                 seq.plan.popleft()
         if not seq.plan:
             self._prefilling.remove(seq)
+            self._share_prompt(seq)
             self._start_decoding(seq)
+
+    def _share_prompt(self, seq: Sequence) -> None:
+        """Offer the prompt's new whole blocks for reuse now, not when the request ends, so
+        that requests arriving while this one decodes skip the prefix they share with it."""
+        whole = (len(seq.request.prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        if whole > seq.lease.end:
+            self._commit(seq, None, seq.cache, seq.request.prompt[:whole])
 
     def _append_cached(self, seq: Sequence) -> None:
         """Append the run of cached blocks at the head of the plan to the sequence's cache.
@@ -400,15 +418,15 @@ class BatchEngine:
             self._finish(seq, reason, *taken[seq.id])
 
     def _finish(self, seq: Sequence, reason: str, cache: list, tokens: list[int]) -> None:
-        self.store.release(seq.lease)  # first, so the blocks it read from disk can become hot
-        self._commit(seq, cache, tokens)
+        self._release(seq)  # first, so the blocks it read from disk can become hot
+        self._commit(seq, seq.request.agent, cache, tokens)
         self._drop(seq)
         self.metrics.finished.labels(reason).inc()
         self.metrics.cached_tokens.labels("hot").inc(seq.usage.hot_tokens)
         self.metrics.cached_tokens.labels("warm").inc(seq.usage.warm_tokens)
         seq.sink(Finished(reason, seq.usage))
 
-    def _commit(self, seq: Sequence, cache: list, tokens: list[int]) -> None:
+    def _commit(self, seq: Sequence, agent: str | None, cache: list, tokens: list[int]) -> None:
         """Hand the sequence's KV to the store, block by block; a failure costs only reuse."""
         if not tokens:
             return
@@ -420,13 +438,17 @@ class BatchEngine:
             return payload, kv.payload_nbytes(payload)
 
         try:
-            self.store.commit(seq.request.agent, tokens, cut)
+            self.store.commit(agent, tokens, cut)
             mx.eval(payloads)
         except Exception:
             log.exception("could not cache the KV of request %d", seq.id)
 
+    def _release(self, seq: Sequence) -> None:
+        if seq.lease is not None:
+            self.store.release(seq.lease)
+
     def _drop(self, seq: Sequence) -> None:
-        self.store.release(seq.lease)
+        self._release(seq)
         self._seqs.pop(seq.id, None)
         if seq in self._prefilling:
             self._prefilling.remove(seq)
@@ -436,8 +458,8 @@ class BatchEngine:
         if seq is None:
             return
         if seq.cache is not None:  # still prefilling: keep what was computed
-            self.store.release(seq.lease)
-            self._commit(seq, seq.cache, seq.request.prompt[: seq.pos])
+            self._release(seq)
+            self._commit(seq, seq.request.agent, seq.cache, seq.request.prompt[: seq.pos])
             self._drop(seq)
             self.metrics.finished.labels("cancelled").inc()
             seq.sink(Finished("cancelled", seq.usage))

@@ -148,7 +148,7 @@ class AgentCacheStore:
         old = self.agents.get(agent)
         self.agents[agent] = AgentRecord(tokens, [b.hash for b in blocks])
         if old is not None:
-            self._unref(old.blocks, forget_partial=True)
+            self._unref(old.blocks)
 
     # -- the disk tier --------------------------------------------------------------------
 
@@ -210,7 +210,7 @@ class AgentCacheStore:
             record = self.agents.pop(agent, None)
             if record is None:
                 return False
-            self._unref(record.blocks, forget_all=True)
+            self._unref(record.blocks)
             if self.disk is not None:
                 self.disk.delete_agent(agent)
             return True
@@ -288,13 +288,14 @@ class AgentCacheStore:
             self.disk.delete_block(block.hash)
             self.pool.drop_disk(block)  # agents still refer to it: it becomes COLD, not gone
 
-    def _unref(self, hashes: Sequence[str], *, forget_all=False, forget_partial=False) -> None:
-        """Drop references; a superseded partial tail is redundant with the block that grew from it."""
+    def _unref(self, hashes: Sequence[str]) -> None:
+        """Drop an agent's references. Blocks it alone held and no longer uses go at once: a
+        superseded tail, the end of a reply that re-tokenized differently, an abandoned branch.
+        Kept, they would be memory that no request of the agent's can reach any more."""
         for h in hashes:
             block = self.pool.blocks[h]
             block.refs -= 1
-            partial = len(block.tokens) < self.prefix.block_tokens
-            self._drop_if_unused(block, forget=forget_all or (forget_partial and partial))
+            self._drop_if_unused(block, forget=True)
 
     def _drop_if_unused(self, block: Block, forget: bool = False) -> None:
         """A block no agent refers to lives on only in memory, for anonymous reuse."""
