@@ -172,3 +172,12 @@ def test_sigterm_flushes_pending_writes(tiny_model, tmp_path):
     named = {h for m in (folder / "agents").glob("*.json") for h in Manifest.read(m).blocks}
     files = {f.stem for f in (folder / "blocks").rglob("*.safetensors")}
     assert named == files
+
+
+def test_a_server_at_another_precision_says_the_cached_kv_is_not_used(tiny_model, tmp_path):
+    with Server(tiny_model, tmp_path, "--kv-bits", "16") as s:
+        ask(s.client(), conversation(0), "agent-0")
+    with Server(tiny_model, tmp_path, "--kv-bits", "4") as s:
+        r = ask(s.client(), conversation(0), "agent-0")
+        assert tiers(r) == (0, 0)  # 16-bit blocks are not read as 4-bit ones
+        assert "also cached at other precisions" in s.log() and "kv16" in s.log()

@@ -226,6 +226,15 @@ class BatchEngine:
             return None
         precision, shape = self._disk_precision, self.kv_shape
         folder = DiskLayout.folder_name(self.loaded.name, self.loaded.fingerprint, precision.tag)
+        same_model = folder.rsplit("-", 1)[0] + "-*"
+        others = sorted(p.name for p in (cfg.cache_dir / "kv").glob(same_model) if p.name != folder)
+        if others:
+            log.warning(
+                "this model's KV is also cached at other precisions (%s); they are not used at %s: "
+                "serve with their --disk-kv-bits to use them, or remove them with `agent-memory cache`",
+                ", ".join(others),
+                precision.tag,
+            )
         return DiskTier(
             DiskLayout(cfg.cache_dir / "kv" / folder),
             fingerprint=self.loaded.fingerprint,
