@@ -52,6 +52,8 @@ BLOCK_TOKENS = 64
 # Tokens prefilled per step while others decode (their inter-token delay) and when alone.
 PREFILL_CHUNK_SHARED = 256
 PREFILL_CHUNK_ALONE = 2048
+# A request waiting this long to start its prefill goes first, however long its prompt.
+PREFILL_PATIENCE_S = 20.0
 
 
 @dataclass
@@ -85,6 +87,7 @@ class Sequence:
     usage: Usage
     submitted: float  # perf_counter() when the request arrived
     pos: int = 0  # prompt tokens in `cache`
+    new_tokens: int = 0  # prompt tokens its agent's last turn does not cover: a guess at the work
     # Runs of `cache` that came from cached blocks, as those blocks' stored payloads: a commit
     # reuses them rather than quantizing dequantized KV again (which is not exact).
     stored: list[kv.StoredRun] = field(default_factory=list)
@@ -298,6 +301,7 @@ class BatchEngine:
             usage=Usage(prompt_tokens=len(prompt)),
             submitted=submitted,
         )
+        seq.new_tokens = len(prompt) - self.store.known_prefix(request.agent, prompt)
         self.metrics.prompt_tokens.inc(len(prompt))
         self._seqs[seq_id] = seq
         self._prefilling.append(seq)
@@ -317,10 +321,17 @@ class BatchEngine:
                 seq.reads[segment.block.hash] = future
 
     def _next_prefill(self) -> Sequence | None:
-        """The first waiting sequence whose disk reads are done, planning them in order."""
+        """The sequence to prefill next: one already planned whose disk reads are done, else
+        the waiting one with the least new work, so that a returning agent's short turn does
+        not wait behind a newcomer's long prompt (unless that one has waited too long)."""
         for seq in self._prefilling:
-            if seq.lease is None:
-                self._plan(seq)
+            if seq.lease is not None and seq.ready():
+                return seq
+        now = time.perf_counter()
+        waiting = [s for s in self._prefilling if s.lease is None]
+        waiting.sort(key=lambda s: (now - s.submitted < PREFILL_PATIENCE_S, s.new_tokens))
+        for seq in waiting:
+            self._plan(seq)
             if seq.ready():
                 return seq
         return None

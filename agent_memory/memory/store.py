@@ -89,6 +89,15 @@ class AgentCacheStore:
 
     # -- the request path ---------------------------------------------------------------
 
+    def known_prefix(self, agent: str | None, tokens: Sequence[int]) -> int:
+        """How much of `tokens` the agent's own last sequence covers: a cheap guess at what is
+        cached, for ordering work (the lookup proper comes later, when the work starts)."""
+        with self.lock:
+            record = self.agents.get(agent) if agent is not None else None
+            if record is None:
+                return 0
+            return next((i for i, (a, b) in enumerate(zip(record.tokens, tokens)) if a != b), min(len(record.tokens), len(tokens)))
+
     def lookup(self, tokens: Sequence[int]) -> Lease:
         """Plan the longest reusable prefix of `tokens` and pin its blocks."""
         with self.lock:
