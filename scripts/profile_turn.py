@@ -1,0 +1,200 @@
+#!/usr/bin/env python
+"""Where the time of a returning agent's turn goes, part by part.
+
+    .venv/bin/python scripts/profile_turn.py                   # the demo model, 2,000-token history
+    .venv/bin/python scripts/profile_turn.py --history-tokens 4000 --model DIR
+
+Times, on one thread and with nothing else running, each step the server takes for a turn of
+an agent whose earlier conversation is cached: rendering and tokenizing the chat, hashing the
+prompt into blocks, reading the blocks from disk (warm) or taking them from memory (hot),
+assembling the working cache (dequantize + concatenate), prefilling the new message, one
+decode step. Then the same turn end to end through the real server (HTTP, streaming), so the
+difference shows what the server adds. The cold prefill of the whole prompt is the yardstick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
+
+import httpx  # noqa: E402
+import mlx.core as mx  # noqa: E402
+from openai import OpenAI  # noqa: E402
+
+from agent_memory.config import default_cache_dir  # noqa: E402
+from agent_memory.engine.batch import BLOCK_TOKENS  # noqa: E402
+from agent_memory.engine.loader import load_model  # noqa: E402
+from agent_memory.memory import blockfile  # noqa: E402
+from agent_memory.memory.blocks import BlockPool  # noqa: E402
+from agent_memory.memory.prefix import SharedPrefixCache  # noqa: E402
+from agent_memory.models.registry import resolve_model  # noqa: E402
+
+TEXT = Path("/usr/share/common-licenses/GPL-3")
+
+
+def timed(fn, repeats: int = 5) -> tuple[float, object]:
+    """Median seconds of `repeats` calls (MLX results evaluated), and the last result."""
+    times, out = [], None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        if isinstance(out, mx.array):
+            mx.eval(out)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def conversation(tokenizer, history_tokens: int) -> list[dict]:
+    """A system prompt and turns of licence text until the history reaches the size asked."""
+    words = TEXT.read_text().split()
+    messages = [{"role": "system", "content": "You are a careful legal assistant."}]
+    i = 0
+    while len(tokenizer.apply_chat_template(messages, tokenize=True)) < history_tokens:
+        messages.append({"role": "user", "content": "Explain this: " + " ".join(words[i : i + 60])})
+        messages.append({"role": "assistant", "content": " ".join(words[i + 60 : i + 160])})
+        i = (i + 160) % (len(words) - 200)
+    return messages
+
+
+def engine_parts(loaded, messages: list[dict], precision: kv.KVPrecision, work: Path) -> dict:
+    model, tokenizer = loaded.model, loaded.tokenizer
+    turn = messages + [{"role": "user", "content": "Now summarise all of that in one sentence."}]
+    t_tok, prompt = timed(lambda: tokenizer.apply_chat_template(turn, add_generation_prompt=True))
+    history = tokenizer.apply_chat_template(messages, tokenize=True)
+    cached = len(history) // BLOCK_TOKENS * BLOCK_TOKENS
+    full = kv.KVPrecision()
+
+    def prefill(tokens, cache=None):
+        cache = cache or kv.new_cache(loaded.num_layers, full)
+        model(mx.array(tokens)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        return cache
+
+    t_cold, _ = timed(lambda: prefill(prompt[:-1]), repeats=2)
+    cache = prefill(prompt[:cached])
+    blocks = [kv.convert(kv.cut(cache, s, s + BLOCK_TOKENS), full, precision) for s in range(0, cached, BLOCK_TOKENS)]
+    mx.eval(blocks)
+    prefix = SharedPrefixCache(BlockPool(), BLOCK_TOKENS, loaded.fingerprint)
+    t_hash, _ = timed(lambda: prefix.chain(prompt[:-1]))
+
+    # Warm: the blocks as files, read back with every check, as the kv-reader does.
+    paths = []
+    for i, payload in enumerate(blocks):
+        path = work / f"{i}.safetensors"
+        blockfile.write_atomic(path, blockfile.encode({"hash": str(i)}, kv.to_numpy(payload)))
+        paths.append(path)
+    shape = kv.probe_shape(model, loaded.num_layers)
+    layout = kv.block_layout(BLOCK_TOKENS, shape, precision)
+    t_read, _ = timed(lambda: [blockfile.read(p, {"hash": str(i)}, layout) for i, p in enumerate(paths)])
+
+    def assemble():
+        working = kv.new_cache(loaded.num_layers, full)
+        kv.append(working, [(kv.convert(b, precision, full), BLOCK_TOKENS) for b in blocks])
+        return working
+
+    t_assemble, working = timed(assemble)
+    suffix = prompt[cached:-1]
+    t_suffix, _ = timed(lambda: prefill(suffix, assemble()), repeats=3)
+    t_suffix -= t_assemble
+    working = prefill(suffix, working)
+
+    def step():
+        return model(mx.array([[prompt[-1]]]), cache=working)[0, -1].argmax()
+
+    t_step, _ = timed(step)
+    return {
+        "prompt tokens": len(prompt),
+        "cached tokens": cached,
+        "tokenize (chat template)": t_tok,
+        "hash the prompt into blocks": t_hash,
+        f"read {len(blocks)} block files (warm)": t_read,
+        "assemble the working cache (dequantize + concatenate)": t_assemble,
+        f"prefill the {len(suffix)} new tokens": t_suffix,
+        "one decode step": t_step,
+        "cold prefill of the whole prompt": t_cold,
+    }
+
+
+def server_ttft(model_dir: Path, messages: list[dict], work: Path) -> dict:
+    """TTFT of the next turn through the real server: hot, then warm after a restart."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", str(model_dir), "--port", str(port)]
+    cmd += ["--cache-dir", str(work / "cache")]
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
+
+    def start():
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    return proc
+            except httpx.HTTPError:
+                time.sleep(0.2)
+
+    def ttft(msgs) -> float:
+        t = time.perf_counter()
+        stream = client.chat.completions.create(
+            model="m", messages=msgs, max_tokens=8, temperature=0, stream=True, extra_body={"prompt_cache_key": "p"}
+        )
+        first = None
+        for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.perf_counter() - t
+        return first
+
+    turn = messages + [{"role": "user", "content": "Now summarise all of that in one sentence."}]
+    proc = start()
+    try:
+        cold = ttft(messages)
+        hot = ttft(turn)
+    finally:
+        proc.terminate()
+        proc.wait()
+    proc = start()
+    try:
+        warm = ttft(turn)
+    finally:
+        proc.terminate()
+        proc.wait()
+    return {"server TTFT, cold (history uncached)": cold, "server TTFT, hot": hot, "server TTFT, warm (after restart)": warm}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="demo", help="model folder, 'demo' (default) or 'tiny'")
+    parser.add_argument("--history-tokens", type=int, default=2000)
+    parser.add_argument("--kv-bits", type=int, default=4)
+    parser.add_argument("--kv-group-size", type=int, default=64)
+    args = parser.parse_args()
+    model_dir = resolve_model(args.model, default_cache_dir() / "models")
+    precision = kv.KVPrecision(args.kv_bits, args.kv_group_size)
+    with tempfile.TemporaryDirectory(prefix="profile-turn-") as tmp:
+        work = Path(tmp)
+        loaded = load_model(model_dir)
+        messages = conversation(loaded.tokenizer, args.history_tokens)
+        parts = engine_parts(loaded, messages, precision, work)
+        parts.update(server_ttft(model_dir, messages, work))
+    print(f"\nmodel {model_dir.name}, KV cached as {precision.tag}\n")
+    print("| step | ms |")
+    print("|---|---:|")
+    for name, value in parts.items():
+        shown = f"{value:,} tokens" if isinstance(value, int) else f"{value * 1000:.1f}"
+        print(f"| {name} | {shown} |")
+
+
+if __name__ == "__main__":
+    main()
