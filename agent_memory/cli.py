@@ -86,7 +86,7 @@ def serve(
         "decode-quantized",
         "Running requests attend to quantized KV too (least memory; lower quality, slower on CPU).",
     ),
-    max_batch: int = _opt(8, "max-batch", "Most sequences decoded together."),
+    max_batch: int = _opt(32, "max-batch", "Most sequences decoded together (more wait to start)."),
     api_key: str = _opt(None, "api-key", "Require this key (Bearer or x-api-key) on every route but /health."),
 ) -> None:
     """Serve a model on an OpenAI-compatible API, keeping every agent's KV cache."""

@@ -42,7 +42,7 @@ class ServeSettings:
     kv_group_size: int = 64
     disk_kv_bits: int | None = None  # None: the same as kv_bits
     decode_quantized: bool = False
-    max_batch: int = 8
+    max_batch: int = 32
     api_key: str | None = None
 
     @property

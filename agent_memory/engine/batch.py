@@ -59,7 +59,7 @@ PREFILL_PATIENCE_S = 20.0
 @dataclass
 class EngineConfig:
     model_path: Path
-    max_batch: int = 8
+    max_batch: int = 32
     hot_budget_bytes: int = 2 << 30
     precision: kv.KVPrecision = kv.KVPrecision()
     cache_dir: Path | None = None  # None or a zero disk budget: no warm tier
