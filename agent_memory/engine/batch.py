@@ -175,7 +175,9 @@ class BatchEngine:
         while self._drain(block=not (self._decoding or self._next_prefill())):
             if self._decoding:
                 self._step(self._decode, list(self._batch_seqs()))
-            self._prefill_round()
+            seq = self._next_prefill()
+            if seq is not None and self._decoding < self.config.max_batch:
+                self._step(lambda: self._prefill(seq), [seq])
         self._shutdown()
 
     def _load(self) -> None:
@@ -268,11 +270,10 @@ class BatchEngine:
             except queue.Empty:
                 return True
 
-    def _step(self, work: Callable[[], Any], seqs: list[Sequence]) -> Any:
-        """Run one unit of MLX work; if it fails (None), fail the sequences it touched, not the
-        server."""
+    def _step(self, work: Callable[[], None], seqs: list[Sequence]) -> None:
+        """Run one unit of MLX work; if it fails, fail the sequences it touched, not the server."""
         try:
-            return work()
+            work()
         except Exception as e:
             log.exception("engine step failed")
             for seq in seqs:
@@ -335,20 +336,8 @@ class BatchEngine:
                 return seq
         return None
 
-    def _prefill_round(self) -> None:
-        """Prefill one chunk's worth of tokens between two decode steps, across as many waiting
-        sequences as it covers: several agents' short new turns start in the same round."""
+    def _prefill(self, seq: Sequence) -> None:
         budget = PREFILL_CHUNK_SHARED if self._decoding else PREFILL_CHUNK_ALONE
-        while budget > 0 and self._decoding < self.config.max_batch:
-            seq = self._next_prefill()
-            if seq is None:
-                return
-            budget = self._step(lambda: self._prefill(seq, budget), [seq])
-            if budget is None:
-                return
-
-    def _prefill(self, seq: Sequence, budget: int) -> int:
-        """Prefill up to `budget` tokens of the sequence; returns the budget left."""
         while seq.plan and budget > 0:
             if seq.plan[0].block is not None:
                 self._append_cached(seq)
@@ -366,7 +355,6 @@ class BatchEngine:
             self._prefilling.remove(seq)
             self._share_prompt(seq)
             self._start_decoding(seq)
-        return budget
 
     def _share_prompt(self, seq: Sequence) -> None:
         """Offer the prompt's new whole blocks for reuse now, not when the request ends, so
