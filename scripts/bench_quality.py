@@ -91,7 +91,7 @@ class Runner:
         runs = [] if self.stored is None else [kv.StoredRun(0, start, self.stored)]
         self.stored = kv.cut_at(self.cache, 0, self.length, runs, FULL, self.scheme.precision)
         self.cache = kv.new_cache(self.layers, FULL)
-        kv.append(self.cache, [(kv.convert(self.stored, self.scheme.precision, FULL), self.length)])
+        kv.append(self.cache, [(self.stored, self.length)], self.scheme.precision, FULL)
 
     def forward(self, tokens: list[int]) -> mx.array:
         logits = self.model(mx.array(tokens)[None], cache=self.cache)

@@ -99,7 +99,7 @@ def engine_parts(loaded, messages: list[dict], precision: kv.KVPrecision, work: 
 
     def assemble():
         working = kv.new_cache(loaded.num_layers, full)
-        kv.append(working, [(kv.convert(b, precision, full), BLOCK_TOKENS) for b in blocks])
+        kv.append(working, [(b, BLOCK_TOKENS) for b in blocks], precision, full)
         return working
 
     t_assemble, working = timed(assemble)

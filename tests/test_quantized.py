@@ -122,7 +122,7 @@ def test_a_commit_keeps_the_stored_bits_of_restored_tokens(model_and_tokens):
     tokens = prompts[3]
     stored = kv.cut(prefilled(model, tokens[:11], 4, 32), 0, 10)  # a partial block at rest
     working = kv.new_cache(len(model.layers), full)
-    kv.append(working, [(kv.convert(stored, precision, full), 10)])
+    kv.append(working, [(stored, 10)], precision, full)
     model(mx.array(tokens[10:-1])[None], cache=working)
     n = len(tokens) - 1
     committed = kv.cut_at(working, 0, n, [kv.StoredRun(0, 10, stored)], full, precision)

@@ -383,10 +383,10 @@ class BatchEngine:
                 self.store.disk_lost(block)
                 seq.plan.appendleft(Segment(segment.start, segment.end, None))
                 break
-            parts.append((kv.convert(stored, self.config.precision, self._working_precision), n))
+            parts.append((stored, n))
             seq.stored.append(kv.StoredRun(seq.pos, seq.pos + n, stored))
             seq.pos += n
-        kv.append(seq.cache, parts)
+        kv.append(seq.cache, parts, self.config.precision, self._working_precision)
 
     def _start_decoding(self, seq: Sequence) -> None:
         prompt = seq.request.prompt
