@@ -123,3 +123,17 @@ def chat(client: openai.OpenAI, content: str, max_tokens: int = 24, **kw):
     return client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": content}], max_tokens=max_tokens, **kw
     )
+
+
+def ask(client, messages, agent, max_tokens=12):
+    """One greedy chat turn of `agent` (None: anonymous)."""
+    extra = {"prompt_cache_key": agent} if agent else {}
+    return client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=max_tokens, temperature=0, extra_body=extra
+    )
+
+
+def tiers(response) -> tuple[int, int]:
+    """(hot_tokens, warm_tokens) of a response's usage."""
+    d = response.usage.prompt_tokens_details
+    return d.model_extra["hot_tokens"], d.model_extra["warm_tokens"]

@@ -13,7 +13,7 @@ from mlx_lm.models.cache import QuantizedKVCache
 from agent_memory.engine import kv
 from agent_memory.engine.quantized import BatchQuantizedKVCache
 from agent_memory.memory import blockfile
-from tests.conftest import Server
+from tests.conftest import Server, ask, tiers
 
 PROMPTS = [
     "The keeper of the lighthouse wrote in the log that night",
@@ -139,17 +139,6 @@ CONVERSATION = [
     {"role": "system", "content": "You keep the records of the lighthouse on the northern cape. " * 8},
     {"role": "user", "content": "What happened on the night of the great storm?"},
 ]
-
-
-def ask(client, messages, agent, max_tokens=16):
-    return client.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=max_tokens, temperature=0, extra_body={"prompt_cache_key": agent}
-    )
-
-
-def tiers(response) -> tuple[int, int]:
-    d = response.usage.prompt_tokens_details
-    return d.model_extra["hot_tokens"], d.model_extra["warm_tokens"]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import pytest
 
 from agent_memory.memory import blockfile
 from agent_memory.memory.disk import Manifest
-from tests.conftest import Server
+from tests.conftest import Server, ask, tiers
 
 SYSTEM = "You keep the records of the lighthouse on the northern cape. " * 12
 
@@ -24,17 +24,6 @@ def conversation(i: int) -> list[dict]:
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": f"Entry {i}: what happened on the night of the storm number {i}?"},
     ]
-
-
-def ask(client, messages, agent, max_tokens=12):
-    return client.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=max_tokens, temperature=0, extra_body={"prompt_cache_key": agent}
-    )
-
-
-def tiers(response) -> tuple[int, int]:
-    d = response.usage.prompt_tokens_details
-    return d.model_extra["hot_tokens"], d.model_extra["warm_tokens"]
 
 
 def kv_folder(cache_dir: Path) -> Path:
