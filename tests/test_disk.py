@@ -24,7 +24,7 @@ from safetensors.numpy import load_file
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError
 from agent_memory.memory.blocks import Tier
-from agent_memory.memory.disk import DiskLayout, DiskTier, Manifest, ScanResult
+from agent_memory.memory.disk import DiskLayout, DiskTier, Manifest
 from agent_memory.memory.store import AgentCacheStore
 
 FINGERPRINT = "f" * 32
@@ -307,19 +307,6 @@ def test_a_bad_manifest_is_quarantined_and_the_others_still_load(tmp_path):
     names = sorted(DiskLayout(tmp_path).agent_path(a).name for a in ("huge-id", "deep"))
     assert quarantined == sorted([*names, *(n + ".why" for n in names)])
     disk2.close()
-
-
-def test_restore_quarantines_a_manifest_it_cannot_hash_and_loads_the_rest(tmp_path):
-    """Even a manifest that slipped past Manifest.read never stops the others from loading."""
-    store, disk = make_store(tmp_path)
-    chain = store.prefix.chain([5, 6, 7, 8])
-    bad_path = write_manifest(tmp_path, "bad", tokens=[1])
-    bad = Manifest("bad", FINGERPRINT, [2**40], [], 1.0, bad_path)
-    good = Manifest("good", FINGERPRINT, [5, 6, 7, 8], [h for h, *_ in chain], 1.0)
-    store.restore(ScanResult([bad, good], {}))
-    assert list(store.agents) == ["good"] and not bad_path.exists()
-    assert all(b.tier is Tier.COLD for b in store.pool.blocks.values())
-    disk.close()
 
 
 def rewrite_header(path: Path, change) -> None:

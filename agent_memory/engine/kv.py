@@ -82,7 +82,7 @@ def cut_at(cache: list, start: int, end: int, stored: list[StoredRun], working: 
     if working == precision:
         return cut(cache, start, end)
     pieces, pos = [], start
-    for run in sorted(stored, key=lambda r: r.start):
+    for run in stored:  # in position order, as the sequence restored them
         if run.end <= pos or run.start >= end:
             continue
         if run.start > pos:
@@ -101,7 +101,7 @@ def cut_at(cache: list, start: int, end: int, stored: list[StoredRun], working: 
 def append(cache: list, parts: list[tuple[Payload, int]], stored: KVPrecision, working: KVPrecision) -> None:
     """Append the first n tokens of each payload (at `stored` precision), in order, to a
     single-sequence cache at `working` precision. The parts are joined before they are
-    converted: one dequantize of the whole run is several times faster than one per block."""
+    converted, so the concatenation copies the small quantized tensors, not dequantized ones."""
     if not parts:
         return
     joined = convert(

@@ -94,9 +94,13 @@ class AgentCacheStore:
         cached, for ordering work (the lookup proper comes later, when the work starts)."""
         with self.lock:
             record = self.agents.get(agent) if agent is not None else None
-            if record is None:
-                return 0
-            return next((i for i, (a, b) in enumerate(zip(record.tokens, tokens)) if a != b), min(len(record.tokens), len(tokens)))
+            known = record.tokens if record is not None else []
+            n = 0
+            for a, b in zip(known, tokens):
+                if a != b:
+                    break
+                n += 1
+            return n
 
     def lookup(self, tokens: Sequence[int]) -> Lease:
         """Plan the longest reusable prefix of `tokens` and pin its blocks."""
@@ -184,13 +188,9 @@ class AgentCacheStore:
             now_wall, now = time.time(), time.monotonic()
             for manifest in scan.manifests:
                 # Every check comes before the first change to the pool, so a bad manifest is
-                # quarantined whole and the others still load (Manifest.read already refuses
-                # token ids the hash chain cannot pack; this catch is the last line).
-                try:
-                    chain = self.prefix.chain(manifest.tokens)
-                except (ValueError, TypeError, OverflowError) as e:
-                    self.disk.quarantine_manifest(manifest, f"its tokens cannot be hashed: {e}")
-                    continue
+                # quarantined whole and the others still load (Manifest.read has already
+                # refused token ids the hash chain cannot pack).
+                chain = self.prefix.chain(manifest.tokens)
                 if [h for h, *_ in chain] != manifest.blocks:
                     self.disk.quarantine_manifest(manifest, "its block hashes do not match its tokens")
                     continue
