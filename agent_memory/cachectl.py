@@ -35,7 +35,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from agent_memory.config import default_cache_dir
+from agent_memory.config import ConfigError, load_settings
 from agent_memory.memory import blockfile
 from agent_memory.memory.blocks import BlockPool
 from agent_memory.memory.disk import HASH_RE, DiskLayout, Manifest, agent_file_stem
@@ -70,9 +70,7 @@ class Sort(str, Enum):
 CacheDirOption = typer.Option(
     None,
     "--cache-dir",
-    envvar="AGENT_MEMORY_CACHE_DIR",
-    show_envvar=True,
-    help="Cache folder (default ~/.cache/agent-memory, $XDG_CACHE_HOME respected).",
+    help="Cache folder (env AGENT_MEMORY_CACHE_DIR or the config file; default ~/.cache/agent-memory).",
 )
 FormatOption = typer.Option(
     Format.human, "--format", help="human: tables; json: one JSON document on stdout; quiet: exit code only."
@@ -325,7 +323,11 @@ def _cell(text: str, style: str = "") -> Text:
 
 
 def _root(cache_dir: Path | None) -> Path:
-    return Path(cache_dir or default_cache_dir()).expanduser()
+    """--cache-dir, else the settings' (env, config file, default)."""
+    try:
+        return load_settings(cache_dir=cache_dir).cache_dir
+    except ConfigError as e:
+        _fail(str(e), code=2)
 
 
 def _stdout() -> Console:

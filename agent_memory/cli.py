@@ -5,19 +5,24 @@ Nothing here imports MLX at module level: `cache` commands must work without it.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
+import types
+import typing
+from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
 
-import click
 import typer
-from click.core import ParameterSource
+from pydantic import SecretStr
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from agent_memory.cachectl import cache_app
-from agent_memory.config import ENV_PREFIX, ConfigError, ServeSettings, default_cache_dir, read_config_file
+from agent_memory.config import ENV_PREFIX, ConfigError, Settings, config_file_path, load_settings
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -31,16 +36,62 @@ app.add_typer(cache_app, name="cache")
 
 console = Console(stderr=True)
 
-
-def _env(flag: str) -> str:
-    return ENV_PREFIX + flag.upper().replace("-", "_")
-
-
-def _opt(default, flag: str, help: str, **kw):
-    return typer.Option(default, f"--{flag}", envvar=_env(flag), help=help, show_envvar=True, **kw)
+CacheDirOption = typer.Option(
+    None, "--cache-dir", help=f"Cache folder (env {ENV_PREFIX}CACHE_DIR or the config file; default ~/.cache/agent-memory)."
+)
 
 
-CacheDirOption = _opt(None, "cache-dir", "Cache folder (default ~/.cache/agent-memory, $XDG_CACHE_HOME respected).")
+def _cli_type(annotation) -> type:
+    """The plain type a flag parses (pydantic checks the rest): int for `KVBits | None`."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return str if annotation is SecretStr else annotation
+
+
+def settings_options(command: Callable[[Settings], None]) -> Callable[..., None]:
+    """A typer command with one flag per setting, each defaulting to "not given", so the
+    environment, the config file and the defaults of `Settings` fill in the rest."""
+    params = []
+    for name, field in Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        shown = "none" if default is None else ("set" if isinstance(default, SecretStr) else default)
+        flag = f"--{name.replace('_', '-')}"
+        kind = _cli_type(field.annotation)
+        option = typer.Option(
+            f"{flag}/--no-{flag[2:]}" if kind is bool else flag,
+            help=f"{field.description} (default {shown})",
+            show_default=False,
+        )
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[kind | None, option]
+            )
+        )
+
+    def run(**flags) -> None:
+        try:
+            settings = load_settings(**flags)
+            settings.check_serve()
+        except ConfigError as e:
+            _error(e)
+            raise typer.Exit(2) from e
+        command(settings)
+
+    run.__signature__ = inspect.Signature(params)
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    run.__name__ = command.__name__
+    run.__doc__ = (
+        f"{command.__doc__}\n\nEvery flag can also be set in the environment as {ENV_PREFIX}<FLAG> "
+        f"({ENV_PREFIX}HOT_BUDGET_MB=4096) or in {config_file_path()} (hot_budget_mb = 4096); "
+        "a flag wins over the environment, which wins over the file."
+    )
+    return run
+
+
+def _error(e: Exception) -> None:
+    console.print(Text.assemble(("error: ", "red"), str(e)), highlight=False)
 
 
 def _progress() -> Progress:
@@ -69,43 +120,27 @@ def resolve_model_with_progress(spec: str, models_dir: Path) -> Path:
         return resolve_model(spec, models_dir, progress=_ProgressReporter(progress))
 
 
-@app.command()
-def serve(
-    ctx: typer.Context,
-    model: str = _opt("demo", "model", "Model folder, 'demo' (SmolLM2-135M, fetched on first use) or 'tiny'."),
-    host: str = _opt("127.0.0.1", "host", "Address to bind; anything but loopback needs --api-key."),
-    port: int = _opt(8000, "port", "Port to bind."),
-    cache_dir: Path = CacheDirOption,
-    hot_budget_mb: int = _opt(2048, "hot-budget-mb", "Memory for cached KV blocks, in MiB."),
-    disk_budget_mb: int = _opt(10240, "disk-budget-mb", "Disk for cached KV blocks, in MiB."),
-    kv_bits: int = _opt(4, "kv-bits", "Precision of cached KV: 4, 8 or 16 (unquantized)."),
-    kv_group_size: int = _opt(64, "kv-group-size", "Quantization group size for KV: 32, 64 or 128."),
-    disk_kv_bits: int = _opt(None, "disk-kv-bits", "KV precision on disk (default: --kv-bits)."),
-    decode_quantized: bool = _opt(
-        False,
-        "decode-quantized",
-        "Running requests attend to quantized KV too (least memory; lower quality, slower on CPU).",
-    ),
-    max_batch: int = _opt(32, "max-batch", "Most sequences decoded together (more wait to start)."),
-    api_key: str = _opt(None, "api-key", "Require this key (Bearer or x-api-key) on every route but /health."),
-) -> None:
-    """Serve a model on an OpenAI-compatible API, keeping every agent's KV cache."""
-    values = dict(ctx.params)
+def _models_dir(cache_dir: Path | None) -> Path:
+    """The models folder of --cache-dir, else of the settings (env, config file, default)."""
     try:
-        for name, value in read_config_file().items():
-            if ctx.get_parameter_source(name) is ParameterSource.DEFAULT:
-                values[name] = value
-        values["cache_dir"] = Path(values["cache_dir"] or default_cache_dir()).expanduser()
-        settings = ServeSettings(**values)
-        settings.check()
-    except (ConfigError, TypeError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        return load_settings(cache_dir=cache_dir).models_dir
+    except ConfigError as e:
+        _error(e)
         raise typer.Exit(2) from e
+
+
+@settings_options
+def serve(settings: Settings) -> None:
+    """Serve a model on an OpenAI-compatible API, keeping every agent's KV cache."""
     _configure_logging()
+    logging.getLogger("agent_memory").info("settings: %s", settings.describe())
     sys.exit(_serve(settings))
 
 
-def _serve(settings: ServeSettings) -> int:
+app.command()(serve)
+
+
+def _serve(settings: Settings) -> int:
     import uvicorn
 
     from agent_memory.api.app import create_app
@@ -116,7 +151,7 @@ def _serve(settings: ServeSettings) -> int:
     try:
         model_path = resolve_model_with_progress(settings.model, settings.models_dir)
     except ModelError as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         return 1
     engine = BatchEngine(
         EngineConfig(
@@ -140,7 +175,7 @@ def _serve(settings: ServeSettings) -> int:
         engine,
         model_name=model_path.name,
         host=settings.host,
-        api_key=settings.api_key,
+        api_key=settings.api_key_value,
         on_load_failure=stop_server,
     )
     server.run()
@@ -162,13 +197,13 @@ def models_fetch(
     from agent_memory.models.registry import ModelError
 
     if name != "demo":
-        raise click.UsageError("only 'demo' can be fetched")
-    models_dir = (cache_dir or default_cache_dir()) / "models"
+        raise typer.BadParameter("only 'demo' can be fetched", param_hint="NAME")
+    models_dir = _models_dir(cache_dir)
     try:
         with _progress() as progress:
             path = fetch_demo(models_dir, keep_quantized=keep_quantized, progress=_ProgressReporter(progress))
     except ModelError as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         raise typer.Exit(1) from e
     typer.echo(path)
 
@@ -188,7 +223,7 @@ def models_ls(cache_dir: Path = CacheDirOption) -> None:
     """List the models in the cache folder."""
     from agent_memory.models.registry import list_models
 
-    models = list_models((cache_dir or default_cache_dir()) / "models")
+    models = list_models(_models_dir(cache_dir))
     table = Table("name", "type", "layers", "weights", "size", "path")
     for m in models:
         table.add_row(

@@ -1,16 +1,21 @@
-"""Server settings and where they come from: flag > env AGENT_MEMORY_* > config file > default.
+"""Settings: one model holds every setting's name, type, default and meaning.
 
-The CLI resolves flags and environment (click does both); this module supplies the config
-file layer and the defaults, and checks combinations that no single flag can.
+Where a value comes from, first found wins: a command-line flag, the environment
+(`AGENT_MEMORY_<NAME>`), the TOML config file (`~/.config/agent-memory/config.toml`,
+`$XDG_CONFIG_HOME` respected, or the file `AGENT_MEMORY_CONFIG` names), the default here.
+pydantic-settings reads the environment and the file and checks every value's type; the CLI
+derives its flags from the same fields (cli.py), so nothing is declared twice.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import tomllib
-from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 ENV_PREFIX = "AGENT_MEMORY_"
 
@@ -27,37 +32,99 @@ def config_file_path() -> Path:
 
 
 class ConfigError(ValueError):
-    pass
+    """A setting is wrong; the message names it and where settings come from."""
 
 
-@dataclass(frozen=True)
-class ServeSettings:
-    model: str = "demo"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    cache_dir: Path = field(default_factory=default_cache_dir)
-    hot_budget_mb: int = 2048
-    disk_budget_mb: int = 10240
-    kv_bits: int = 4  # cached KV at rest; running requests attend at full precision
-    kv_group_size: int = 64
-    disk_kv_bits: int | None = None  # None: the same as kv_bits
-    decode_quantized: bool = False
-    max_batch: int = 32
-    api_key: str | None = None
+def one_of(*allowed: int) -> AfterValidator:
+    def check(v: int) -> int:
+        if v not in allowed:
+            raise ValueError(f"takes {', '.join(map(str, allowed[:-1]))} or {allowed[-1]}, not {v}")
+        return v
+
+    return AfterValidator(check)
+
+
+KVBits = Annotated[int, one_of(4, 8, 16)]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    model: str = Field("demo", description="Model folder, 'demo' (SmolLM2-135M, fetched on first use) or 'tiny'.")
+    host: str = Field("127.0.0.1", description="Address to bind; anything but loopback needs --api-key.")
+    port: int = Field(8000, ge=1, le=65535, description="Port to bind.")
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache folder: models and the KV disk tier.")
+    hot_budget_mb: int = Field(2048, ge=0, description="Memory for cached KV blocks, in MiB.")
+    disk_budget_mb: int = Field(10240, ge=0, description="Disk for cached KV blocks, in MiB.")
+    kv_bits: KVBits = Field(4, description="Precision of cached KV: 4, 8 or 16 (unquantized).")
+    kv_group_size: Annotated[int, one_of(32, 64, 128)] = Field(64, description="Quantization group size for KV: 32, 64 or 128.")
+    disk_kv_bits: KVBits | None = Field(None, description="KV precision on disk (default: --kv-bits).")
+    decode_quantized: bool = Field(
+        False, description="Running requests attend to quantized KV too (least memory; lower quality, slower on CPU)."
+    )
+    max_batch: int = Field(32, ge=1, description="Most sequences decoded together (more wait to start).")
+    api_key: SecretStr | None = Field(
+        None, description="Require this key (Bearer or x-api-key) on every route but /health."
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Flags arrive as init arguments; the config file is looked up when settings are made.
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_file_path())
+
+    @field_validator("cache_dir")
+    @classmethod
+    def expand_home(cls, v: Path) -> Path:
+        return v.expanduser()
 
     @property
     def models_dir(self) -> Path:
         return self.cache_dir / "models"
 
-    def check(self) -> None:
-        if self.kv_bits not in (4, 8, 16) or self.disk_kv_bits not in (None, 4, 8, 16):
-            raise ConfigError("--kv-bits and --disk-kv-bits take 4, 8 or 16")
-        if self.kv_group_size not in (32, 64, 128):
-            raise ConfigError("--kv-group-size takes 32, 64 or 128")
-        if self.max_batch < 1 or self.hot_budget_mb < 0 or self.disk_budget_mb < 0:
-            raise ConfigError("--max-batch must be at least 1 and budgets not negative")
+    @property
+    def api_key_value(self) -> str | None:
+        return self.api_key.get_secret_value() if self.api_key else None
+
+    def describe(self) -> str:
+        """Every effective setting on one line, for the start-up log (the key only as set/none)."""
+        shown = {name: getattr(self, name) for name in type(self).model_fields}
+        shown["api_key"] = "set" if self.api_key else "none"
+        return " ".join(f"{name}={value}" for name, value in shown.items())
+
+    def check_serve(self) -> None:
+        """Combinations no single setting can refuse."""
         if not is_loopback(self.host) and not self.api_key:
             raise ConfigError(f"--host {self.host} is reachable from other machines: set --api-key too")
+
+
+def load_settings(**flags) -> Settings:
+    """Settings from flags (None: not given), the environment, the config file and defaults."""
+    try:
+        return Settings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as e:
+        raise ConfigError(_explain(e)) from e
+    except (OSError, ValueError) as e:  # an unreadable or malformed config file
+        raise ConfigError(f"cannot read the config file {config_file_path()}: {e}") from e
+
+
+def _explain(error: ValidationError) -> str:
+    lines = []
+    for err in error.errors():
+        name = ".".join(str(p) for p in err["loc"]) or "settings"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"unknown setting '{name}' (in {config_file_path()})")
+        else:
+            flag = "--" + name.replace("_", "-")
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{flag} (env {ENV_PREFIX}{name.upper()}, or '{name}' in the config file): {msg}")
+    return "; ".join(lines)
 
 
 def is_loopback(host: str) -> bool:
@@ -67,20 +134,3 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def read_config_file(path: Path | None = None) -> dict:
-    """The `serve` settings of the TOML config file, keys as flag names with underscores."""
-    path = path or config_file_path()
-    if not path.is_file():
-        return {}
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"cannot read config file {path}: {e}") from e
-    known = {f.name for f in fields(ServeSettings)}
-    settings = {k.replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(settings) - known)
-    if unknown:
-        raise ConfigError(f"{path}: unknown settings {', '.join(unknown)}")
-    return settings

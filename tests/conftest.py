@@ -29,8 +29,10 @@ def free_port() -> int:
 class Server:
     """`agent-memory serve` as a child process on a free loopback port."""
 
-    def __init__(self, model: Path | str, cache_dir: Path, *args: str, log: Path | None = None) -> None:
-        self.model, self.cache_dir, self.args = str(model), cache_dir, list(args)
+    def __init__(
+        self, model: Path | str, cache_dir: Path, *args: str, log: Path | None = None, env: dict | None = None
+    ) -> None:
+        self.model, self.cache_dir, self.args, self.env = str(model), cache_dir, list(args), env or {}
         self.port = free_port()
         self.log_path = log or cache_dir / f"server-{self.port}.log"
         self.proc: subprocess.Popen | None = None
@@ -41,8 +43,8 @@ class Server:
 
     def start(self, timeout: float = 180) -> "Server":
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("AGENT_MEMORY_API_KEY", None)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_MEMORY_")}
+        env.update({"PYTHONUNBUFFERED": "1", "AGENT_MEMORY_CONFIG": str(self.cache_dir / "no-config.toml"), **self.env})
         cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", self.model, "--port", str(self.port)]
         cmd += ["--cache-dir", str(self.cache_dir), *self.args]
         if "--kv-bits" not in self.args:  # tests compare outputs across cache states: exact at 16

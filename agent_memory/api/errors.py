@@ -45,6 +45,8 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 def _describe(err: dict) -> tuple[str, str | None]:
     """One readable sentence and the dotted parameter path from a pydantic error."""
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+    if err.get("type") == "invalid_unicode":
+        return err["msg"], err["ctx"]["param"]
     if err.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}", None
     param = ".".join(loc) or None
@@ -61,7 +63,8 @@ def install(app: FastAPI) -> None:
     async def validation_error(_: Request, exc: RequestValidationError):
         errors = exc.errors()
         message, param = _describe(errors[0]) if errors else ("invalid request", None)
-        return error_response(400, message, param, "invalid_value" if param else "invalid_json")
+        code = "invalid_unicode" if errors and errors[0].get("type") == "invalid_unicode" else None
+        return error_response(400, message, param, code or ("invalid_value" if param else "invalid_json"))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException):

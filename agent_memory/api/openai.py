@@ -135,6 +135,17 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
     }
 
 
+def utf8_header(request: Request, name: str) -> str | None:
+    """A header's value read as UTF-8 (HTTP hands us bytes; Starlette decodes Latin-1)."""
+    value = request.headers.get(name)
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError as e:
+        raise APIError(400, f"{name} is not valid UTF-8", param=name, code="invalid_unicode") from e
+
+
 def _render_chat(tokenizer, messages: list[dict]) -> str:
     try:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -145,7 +156,7 @@ def _render_chat(tokenizer, messages: list[dict]) -> str:
 def _generation_request(
     state: ServerState, body: SamplingFields, request: Request, prompt: list[int]
 ) -> GenerationRequest:
-    agent = body.agent_id(request.headers.get("x-agent-id"))
+    agent = body.agent_id(utf8_header(request, "X-Agent-Id"))
     if agent is not None and len(agent) > MAX_AGENT_ID:
         raise APIError(400, f"agent ids are at most {MAX_AGENT_ID} characters", param="prompt_cache_key")
     room = state.context_length - len(prompt)
@@ -207,7 +218,7 @@ async def _collect(
             if isinstance(event, TextDelta):
                 parts.append(event.text)
             elif isinstance(event, Failed):
-                raise APIError(503 if "shutting down" in event.message else 500, event.message)
+                raise APIError(event.status, event.message, code=event.code)
             else:
                 return "".join(parts), event
         raise AssertionError("the event stream ended without finishing")
@@ -250,7 +261,7 @@ async def _sse(
         if isinstance(event, TextDelta):
             yield frame(text_chunk(event.text))
         elif isinstance(event, Failed):
-            yield f"data: {json.dumps(error_body(500, event.message))}\n\n"
+            yield f"data: {json.dumps(error_body(event.status, event.message, code=event.code))}\n\n"
             break
         else:
             yield frame(final_chunk(event.reason))

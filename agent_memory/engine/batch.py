@@ -264,7 +264,10 @@ class BatchEngine:
         while True:
             if item is None:
                 return False
-            item()
+            try:
+                item()
+            except Exception:  # one bad piece of work must not stop the engine
+                log.exception("engine call failed")
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -275,7 +278,7 @@ class BatchEngine:
         try:
             work()
         except Exception as e:
-            log.exception("engine step failed")
+            log.exception("engine step failed for requests %s", [s.request.request_id for s in seqs])
             for seq in seqs:
                 self._drop(seq)
                 self.metrics.finished.labels("error").inc()
@@ -284,6 +287,14 @@ class BatchEngine:
                 self._batch = GenerationBatch.empty(self.loaded.model, greedy_sampler)
 
     def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
+        try:
+            self._enqueue(seq_id, request, sink, submitted)
+        except Exception as e:
+            log.exception("could not admit request %s", request.request_id)
+            self._seqs.pop(seq_id, None)
+            sink(Failed(f"the request could not be started: {e}"))
+
+    def _enqueue(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
         prompt = request.prompt
         params = request.params
         seq = Sequence(
@@ -489,7 +500,7 @@ class BatchEngine:
     def _shutdown(self) -> None:
         for seq in list(self._seqs.values()):
             self._drop(seq)
-            seq.sink(Failed("the server is shutting down"))
+            seq.sink(Failed("the server is shutting down", 503, "shutting_down"))
         if self.disk is not None:
             log.info("flushing the warm tier")
             self.disk.close()

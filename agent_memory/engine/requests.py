@@ -21,6 +21,7 @@ class GenerationRequest:
     prompt: list[int]
     params: SamplingParams
     agent: str | None = None
+    request_id: str = ""  # the X-Request-Id, for logs
 
 
 @dataclass
@@ -48,7 +49,11 @@ class Finished:
 
 @dataclass
 class Failed:
+    """The request could not be served; status and code are what the client is told."""
+
     message: str
+    status: int = 500
+    code: str = "engine_error"
 
 
 Event = TextDelta | Finished | Failed

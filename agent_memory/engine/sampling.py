@@ -1,5 +1,9 @@
 """Per-request samplers: each seeded request owns its PRNG key, so its tokens do not depend
-on which other requests share the batch."""
+on which other requests share the batch.
+
+Any integer is a seed: MLX keys take 0 <= seed < 2**64, so a seed is taken modulo 2**64, and a
+negative one means "no seed" (a fresh random key), as llama.cpp and the clients that send -1
+intend (docs/usage.md)."""
 
 import secrets
 
@@ -14,7 +18,7 @@ class SeededSampler:
     def __init__(self, temperature: float, top_p: float, seed: int | None) -> None:
         self.inv_temperature = 1.0 / temperature
         self.top_p = top_p
-        self.key = mx.random.key(secrets.randbits(63) if seed is None else seed)
+        self.key = mx.random.key(secrets.randbits(64) if seed is None or seed < 0 else seed % 2**64)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         logits = logprobs * self.inv_temperature

@@ -41,7 +41,8 @@ MAX_TOKEN_ID = 2**32  # block hashes pack token ids as uint32 (prefix.py)
 
 
 def agent_file_stem(agent: str) -> str:
-    return hashlib.blake2b(agent.encode(), digest_size=16).hexdigest()
+    # surrogatepass: total over every Python string, though the API admits only valid Unicode.
+    return hashlib.blake2b(agent.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def tokens_text(tokens) -> str:
@@ -195,7 +196,7 @@ class DiskTier:
         self.on_saved: Callable[[str, int], None] = lambda block_hash, nbytes: None
         self._jobs: queue.Queue = queue.Queue()
         self._pending: set[str] = set()
-        self._logged_errors: set[tuple[str, int | None]] = set()
+        self._logged_errors: set[tuple[str, object]] = set()
         self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-reader")
 
@@ -272,7 +273,7 @@ class DiskTier:
             kind, key, data = job
             try:
                 self._run_job(kind, key, data)
-            except OSError as e:
+            except Exception as e:  # one file's failure must not stop the writer
                 self._log_once(kind, e)
                 if kind == "save_block":
                     self._pending.discard(key)
@@ -294,12 +295,12 @@ class DiskTier:
         elif kind == "delete_agent":
             self.layout.agent_path(key).unlink(missing_ok=True)
 
-    def _log_once(self, kind: str, e: OSError) -> None:
+    def _log_once(self, kind: str, e: Exception) -> None:
         """Say once per kind of failure what happened and what it means; then stay quiet."""
-        key = (kind, e.errno)
+        key = (kind, getattr(e, "errno", None) or type(e).__name__)
         level = logging.DEBUG if key in self._logged_errors else logging.WARNING
         self._logged_errors.add(key)
-        log.log(level, "disk tier: %s failed (%s); blocks stay in memory or are recomputed", kind, e)
+        log.log(level, "disk tier: %s failed (%s); blocks stay in memory or are recomputed", kind, e, exc_info=not isinstance(e, OSError))
 
     # -- reads ----------------------------------------------------------------------------
 
