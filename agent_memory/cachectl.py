@@ -37,9 +37,8 @@ from rich.text import Text
 
 from agent_memory.config import ConfigError, load_settings
 from agent_memory.memory import blockfile
-from agent_memory.memory.blocks import BlockPool
-from agent_memory.memory.disk import HASH_RE, DiskLayout, Manifest, agent_file_stem
-from agent_memory.memory.prefix import SharedPrefixCache
+from agent_memory.memory.folder import HASH_RE, Folder as DiskLayout, Manifest, agent_file_stem
+from agent_memory.memory.hashing import BlockNames
 
 BLOCK_TOKENS = 64  # the server's block size (engine/batch.py), for when no block file says
 GRACE_S = 600.0  # younger orphans and temp files may belong to a write the server is making
@@ -552,7 +551,7 @@ class Problem:
 
 
 def _block_hash(fingerprint: str, parent: str | None, tokens: list[int]) -> str:
-    return SharedPrefixCache(BlockPool(), max(len(tokens), 1), fingerprint).block_hash(parent, tokens)
+    return BlockNames(fingerprint, max(len(tokens), 1)).block_hash(parent, tokens)
 
 
 def check_block(folder: ModelFolder, block_hash: str, path: Path) -> str | None:
@@ -590,7 +589,7 @@ def check_manifest(folder: ModelFolder, manifest: Manifest) -> str | None:
     checks at start before trusting a single block of it)."""
     size = folder.block_tokens(manifest)
     try:
-        chain = [h for h, *_ in SharedPrefixCache(BlockPool(), size, manifest.fingerprint).chain(manifest.tokens)]
+        chain = [h for h, *_ in BlockNames(manifest.fingerprint, size).chain(manifest.tokens)]
     except (ValueError, OverflowError) as e:
         return f"token ids out of range: {e}"
     if chain != manifest.blocks:

@@ -144,7 +144,7 @@ def _serve(settings: Settings) -> int:
     import uvicorn
 
     from agent_memory.api.app import create_app
-    from agent_memory.engine.batch import BatchEngine, EngineConfig
+    from agent_memory.engine.loop import BatchEngine, EngineConfig
     from agent_memory.engine.kv import KVPrecision
     from agent_memory.models.registry import ModelError
 

@@ -39,13 +39,11 @@ import mlx.core as mx  # noqa: E402
 
 from agent_memory.config import default_cache_dir  # noqa: E402
 from agent_memory.memory import blockfile  # noqa: E402
-from agent_memory.memory.blocks import BlockPool  # noqa: E402
-from agent_memory.memory.disk import DiskLayout, tokens_text  # noqa: E402
-from agent_memory.memory.prefix import SharedPrefixCache  # noqa: E402
+from agent_memory.memory.folder import BLOCK_TOKENS, Folder, tokens_text  # noqa: E402
+from agent_memory.memory.hashing import BlockNames  # noqa: E402
 
 # SmolLM2-135M, the demo model, as the server sees it.
 DEMO = kv.KVShape(layers=30, kv_heads=3, k_dim=64, v_dim=64, dtype=mx.float32)
-BLOCK_TOKENS = 64  # engine/batch.py
 VOCAB = 49152
 FINGERPRINT = "0" * 32
 MB = 1e6
@@ -113,13 +111,13 @@ def payload(precision: kv.KVPrecision, seed: int) -> dict:
 
 def bench(folder: Path, precision: kv.KVPrecision, blocks: int) -> dict:
     """Save `blocks` blocks durably, then load each back with every check."""
-    layout = DiskLayout(folder / precision.tag)
+    layout = Folder(folder / precision.tag)
     layout.blocks.mkdir(parents=True)
     base = {"fingerprint": FINGERPRINT, **precision.file_meta()}
     shape = kv.block_layout(BLOCK_TOKENS, DEMO, precision)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, VOCAB, blocks * BLOCK_TOKENS).tolist()
-    chain = SharedPrefixCache(BlockPool(), BLOCK_TOKENS, FINGERPRINT).chain(tokens)
+    chain = BlockNames(FINGERPRINT, BLOCK_TOKENS).chain(tokens)
     tensors = [payload(precision, i) for i in range(min(blocks, 4))]  # a few distinct payloads
 
     saved, save_s = [], []

@@ -32,11 +32,10 @@ import mlx.core as mx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
 from agent_memory.config import default_cache_dir  # noqa: E402
-from agent_memory.engine.batch import BLOCK_TOKENS  # noqa: E402
 from agent_memory.engine.loader import load_model  # noqa: E402
 from agent_memory.memory import blockfile  # noqa: E402
-from agent_memory.memory.blocks import BlockPool  # noqa: E402
-from agent_memory.memory.prefix import SharedPrefixCache  # noqa: E402
+from agent_memory.memory.folder import BLOCK_TOKENS  # noqa: E402
+from agent_memory.memory.hashing import BlockNames  # noqa: E402
 from agent_memory.models.registry import resolve_model  # noqa: E402
 
 TEXT = Path("/usr/share/common-licenses/GPL-3")
@@ -84,7 +83,7 @@ def engine_parts(loaded, messages: list[dict], precision: kv.KVPrecision, work: 
     cache = prefill(prompt[:cached])
     blocks = [kv.convert(kv.cut(cache, s, s + BLOCK_TOKENS), full, precision) for s in range(0, cached, BLOCK_TOKENS)]
     mx.eval(blocks)
-    prefix = SharedPrefixCache(BlockPool(), BLOCK_TOKENS, loaded.fingerprint)
+    prefix = BlockNames(loaded.fingerprint, BLOCK_TOKENS)
     t_hash, _ = timed(lambda: prefix.chain(prompt[:-1]))
 
     # Warm: the blocks as files, read back with every check, as the kv-reader does.

@@ -16,7 +16,11 @@ PROMPT = "Write a short story about a lighthouse keeper."
 
 def test_health_and_models(server, client):
     r = httpx.get(server.base_url + "/health")
-    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    assert r.status_code == 200
+    health = r.json()
+    assert health["status"] == "ok"
+    assert health["kv"] == {"hot": "kv16", "working": "kv16", "disk": "kv16"}  # the fixture's --kv-bits 16
+    assert health["warm_tier"]["status"] == "on"
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"]
 

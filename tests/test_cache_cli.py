@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from agent_memory.cachectl import cache_app, human_age, human_bytes, parse_duration
 from agent_memory.memory import blockfile
-from agent_memory.memory.blocks import BlockPool
-from agent_memory.memory.disk import DiskLayout, DiskTier, Manifest, tokens_text
-from agent_memory.memory.prefix import SharedPrefixCache
+from agent_memory.memory.disk import DiskTier
+from agent_memory.memory.folder import Folder, Manifest, folder_name, tokens_text
+from agent_memory.memory.hashing import BlockNames
 
 REPO = Path(__file__).resolve().parent.parent
 FP_TINY = "a1" * 16
@@ -34,14 +34,14 @@ class Agent:
     id: str
     tokens: list[int]
     blocks: list[str]
-    layout: DiskLayout
+    layout: Folder
 
 
 @dataclass
 class Cache:
     root: Path
-    tiny: DiskLayout
-    demo: DiskLayout
+    tiny: Folder
+    demo: Folder
     alice: Agent  # tiny, used 10 days ago
     bob: Agent  # tiny, shares alice's first two blocks, its last block is cold
     carol: Agent  # demo, 64-token blocks like the server's
@@ -58,8 +58,8 @@ class Cache:
         return {p for p in self.root.rglob("*") if p.is_file()}
 
 
-def make_folder(root: Path, name: str, fingerprint: str) -> DiskLayout:
-    layout = DiskLayout(root / "kv" / DiskLayout.folder_name(name, fingerprint, "kv16"))
+def make_folder(root: Path, name: str, fingerprint: str) -> Folder:
+    layout = Folder(root / "kv" / folder_name(name, fingerprint, "kv16"))
     layout.agents.mkdir(parents=True)
     layout.blocks.mkdir()
     (layout.root / "model.json").write_text(json.dumps({"fingerprint": fingerprint, "bits": "16", "group_size": "0"}))
@@ -67,7 +67,7 @@ def make_folder(root: Path, name: str, fingerprint: str) -> DiskLayout:
 
 
 def write_block(
-    layout: DiskLayout, fingerprint: str, h: str, parent: str | None, start: int, tokens: list[int]
+    layout: Folder, fingerprint: str, h: str, parent: str | None, start: int, tokens: list[int]
 ) -> Path:
     """A block file as the server writes it: K and V of 2 layers, 2 heads, 8 dims per token."""
     rng = np.random.default_rng(start)
@@ -88,10 +88,10 @@ def write_block(
 
 
 def write_agent(
-    layout: DiskLayout, fingerprint: str, block_tokens: int, agent: str, tokens: list[int], last_used: float, skip=()
+    layout: Folder, fingerprint: str, block_tokens: int, agent: str, tokens: list[int], last_used: float, skip=()
 ) -> Agent:
     """The agent's manifest and its block files (but those in `skip`: cold)."""
-    chain = SharedPrefixCache(BlockPool(), block_tokens, fingerprint).chain(tokens)
+    chain = BlockNames(fingerprint, block_tokens).chain(tokens)
     for i, (h, parent, start, end) in enumerate(chain):
         if i not in skip and not layout.block_path(h).exists():
             write_block(layout, fingerprint, h, parent, start, tokens[start:end])
@@ -115,7 +115,7 @@ def cache(tmp_path) -> Cache:
     alice = write_agent(tiny, FP_TINY, 4, "alice", [*shared, 20, 21, 22, 23, 24, 25], now - 10 * DAY)
     bob = write_agent(tiny, FP_TINY, 4, "bob", [*shared, 30, 31, 32, 33, 34, 35], now - 60, skip={3})
     carol = write_agent(demo, FP_DEMO, 64, "carol", list(range(100, 200)), now - 3 * 3600)
-    orphan = SharedPrefixCache(BlockPool(), 4, FP_TINY).block_hash(None, [7, 7, 7, 7])
+    orphan = BlockNames(FP_TINY, 4).block_hash(None, [7, 7, 7, 7])
     age(write_block(tiny, FP_TINY, orphan, None, 0, [7, 7, 7, 7]), 2 * DAY)
     return Cache(root, tiny, demo, alice, bob, carol, orphan)
 
@@ -212,13 +212,12 @@ def test_the_servers_model_json_names_the_model_and_its_block_size(tmp_path):
     """model.json as DiskTier writes it: `ls` shows the model's name, `--model` takes it, and
     `show` knows the block size even when none of the agent's blocks has a file."""
     root = tmp_path / "cache"
-    layout = DiskLayout(root / "kv" / DiskLayout.folder_name("org/Model-1", FP_TINY, "kv16"))
+    layout = Folder(root / "kv" / folder_name("org/Model-1", FP_TINY, "kv16"))
     disk = DiskTier(
         layout,
         fingerprint=FP_TINY,
         meta={"bits": "16", "group_size": "0"},
         block_layout=lambda n: {},
-        encode=lambda payload: {},
         name="org/Model-1",
         block_tokens=4,
     )
@@ -381,7 +380,7 @@ def test_prune_removes_only_old_agents_orphans_and_old_temp_files(cache):
     age(old_model_tmp, DAY)
     fresh_tmp = cache.tiny.agents / ".z.json.11111111.tmp"
     fresh_tmp.write_bytes(b"x")
-    fresh_orphan = SharedPrefixCache(BlockPool(), 4, FP_TINY).block_hash(None, [5, 5, 5, 5])
+    fresh_orphan = BlockNames(FP_TINY, 4).block_hash(None, [5, 5, 5, 5])
     write_block(cache.tiny, FP_TINY, fresh_orphan, None, 0, [5, 5, 5, 5])  # maybe the server's write under way
     gone = [
         cache.tiny.agent_path("alice"),

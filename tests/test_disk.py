@@ -24,7 +24,8 @@ from safetensors.numpy import load_file
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError
 from agent_memory.memory.blocks import Tier
-from agent_memory.memory.disk import DiskLayout, DiskTier, Manifest
+from agent_memory.memory.disk import DiskTier
+from agent_memory.memory.folder import Folder, Manifest
 from agent_memory.memory.store import AgentCacheStore
 
 FINGERPRINT = "f" * 32
@@ -46,11 +47,10 @@ def layout(n: int) -> dict:
 
 def make_store(root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=3) -> tuple[AgentCacheStore, DiskTier]:
     disk = DiskTier(
-        DiskLayout(root),
+        Folder(root),
         fingerprint=FINGERPRINT,
         meta={"bits": "16"},
         block_layout=layout,
-        encode=encode,
         name="test/model",
         block_tokens=block_tokens,
     )
@@ -67,7 +67,10 @@ def make_store(root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=
 
 
 def commit(store, agent, tokens):
-    store.commit(agent, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN))
+    """What the engine does at the end of a request: commit, then write what the store asks."""
+    persist = store.commit(agent, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN))
+    if store.disk is not None:
+        persist.write(store.disk, encode)
 
 
 # -- the file format -------------------------------------------------------------------------
@@ -174,7 +177,7 @@ def test_restart_restores_agents_and_removes_orphans_and_temp_files(tmp_path):
     commit(store, "a", list(range(10)))
     commit(store, "b", list(range(5)) + [9, 9, 9])
     disk.close()
-    orphan = DiskLayout(tmp_path).block_path("0" * 32)
+    orphan = Folder(tmp_path).block_path("0" * 32)
     write_block(orphan)
     tmp = tmp_path / "blocks" / "00" / ".x.safetensors.abcd.tmp"
     tmp.write_bytes(b"junk")
@@ -201,7 +204,7 @@ def test_a_damaged_block_is_quarantined_and_becomes_a_miss(tmp_path):
     commit(store, "a", list(range(9)))
     disk.close()
     store2, disk2 = make_store(tmp_path)
-    victim = DiskLayout(tmp_path).block_path(store2.agents["a"].blocks[1])
+    victim = Folder(tmp_path).block_path(store2.agents["a"].blocks[1])
     data = bytearray(victim.read_bytes())
     data[-2] ^= 0xFF
     victim.write_bytes(bytes(data))
@@ -238,11 +241,10 @@ def test_a_block_another_sequence_reads_from_disk_stays_within_the_hot_budget(tm
 
 def test_model_json_names_the_model_block_size_and_precision_and_is_written_atomically(tmp_path):
     disk = DiskTier(
-        DiskLayout(tmp_path),
+        Folder(tmp_path),
         fingerprint=FINGERPRINT,
         meta={"bits": "8", "group_size": "32"},
         block_layout=layout,
-        encode=encode,
         name="HuggingFaceTB/SmolLM2-135M",
         block_tokens=64,
     )
@@ -269,7 +271,7 @@ def test_a_crash_while_writing_model_json_leaves_a_temp_file_the_next_start_remo
 def write_manifest(root: Path, agent: str, **fields) -> Path:
     """A manifest named after `agent` whose fields (valid unless overridden) are written raw."""
     body = {"version": 1, "agent": agent, "fingerprint": FINGERPRINT, "last_used": 1.0, "blocks": [], "tokens": []}
-    path = DiskLayout(root).agent_path(agent)
+    path = Folder(root).agent_path(agent)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**body, **fields}) if fields.get("raw") is None else fields["raw"])
     return path
@@ -304,7 +306,7 @@ def test_a_bad_manifest_is_quarantined_and_the_others_still_load(tmp_path):
     store2, disk2 = make_store(tmp_path)
     assert sorted(store2.agents) == ["good"] and store2.agents["good"].tokens == list(range(7))
     quarantined = sorted(p.name.split("-", 2)[2] for p in (tmp_path / "quarantine").iterdir())
-    names = sorted(DiskLayout(tmp_path).agent_path(a).name for a in ("huge-id", "deep"))
+    names = sorted(Folder(tmp_path).agent_path(a).name for a in ("huge-id", "deep"))
     assert quarantined == sorted([*names, *(n + ".why" for n in names)])
     disk2.close()
 
@@ -355,19 +357,19 @@ def test_a_block_with_a_hostile_header_is_quarantined_on_read(tmp_path):
     commit(store, "a", [1, 2, 3])
     disk.flush()
     block = store.pool.get(store.agents["a"].blocks[0])
-    rewrite_header(disk.layout.block_path(block.hash), _entry(shape=[True, 3]))
+    rewrite_header(disk.folder.block_path(block.hash), _entry(shape=[True, 3]))
     with pytest.raises(BlockFileError):
         disk.read_block(block).result()
-    assert not disk.layout.block_path(block.hash).exists()
+    assert not disk.folder.block_path(block.hash).exists()
     assert len(list((tmp_path / "quarantine").glob("*.why"))) == 1
     disk.close()
 
 
 def test_files_of_one_name_quarantined_in_the_same_second_are_all_kept(tmp_path):
-    disk_layout = DiskLayout(tmp_path)
+    disk_layout = Folder(tmp_path)
     for content in ("first", "second"):
         (tmp_path / "m.json").write_text(content)
-        with mock.patch("agent_memory.memory.disk.time.time", return_value=1_700_000_000.0):
+        with mock.patch("agent_memory.memory.folder.time.time", return_value=1_700_000_000.0):
             disk_layout.quarantine(tmp_path / "m.json", f"bad {content}")
     kept = sorted(p.read_text() for p in disk_layout.quarantine_dir.iterdir() if not p.name.endswith(".why"))
     assert kept == ["first", "second"]
@@ -379,26 +381,20 @@ def test_listing_survives_folders_pruned_meanwhile(tmp_path):
     store, disk = make_store(tmp_path)
     commit(store, "a", [1, 2, 3, 4, 5, 6])
     disk.close()
-    disk_layout = DiskLayout(tmp_path)
-    subs = sorted(d for d in disk_layout.blocks.iterdir())
-    (subs[0] / ".x.safetensors.abcd.tmp").write_bytes(b"junk")
-    real_iterdir = Path.iterdir
+    folder = Folder(tmp_path)
+    (next(folder.blocks.iterdir()) / ".x.safetensors.abcd.tmp").write_bytes(b"junk")
+    real_scandir = os.scandir
 
-    def pruning_iterdir(self):
-        if self.parent == disk_layout.blocks or self == disk_layout.agents:
-            shutil.rmtree(self, ignore_errors=True)  # gone between listing blocks/ and listing it
-        return real_iterdir(self)
+    def pruning_scandir(path):
+        if isinstance(path, Path) and (path.parent == folder.blocks or path == folder.agents):
+            shutil.rmtree(path, ignore_errors=True)  # gone between listing blocks/ and listing it
+        return real_scandir(path)
 
-    with mock.patch.object(Path, "iterdir", pruning_iterdir):
-        assert disk_layout.block_files() == {}
-        disk_layout.blocks.mkdir(exist_ok=True)
-        assert disk_layout.temp_files() == []
-
-    # A block file deleted between the listing and its stat is simply not there.
-    gone = disk_layout.block_path("0" * 32)
-    with mock.patch.object(DiskLayout, "block_files", return_value={"0" * 32: gone}):
-        store2, disk2 = make_store(tmp_path)
-    assert store2.pool.disk_bytes == 0
+    with mock.patch("agent_memory.memory.folder.os.scandir", pruning_scandir):
+        scan = folder.scan(owns=lambda fingerprint: True)
+    assert scan.blocks == {} and scan.manifests == [] and scan.temp_files == []
+    store2, disk2 = make_store(tmp_path)
+    assert store2.pool.disk_bytes == 0 and not store2.agents
     disk2.close()
 
 
@@ -516,7 +512,7 @@ def _crash(disk: DiskTier) -> None:
             break
         disk._jobs.task_done()
     disk.close()
-    some_dir = disk.layout.blocks / "ab"
+    some_dir = disk.folder.blocks / "ab"
     some_dir.mkdir(exist_ok=True)
     (some_dir / ".ab00.safetensors.dead.tmp").write_bytes(b"half a block")
 

@@ -42,9 +42,8 @@ async def get_agent(agent_id: str, state: ServerState = Depends(ready_state)) ->
 
 @router.delete("/v1/agents/{agent_id:path}")
 async def delete_agent(agent_id: str, state: ServerState = Depends(ready_state)) -> dict:
-    store = state.engine.store
     # Freeing KV arrays is MLX work: it happens on the engine thread.
-    ended = await asyncio.wrap_future(state.engine.call(lambda: store.end_agent(agent_id)))
+    ended = await asyncio.wrap_future(state.engine.end_agent(agent_id))
     if not ended:
         raise APIError(404, f"no agent '{agent_id}'", param="agent_id", code="agent_not_found")
     return {"id": agent_id, "object": "agent.deleted", "deleted": True}

@@ -15,7 +15,7 @@ from agent_memory import __version__
 from agent_memory.api import agents, errors, openai
 from agent_memory.api.middleware import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware, RequestIdMiddleware
 from agent_memory.api.state import ServerState
-from agent_memory.engine.batch import BatchEngine
+from agent_memory.engine.loop import BatchEngine
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,20 @@ def create_app(
 
     @app.get("/health")
     async def health(request: Request):
-        state: ServerState = request.app.state.server
-        if state.engine.load_error:
-            return JSONResponse({"status": "error", "message": state.engine.load_error}, status_code=503)
-        if not state.engine.ready.is_set():
+        engine: BatchEngine = request.app.state.server.engine
+        if engine.load_error:
+            return JSONResponse({"status": "error", "message": engine.load_error}, status_code=503)
+        if not engine.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503)
-        return {"status": "ok"}
+        if problem := engine.problem():
+            return JSONResponse({"status": "error", "message": problem}, status_code=503)
+        p = engine.precisions
+        warm = (
+            {"status": "on", "folder": str(engine.disk.folder.root)}
+            if engine.disk is not None
+            else {"status": "off", "reason": engine.warm_error or "no disk budget or cache folder"}
+        )
+        return {"status": "ok", "kv": {"hot": p.hot.tag, "working": p.working.tag, "disk": p.disk.tag}, "warm_tier": warm}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from agent_memory.api.errors import APIError
-from agent_memory.engine.batch import BatchEngine
+from agent_memory.engine.loop import BatchEngine
 
 T = TypeVar("T")
 

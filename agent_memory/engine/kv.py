@@ -39,6 +39,16 @@ class KVPrecision:
         return {"bits": str(self.bits), "group_size": str(self.group_size if self.quantized else 0)}
 
 
+@dataclass(frozen=True)
+class Precisions:
+    """The engine's precisions: of cached blocks in memory, of running sequences' caches (what
+    decoding attends to) and of block files."""
+
+    hot: KVPrecision
+    working: KVPrecision
+    disk: KVPrecision
+
+
 Payload = dict[str, mx.array]
 
 
@@ -171,10 +181,11 @@ def convert(payload: Payload, src: KVPrecision, dst: KVPrecision) -> Payload:
 
 
 def to_numpy(payload: Payload) -> dict:
-    """Tensors for a block file: name -> (safetensors dtype, numpy array)."""
+    """Tensors for a block file: name -> (safetensors dtype, numpy array). The arrays own
+    their memory, so nothing of MLX travels to the writer thread."""
     mx.eval(payload)
     return {
-        name: (SAFETENSORS_DTYPES[a.dtype], np.asarray(a.view(VIEW_AS.get(a.dtype, a.dtype))))
+        name: (SAFETENSORS_DTYPES[a.dtype], np.array(a.view(VIEW_AS.get(a.dtype, a.dtype)), copy=True))
         for name, a in payload.items()
     }
 

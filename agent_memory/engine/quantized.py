@@ -12,7 +12,7 @@ from __future__ import annotations
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import QuantizedKVCache
+from mlx_lm.models.cache import QuantizedKVCache, _BaseCache
 
 Triple = tuple[mx.array, mx.array, mx.array]
 
@@ -31,7 +31,10 @@ def _pad(triple: Triple, left: int, right: int) -> Triple:
     return tuple(mx.pad(a, [(0, 0), (0, 0), (left, right), (0, 0)]) for a in triple)
 
 
-class BatchQuantizedKVCache:
+class BatchQuantizedKVCache(_BaseCache):
+    """mlx-lm's cache interface (update_and_fetch, make_mask, filter, extend, extract, merge),
+    so GenerationBatch batches it like its own BatchKVCache."""
+
     step = 256
 
     def __init__(self, left_padding: list[int], group_size: int, bits: int) -> None:
@@ -76,6 +79,11 @@ class BatchQuantizedKVCache:
     @property
     def state(self):
         return self.keys, self.values, self.offset, self.left_padding
+
+    @state.setter
+    def state(self, v):
+        self.keys, self.values, self.offset, self.left_padding = v
+        self._idx = self.keys[0].shape[2] if self.keys is not None else 0
 
     def filter(self, batch_indices: list[int]) -> None:
         """Keep only the given rows, then drop the left padding they all share."""

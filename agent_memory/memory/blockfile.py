@@ -15,6 +15,7 @@ import json
 import math
 import os
 import secrets
+import stat
 import struct
 import sys
 import zlib
@@ -35,17 +36,17 @@ Tensors = dict[str, tuple[str, np.ndarray]]  # name -> (safetensors dtype, array
 Layout = dict[str, tuple[str, tuple[int, ...]]]  # name -> (safetensors dtype, shape)
 
 
-class BlockFileError(Exception):
+class BlockFileError(ValueError):
     """The file is not a block this server may load; the message says why."""
 
 
-def encode(meta: dict[str, str], tensors: Tensors) -> list[bytes]:
+def encode(meta: dict[str, str], tensors: Tensors) -> list[bytes | memoryview]:
     """The file's bytes: header and tensor data, with the data's checksum in the metadata."""
     header: dict = {}
     data, offset, crc = [], 0, 0
     for name in sorted(tensors):
         dtype, array = tensors[name]
-        raw = np.ascontiguousarray(array).tobytes()
+        raw = memoryview(np.ascontiguousarray(array)).cast("B")  # no copy: written as it is
         header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(raw)]}
         data.append(raw)
         crc = zlib.crc32(raw, crc)
@@ -113,9 +114,28 @@ def check_entries(header: dict, data_size: int, layout: Layout | None) -> list[t
     return entries
 
 
+def open_regular(path: Path):
+    """Open a file for reading only if it is a regular file: never through a symbolic link,
+    never a FIFO or a device (O_NONBLOCK keeps a FIFO from hanging the open itself)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BlockFileError("not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read(path: Path, expect: dict[str, str], layout: Layout | None) -> tuple[dict[str, str], dict[str, np.ndarray]]:
     """Read and check a block file: its metadata must carry every `expect` value exactly."""
-    with open(path, "rb") as f:
+    try:
+        f = open_regular(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # O_NOFOLLOW met a link
+            raise BlockFileError("a symbolic link, not a block file") from e
+        raise
+    with f:
         size = os.fstat(f.fileno()).st_size
         meta, header = read_header(f, size)
         for key, value in expect.items():
@@ -138,7 +158,7 @@ def write_atomic(path: Path, chunks: Iterable[bytes]) -> int:
     """Temp file in the same folder, fsync, rename, fsync the folder: old or new, never partial."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
     written = 0
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         try:
             for chunk in chunks:

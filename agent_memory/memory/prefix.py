@@ -1,22 +1,18 @@
-"""SharedPrefixCache: find the longest cached prefix of a token sequence, at token granularity.
+"""PrefixMatcher: the longest cached prefix of a token sequence, at token granularity.
 
-Blocks are named by a hash chain `H(salt, parent, tokens)`, the salt being the model
-fingerprint, so a block's name fixes every token before it. A lookup hashes the request's
-whole blocks and looks each up; where a block is gone but later ones remain, the gap is
-recomputed from the request's own tokens (KV at a position depends only on the tokens before
-it). At the first block never seen, the children of the last matching block are compared
-token by token, so an edited or branched conversation reuses everything before the first
-changed token, part of a block included.
+A lookup names the request's whole blocks (hashing.py) and looks each up in the pool; where a
+block is gone but later ones remain, the gap is recomputed from the request's own tokens (KV
+at a position depends only on the tokens before it). At the first block never seen, the
+children of the last matching block are compared token by token, so an edited or branched
+conversation reuses everything before the first changed token, part of a block included.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
-import numpy as np
-
 from agent_memory.memory.blocks import Block, BlockPool, Tier
+from agent_memory.memory.hashing import BlockNames
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -27,39 +23,23 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-class SharedPrefixCache:
-    def __init__(self, pool: BlockPool, block_tokens: int, salt: str) -> None:
+class PrefixMatcher:
+    def __init__(self, pool: BlockPool, names: BlockNames) -> None:
         self.pool = pool
-        self.block_tokens = block_tokens
-        self.salt = salt.encode()
+        self.names = names
 
-    def block_hash(self, parent: str | None, tokens: Sequence[int]) -> str:
-        h = hashlib.blake2b(self.salt, digest_size=16)
-        h.update(bytes.fromhex(parent) if parent else b"\0" * 16)
-        h.update(np.asarray(tokens, dtype="<u4").tobytes())
-        return h.hexdigest()
-
-    def chain(self, tokens: Sequence[int]) -> list[tuple[str, str | None, int, int]]:
-        """(hash, parent, start, end) of every block of `tokens`, the last one maybe partial."""
-        out, parent = [], None
-        for start in range(0, len(tokens), self.block_tokens):
-            end = min(start + self.block_tokens, len(tokens))
-            h = self.block_hash(parent, tokens[start:end])
-            out.append((h, parent, start, end))
-            parent = h
-        return out
-
-    def match(self, tokens: Sequence[int]) -> list[tuple[Block | None, int]]:
+    def match(self, tokens: Sequence[int], root: str | None = None) -> list[tuple[Block | None, int]]:
         """(block or None for a gap, tokens used) from position 0, ending on a block with KV."""
+        size = self.names.block_tokens
         out: list[tuple[Block | None, int]] = []
-        parent, pos = None, 0
-        while pos + self.block_tokens <= len(tokens):
-            h = self.block_hash(parent, tokens[pos : pos + self.block_tokens])
+        parent, pos = root, 0
+        while pos + size <= len(tokens):
+            h = self.names.block_hash(parent, tokens[pos : pos + size])
             block = self.pool.get(h)
             if block is None and h not in self.pool.children:
                 break
-            out.append((block, self.block_tokens))
-            parent, pos = h, pos + self.block_tokens
+            out.append((block, size))
+            parent, pos = h, pos + size
         partial = self._best_child(parent, tokens[pos:])
         if partial is not None:
             out.append(partial)

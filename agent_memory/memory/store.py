@@ -15,9 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_memory.memory.blockfile import Tensors
 from agent_memory.memory.blocks import Block, BlockPool, Tier
-from agent_memory.memory.disk import DiskTier, Manifest, ScanResult
-from agent_memory.memory.prefix import SharedPrefixCache
+from agent_memory.memory.disk import BlockRecord, DiskTier
+from agent_memory.memory.folder import FolderScan, Manifest
+from agent_memory.memory.hashing import BlockNames
+from agent_memory.memory.prefix import PrefixMatcher
 
 # Cut one block's KV out of a finished sequence: (start, end) -> (payload, nbytes).
 KVCutter = Callable[[int, int], tuple[Any, int]]
@@ -55,6 +58,22 @@ class Lease:
 
 
 @dataclass
+class Persist:
+    """What a commit asks to be written to disk: new blocks (with the KV they had when
+    committed, so eviction meanwhile cannot take it) and the agent's manifest, in that order."""
+
+    blocks: list[tuple[BlockRecord, Any]] = field(default_factory=list)
+    manifest: Manifest | None = None
+
+    def write(self, disk: DiskTier, tensors: Callable[[Any], Tensors]) -> None:
+        """Queue the writes; `tensors` turns a hot payload into a block file's numpy arrays."""
+        for record, payload in self.blocks:
+            disk.save_block(record, tensors(payload))
+        if self.manifest is not None:
+            disk.save_agent(self.manifest)
+
+
+@dataclass
 class AgentInfo:
     id: str
     tokens: int
@@ -77,7 +96,8 @@ class AgentCacheStore:
     ) -> None:
         self.lock = threading.RLock()
         self.pool = BlockPool()
-        self.prefix = SharedPrefixCache(self.pool, block_tokens, salt)
+        self.names = BlockNames(salt, block_tokens)
+        self.prefix = PrefixMatcher(self.pool, self.names)
         self.agents: dict[str, AgentRecord] = {}
         self.hot_budget_bytes = hot_budget_bytes
         # Context length at which a token's attention costs as much as its matmuls.
@@ -127,13 +147,13 @@ class AgentCacheStore:
             lease.blocks = []
             self._evict_hot()
 
-    def commit(self, agent: str | None, tokens: Sequence[int], cut: KVCutter) -> None:
-        """Store a finished sequence (after releasing its lease): its blocks become hot, the
-        agent points at it, and its new blocks are queued for the disk."""
+    def commit(self, agent: str | None, tokens: Sequence[int], cut: KVCutter) -> Persist:
+        """Store a finished sequence (after releasing its lease): its blocks become hot and the
+        agent points at it. Returns what the caller should write to the disk tier."""
         with self.lock:
             now = time.monotonic()
             blocks = []
-            for h, parent, start, end in self.prefix.chain(tokens):
+            for h, parent, start, end in self.names.chain(tokens):
                 block = self.pool.get(h) or self.pool.add(
                     Block(h, parent, tuple(tokens[start:end]), start)
                 )
@@ -143,17 +163,21 @@ class AgentCacheStore:
                 if block.tier is not Tier.HOT and not block.pins:
                     self.pool.set_payload(block, *cut(start, end))
                 blocks.append(block)
+            persist = Persist()
             if agent is not None:
                 self._point_agent(agent, list(tokens), blocks)
-            if self.disk is not None and agent is not None:
-                for block in blocks:  # written behind, before eviction can drop their KV
-                    if block.tier is Tier.HOT and not block.disk_bytes:
-                        self.disk.save_block(block)
-                record = self.agents[agent]
-                self.disk.save_agent(
-                    Manifest(agent, self.disk.fingerprint, record.tokens, record.blocks, record.last_used)
-                )
+                if self.disk is not None:
+                    persist.blocks = [
+                        (BlockRecord(b.hash, b.parent, b.start, b.tokens), b.payload)
+                        for b in blocks
+                        if b.tier is Tier.HOT and not b.disk_bytes
+                    ]
+                    record = self.agents[agent]
+                    persist.manifest = Manifest(
+                        agent, self.disk.fingerprint, record.tokens, record.blocks, record.last_used
+                    )
             self._evict_hot()
+            return persist
 
     def _point_agent(self, agent: str, tokens: list[int], blocks: list[Block]) -> None:
         for block in blocks:
@@ -181,7 +205,7 @@ class AgentCacheStore:
             self.pool.drop_disk(block)
             self._drop_if_unused(block)
 
-    def restore(self, scan: ScanResult) -> None:
+    def restore(self, scan: FolderScan) -> None:
         """Rebuild agents from their manifests at start: blocks with a file are WARM, the rest
         COLD; files no manifest names are deleted."""
         with self.lock:
@@ -190,7 +214,7 @@ class AgentCacheStore:
                 # Every check comes before the first change to the pool, so a bad manifest is
                 # quarantined whole and the others still load (Manifest.read has already
                 # refused token ids the hash chain cannot pack).
-                chain = self.prefix.chain(manifest.tokens)
+                chain = self.names.chain(manifest.tokens)
                 if [h for h, *_ in chain] != manifest.blocks:
                     self.disk.quarantine_manifest(manifest, "its block hashes do not match its tokens")
                     continue
@@ -201,12 +225,12 @@ class AgentCacheStore:
                         Block(h, parent, tuple(manifest.tokens[start:end]), start, last_used=last_used)
                     )
                     block.last_used = max(block.last_used, last_used)
-                    if h in scan.files and not block.disk_bytes:
-                        self.pool.set_disk(block, scan.files[h])
+                    if h in scan.blocks and not block.disk_bytes:
+                        self.pool.set_disk(block, scan.blocks[h].size)
                     blocks.append(block)
                 self._point_agent(manifest.agent, manifest.tokens, blocks)
                 self.agents[manifest.agent].last_used = manifest.last_used
-            for h in scan.files:
+            for h in scan.blocks:
                 if h not in self.pool:
                     self.disk.delete_block(h)
             self._evict_disk()

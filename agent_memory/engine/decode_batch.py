@@ -1,0 +1,80 @@
+"""DecodeBatch: the one place that touches mlx-lm's batch internals.
+
+Every running sequence decodes one token per step together in mlx-lm's `GenerationBatch`
+over `BatchKVCache` (or our `BatchQuantizedKVCache`). A sequence joins with its own prefilled
+single-sequence cache and leaves with exactly its own rows and length. When mlx-lm changes
+its batching API, this file is where to look.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import agent_memory.blas  # noqa: F401
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch, StopSequences
+from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.sample_utils import greedy_sampler
+
+from agent_memory.engine.quantized import BatchQuantizedKVCache
+
+
+@dataclass
+class Token:
+    seq_id: int
+    token: int
+    # "stop": an end-of-sequence token (not part of the text); "length": max tokens reached.
+    finish: str | None
+    cache: list | None  # when finished: the sequence's single-sequence caches, one per layer
+    tokens: list[int] | None  # when finished: the tokens that cache holds
+
+
+class DecodeBatch:
+    def __init__(self, model: Any, eos_token_ids: list[int], quantized: bool) -> None:
+        self.model = model
+        self._eos = StopSequences([(t,) for t in eos_token_ids])
+        self._merge = BatchQuantizedKVCache.merge if quantized else BatchKVCache.merge
+        self._batch = GenerationBatch.empty(model, greedy_sampler)
+
+    def __len__(self) -> int:
+        return len(self._batch)
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return list(self._batch.uids)
+
+    def add(self, seq_id: int, prompt: list[int], cache: list, sampler, processors: list, max_tokens: int) -> None:
+        """Join the batch with a prefilled cache holding every prompt token but the last,
+        which is fed as the first decode step's input."""
+        joining = GenerationBatch(
+            self.model,
+            [seq_id],
+            mx.array(prompt[-1:]),
+            [self._merge([c]) for c in cache],
+            [list(prompt[:-1])],
+            [sampler],
+            greedy_sampler,
+            [processors],
+            [self._eos],
+            [max_tokens],
+        )
+        self._batch.extend(joining)
+
+    def step(self) -> list[Token]:
+        """One token for every sequence; finished ones leave the batch with their KV."""
+        return [
+            Token(r.uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens) for r in self._batch.next()
+        ]
+
+    def remove(self, seq_ids: list[int]) -> dict[int, tuple[list, list[int]]]:
+        """Take sequences out before they finish: seq id -> (its caches, the tokens they hold)."""
+        uids = self._batch.uids
+        index = {seq_id: uids.index(seq_id) for seq_id in seq_ids}
+        taken = {seq_id: (self._batch.extract_cache(i), list(self._batch.tokens[i])) for seq_id, i in index.items()}
+        self._batch.filter([i for i in range(len(uids)) if i not in index.values()])
+        return taken
+
+    def reset(self) -> None:
+        """Start over empty (after a failed step left the batch in an unknown state)."""
+        self._batch = GenerationBatch.empty(self.model, greedy_sampler)

@@ -1,0 +1,386 @@
+"""BatchEngine: the one thread that touches MLX.
+
+Work arrives on an inbox (submit, cancel, end an agent, any call); between two steps the loop
+drains it, so a new request joins at once. Each step is schedule → run → postprocess: every
+decoding sequence advances one token together (decode_batch.py), then one waiting sequence
+prefills a chunk from its plan (prefill.py), the scheduler (scheduler.py) deciding which and
+how much. A sequence ends through one path, `_end`, that releases, commits and reports once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import agent_memory.blas  # noqa: F401
+import mlx.core as mx
+from mlx_lm.sample_utils import make_logits_processors
+
+from agent_memory.engine import kv
+from agent_memory.engine.decode_batch import DecodeBatch
+from agent_memory.engine.detokenizer import Detokenizer
+from agent_memory.engine.loader import LoadedModel, load_model
+from agent_memory.engine.prefill import Prefiller
+from agent_memory.engine.requests import Failed, Finished, GenerationRequest, Sink, Usage
+from agent_memory.engine.sampling import make_sampler
+from agent_memory.engine.scheduler import Scheduler
+from agent_memory.engine.sequence import Sequence, Status
+from agent_memory.engine.stops import StopMatcher
+from agent_memory.engine.warm import open_warm_tier
+from agent_memory.memory.blocks import Tier
+from agent_memory.memory.disk import DiskTier
+from agent_memory.memory.folder import BLOCK_TOKENS
+from agent_memory.memory.store import AgentCacheStore, Segment
+from agent_memory.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineConfig:
+    model_path: Path
+    max_batch: int = 32
+    hot_budget_bytes: int = 2 << 30
+    precision: kv.KVPrecision = kv.KVPrecision()
+    cache_dir: Path | None = None  # None or a zero disk budget: no warm tier
+    disk_budget_bytes: int = 0
+    disk_precision: kv.KVPrecision | None = None  # None: the same as `precision`
+    # False: a running sequence attends to full-precision KV (its cached prefix dequantized
+    # once, its own new tokens never quantized) and only blocks at rest are quantized.
+    # True: it attends to quantized KV too (least memory; +10 % perplexity at Q4, slower on CPU).
+    decode_quantized: bool = False
+
+    @property
+    def precisions(self) -> kv.Precisions:
+        return kv.Precisions(
+            hot=self.precision,
+            working=self.precision if self.decode_quantized else kv.KVPrecision(),
+            disk=self.disk_precision or self.precision,
+        )
+
+
+class BatchEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.precisions = config.precisions
+        self.scheduler = Scheduler(max_batch=config.max_batch)
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.warm_error: str | None = None  # why there is no warm tier, when one was asked for
+        self.loaded: LoadedModel | None = None
+        self.store: AgentCacheStore | None = None
+        self.disk: DiskTier | None = None
+        self.metrics = Metrics()
+        self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._seqs: dict[int, Sequence] = {}  # in arrival order
+        self._batch: DecodeBatch | None = None
+        self._prefiller: Prefiller | None = None
+
+    # -- called from other threads ------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> int:
+        seq_id = next(self._ids)
+        submitted = time.perf_counter()
+        self._inbox.put(lambda: self._admit(seq_id, request, sink, submitted))
+        return seq_id
+
+    def cancel(self, seq_id: int) -> None:
+        self._inbox.put(lambda: self._cancel(seq_id))
+
+    def end_agent(self, agent: str) -> Future:
+        """Forget an agent (future of whether it existed). Its running requests finish for their
+        clients but no longer join its memory: a delete wins over a turn in flight."""
+        return self.call(lambda: self._end_agent(agent))
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run fn on the engine thread (anything that frees or makes MLX arrays)."""
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except Exception as e:  # handed to the caller
+                future.set_exception(e)
+
+        self._inbox.put(run)
+        return future
+
+    def stop(self) -> None:
+        self._inbox.put(None)
+        self._thread.join()
+
+    @property
+    def waiting(self) -> int:
+        """Sequences admitted but not yet decoding (read from any thread)."""
+        return sum(1 for s in list(self._seqs.values()) if s.status in (Status.WAITING, Status.PREFILLING))
+
+    @property
+    def decoding(self) -> int:
+        return len(self._batch) if self._batch is not None else 0
+
+    def problem(self) -> str | None:
+        """Why the server cannot serve, once loaded: a thread that has died."""
+        if not self._thread.is_alive():
+            return "the engine thread has stopped"
+        if self.disk is not None and not self.disk.alive:
+            return "the warm tier's writer thread has stopped"
+        return None
+
+    # -- the engine thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._load()
+        except Exception as e:
+            log.exception("could not load %s", self.config.model_path)
+            self.load_error = str(e)
+            self.ready.set()
+            return
+        self.ready.set()
+        while self._drain(block=not (self.decoding or self._next_prefill())):
+            if self.decoding:
+                self._guard(self._decode, [self._seqs[i] for i in self._batch.seq_ids])
+            seq = self._next_prefill()
+            if seq is not None and self.scheduler.may_prefill(self.decoding):
+                self._guard(lambda: self._prefill(seq), [seq])
+        self._shutdown()
+
+    def _load(self) -> None:
+        cfg, p = self.config, self.precisions
+        self.loaded = loaded = load_model(cfg.model_path)
+        shape = kv.probe_shape(loaded.model, loaded.num_layers)
+        self.disk, scan, self.warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, shape, p)
+        self.store = AgentCacheStore(
+            block_tokens=BLOCK_TOKENS,
+            salt=loaded.fingerprint,
+            hot_budget_bytes=cfg.hot_budget_bytes,
+            attention_tokens=loaded.attention_tokens,
+            disk=self.disk,
+            disk_budget_bytes=cfg.disk_budget_bytes,
+        )
+        if scan is not None:
+            self.store.restore(scan)
+            log.info(
+                "warm tier %s: %d agents, %d block files (%.1f MiB)",
+                self.disk.folder.root,
+                len(self.store.agents),
+                len(scan.blocks),
+                self.store.pool.disk_bytes / (1 << 20),
+            )
+        self._batch = DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids, p.working.quantized)
+        self._prefiller = Prefiller(loaded.model, shape, p, self.store)
+        self.metrics.watch(self)
+        log.info(
+            "loaded %s: %d layers, context %d; KV cached as %s, attended as %s",
+            loaded.name,
+            loaded.num_layers,
+            loaded.context_length,
+            p.hot.tag,
+            p.working.tag,
+        )
+
+    def _drain(self, block: bool) -> bool:
+        """Run queued calls; False once stop was asked."""
+        try:
+            item = self._inbox.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if item is None:
+                return False
+            try:
+                item()
+            except Exception:  # one bad piece of work must not stop the engine
+                log.exception("engine call failed")
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _guard(self, work: Callable[[], None], seqs: list[Sequence]) -> None:
+        """Run one unit of MLX work; if it fails, fail the sequences it touched, not the server."""
+        try:
+            work()
+        except Exception as e:
+            log.exception("engine step failed for requests %s", [s.request.request_id for s in seqs])
+            if any(s.status is Status.DECODING for s in seqs):
+                self._batch.reset()
+            for seq in seqs:
+                self._end(seq, "error", error=Failed(f"generation failed: {e}"))
+
+    def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
+        try:
+            params = request.params
+            seq = Sequence(
+                id=seq_id,
+                request=request,
+                sink=sink,
+                submitted=submitted,
+                detokenizer=Detokenizer(self.loaded.decoder),
+                stops=StopMatcher(params.stop),
+                sampler=make_sampler(params.temperature, params.top_p, params.seed),
+                processors=make_logits_processors(params.logit_bias) if params.logit_bias else [],
+                usage=Usage(prompt_tokens=len(request.prompt)),
+                cache=kv.new_cache(self.loaded.num_layers, self.precisions.working),
+                agent=request.agent,
+            )
+            seq.new_tokens = len(request.prompt) - self.store.known_prefix(request.agent, request.prompt)
+        except Exception as e:
+            log.exception("could not admit request %s", request.request_id)
+            sink(Failed(f"the request could not be started: {e}"))
+            return
+        self.metrics.prompt_tokens.inc(len(request.prompt))
+        self._seqs[seq_id] = seq
+
+    def _next_prefill(self) -> Sequence | None:
+        """The sequence to prefill next: one already planned whose disk reads are done, else
+        the first in the scheduler's order that is ready once planned."""
+        seq = self.scheduler.ready_to_prefill(self._seqs.values())
+        if seq is not None:
+            return seq
+        for seq in self.scheduler.planning_order(self._seqs.values(), time.perf_counter()):
+            self._plan(seq)
+            if seq.ready():
+                return seq
+        return None
+
+    def _plan(self, seq: Sequence) -> None:
+        """Look the prompt up when the sequence's turn to prefill comes rather than on arrival:
+        agents that arrive together then reuse the shared prefix the first of them computed.
+        The lookup pins the blocks it names; warm ones start being read from disk."""
+        prompt = seq.prompt
+        seq.lease = self.store.lookup(prompt[:-1])
+        seq.plan.extend(seq.lease.segments)
+        if seq.lease.end < len(prompt) - 1:
+            seq.plan.append(Segment(seq.lease.end, len(prompt) - 1, None))
+        for segment in seq.lease.segments:
+            if segment.block is not None and segment.block.tier is Tier.WARM:
+                future = self.disk.read_block(segment.block)
+                future.add_done_callback(lambda _: self._inbox.put(lambda: None))  # wake the loop
+                seq.reads[segment.block.hash] = future
+        seq.status = Status.PREFILLING
+
+    def _prefill(self, seq: Sequence) -> None:
+        if not self._prefiller.run(seq, self.scheduler.chunk(self.decoding)):
+            return
+        self._share_prompt(seq)
+        params = seq.request.params
+        self._batch.add(seq.id, seq.prompt, seq.cache, seq.sampler, seq.processors, params.max_tokens)
+        seq.cache = None
+        seq.status = Status.DECODING
+
+    def _share_prompt(self, seq: Sequence) -> None:
+        """Offer the prompt's new whole blocks for reuse now, not when the request ends, so
+        that requests arriving while this one decodes skip the prefix they share with it."""
+        whole = (len(seq.prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        if whole > seq.lease.end:
+            self._commit(seq, None, seq.cache, seq.prompt[:whole])
+
+    def _decode(self) -> None:
+        stopped = []
+        self.metrics.batch_size.observe(len(self._batch))
+        for t in self._batch.step():
+            seq = self._seqs[t.seq_id]
+            seq.usage.completion_tokens += 1
+            self.metrics.generated_tokens.inc()
+            if seq.usage.completion_tokens == 1:
+                self.metrics.ttft.observe(time.perf_counter() - seq.submitted)
+            # finish "stop" here means an end-of-sequence token: not part of the text.
+            text = seq.detokenizer.add(t.token) if t.finish != "stop" else ""
+            if t.finish is not None:
+                text += seq.detokenizer.flush()
+            if seq.emit_text(text, final=t.finish is not None):
+                if t.finish is None:
+                    stopped.append(seq)
+                    continue
+                self._end(seq, "stop", t.cache, t.tokens)
+            elif t.finish is not None:
+                self._end(seq, t.finish, t.cache, t.tokens)
+        if stopped:
+            taken = self._batch.remove([s.id for s in stopped])
+            for seq in stopped:
+                self._end(seq, "stop", *taken[seq.id])
+
+    def _end(
+        self,
+        seq: Sequence,
+        reason: str,
+        cache: list | None = None,
+        tokens: list[int] | None = None,
+        error: Failed | None = None,
+    ) -> None:
+        """Every sequence ends here, once: release its pins, commit its KV, report."""
+        if seq.status is Status.FINISHED:
+            return
+        seq.status = Status.FINISHED
+        self._seqs.pop(seq.id, None)
+        if seq.lease is not None:  # first, so the blocks it read from disk can become hot
+            self.store.release(seq.lease)
+            seq.lease = None
+        if cache is not None and tokens:
+            self._commit(seq, seq.agent, cache, tokens)
+        self.metrics.finished.labels(reason).inc()
+        if error is not None:
+            seq.sink(error)
+            return
+        self.metrics.cached_tokens.labels("hot").inc(seq.usage.hot_tokens)
+        self.metrics.cached_tokens.labels("warm").inc(seq.usage.warm_tokens)
+        seq.sink(Finished(reason, seq.usage))
+
+    def _commit(self, seq: Sequence, agent: str | None, cache: list, tokens: list[int]) -> None:
+        """Hand the sequence's KV to the store, block by block, and what the store says is new
+        to the disk tier as numpy; a failure costs only reuse."""
+        p = self.precisions
+        payloads = []
+
+        def cut(start: int, end: int):
+            payload = kv.cut_at(cache, start, end, seq.stored, p.working, p.hot)
+            payloads.append(payload)
+            return payload, kv.payload_nbytes(payload)
+
+        try:
+            persist = self.store.commit(agent, tokens, cut)
+            mx.eval(payloads)
+            if self.disk is not None:
+                persist.write(self.disk, lambda payload: kv.to_numpy(kv.convert(payload, p.hot, p.disk)))
+        except Exception:
+            log.exception("could not cache the KV of request %s", seq.request.request_id)
+
+    def _cancel(self, seq_id: int) -> None:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            return
+        if seq.status is Status.DECODING:
+            self._end(seq, "cancelled", *self._batch.remove([seq.id])[seq.id])
+        else:  # waiting or prefilling: keep what was computed
+            self._end(seq, "cancelled", seq.cache, seq.prompt[: seq.pos])
+
+    def _end_agent(self, agent: str) -> bool:
+        for seq in self._seqs.values():
+            if seq.agent == agent:
+                seq.agent = None
+        return self.store.end_agent(agent)
+
+    def _shutdown(self) -> None:
+        for seq in list(self._seqs.values()):
+            self._end(seq, "shutdown", error=Failed("the server is shutting down", 503, "shutting_down"))
+        if self.disk is not None:
+            log.info("flushing the warm tier")
+            self.disk.close()
+        # MLX's per-thread streams must be cleared by the thread that used them, or the
+        # process can abort at exit (ml-explore/mlx#4327).
+        mx.synchronize()
+        mx.clear_streams()

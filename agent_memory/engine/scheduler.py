@@ -1,0 +1,38 @@
+"""Scheduling policy, and nothing else: which waiting request to plan next, how much to prefill
+between two decode steps, and how many sequences decode together. No side effects: the engine
+asks, then acts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from agent_memory.engine.sequence import Sequence, Status
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    max_batch: int = 32
+    # Tokens prefilled per step while others decode (their inter-token delay) and when alone.
+    chunk_shared: int = 256
+    chunk_alone: int = 2048
+    # A request waiting this long to start its prefill goes first, however long its prompt.
+    patience_s: float = 20.0
+
+    def planning_order(self, seqs: Iterable[Sequence], now: float) -> list[Sequence]:
+        """Waiting sequences, the one with the least new work first, so that a returning
+        agent's short turn does not wait behind a newcomer's long prompt, unless that one
+        has waited longer than the patience allows."""
+        waiting = [s for s in seqs if s.status is Status.WAITING]
+        return sorted(waiting, key=lambda s: (now - s.submitted < self.patience_s, s.new_tokens))
+
+    def ready_to_prefill(self, seqs: Iterable[Sequence]) -> Sequence | None:
+        """The first planned sequence whose disk reads are done."""
+        return next((s for s in seqs if s.ready()), None)
+
+    def may_prefill(self, decoding: int) -> bool:
+        """A prefill ends by joining the batch: only while it has room."""
+        return decoding < self.max_batch
+
+    def chunk(self, decoding: int) -> int:
+        return self.chunk_shared if decoding else self.chunk_alone

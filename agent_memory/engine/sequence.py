@@ -1,0 +1,63 @@
+"""A request inside the engine: its state, what the store lent it, its working KV cache."""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_memory.engine.detokenizer import Detokenizer
+from agent_memory.engine.kv import StoredRun
+from agent_memory.engine.requests import GenerationRequest, Sink, TextDelta, Usage
+from agent_memory.engine.stops import StopMatcher
+from agent_memory.memory.store import Lease, Segment
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # admitted; its prompt not looked up yet
+    PREFILLING = "prefilling"  # planned: cached blocks (maybe still being read) and gaps to compute
+    DECODING = "decoding"  # in the decode batch
+    FINISHED = "finished"  # released, committed and reported: exactly once
+
+
+@dataclass(eq=False)
+class Sequence:
+    id: int
+    request: GenerationRequest
+    sink: Sink
+    submitted: float  # perf_counter() when the request arrived
+    detokenizer: Detokenizer
+    stops: StopMatcher
+    sampler: Any
+    processors: list  # mlx-lm logits processors (logit_bias)
+    usage: Usage
+    cache: list | None  # the working cache while prefilling; the decode batch holds it after
+    agent: str | None  # whose memory the result joins; None once that agent was deleted
+    status: Status = Status.WAITING
+    new_tokens: int = 0  # prompt tokens its agent's last turn does not cover: a guess at the work
+    lease: Lease | None = None  # what the store lent it, from planning until it finishes
+    plan: deque[Segment] = field(default_factory=deque)  # what is left to put into `cache`
+    reads: dict[str, Future] = field(default_factory=dict)  # block hash -> its tensors, from disk
+    pos: int = 0  # prompt tokens in `cache`
+    # Runs of `cache` that came from cached blocks, as those blocks' stored payloads: a commit
+    # reuses them rather than quantizing dequantized KV again (which is not exact).
+    stored: list[StoredRun] = field(default_factory=list)
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt
+
+    def ready(self) -> bool:
+        """Planned, and every block it reads from disk has arrived."""
+        return self.status is Status.PREFILLING and all(f.done() for f in self.reads.values())
+
+    def emit_text(self, text: str, final: bool = False) -> bool:
+        """Pass decoded text through the stop matcher; True when a stop string was reached."""
+        safe, hit = self.stops.feed(text)
+        if not hit and final:
+            safe += self.stops.flush()
+        if safe:
+            self.sink(TextDelta(safe))
+        return hit

@@ -1,0 +1,273 @@
+"""The cache folder's format: where each file lives and what it holds, for the server's disk
+tier (disk.py) and the `cache` commands alike. No MLX here.
+
+    <cache-dir>/kv/<model>-<fingerprint>-<precision>/
+        model.json                         what this folder holds (for people and the CLI)
+        blocks/<h[:2]>/<hash>.safetensors  one block, content-addressed (blockfile.py)
+        agents/<hash of agent id>.json     an agent's manifest: its tokens and block hashes
+        quarantine/                        files that failed a check, with a .why note
+
+Agent ids never become file names: a manifest is named by a hash of the id and holds the id.
+Nothing here follows a symbolic link or opens anything but a regular file: a link or a FIFO
+planted in the folder is listed as stray and otherwise left alone. Folders are made 0700 and
+files 0600: they hold every conversation's tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent_memory.memory import blockfile
+
+log = logging.getLogger(__name__)
+
+BLOCK_TOKENS = 64  # tokens per block; a sequence's last block may be shorter
+HASH_RE = re.compile(r"^[0-9a-f]{32}$")
+FOLDER_RE = re.compile(r"^(?P<model>.+)-(?P<fp>[0-9a-f]{12})-(?P<tag>[A-Za-z0-9]+)$")
+MANIFEST_VERSION = 1
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_MODEL_JSON_BYTES = 1 << 20
+MAX_TOKEN_ID = 2**32  # block hashes pack token ids as uint32 (hashing.py)
+MODEL_JSON = "model.json"
+
+
+def folder_name(model_name: str, fingerprint: str, precision_tag: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", model_name)[:64] or "model"
+    return f"{safe}-{fingerprint[:12]}-{precision_tag}"
+
+
+def agent_file_stem(agent: str) -> str:
+    # surrogatepass: total over every Python string, though the API admits only valid Unicode.
+    return hashlib.blake2b(agent.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def tokens_text(tokens) -> str:
+    """How token ids are written in block metadata (compared exactly on read)."""
+    return json.dumps(list(tokens), separators=(",", ":"))
+
+
+def valid_tokens(tokens: object) -> bool:
+    return isinstance(tokens, list) and all(type(t) is int and 0 <= t < MAX_TOKEN_ID for t in tokens)
+
+
+@dataclass
+class Manifest:
+    agent: str
+    fingerprint: str
+    tokens: list[int]
+    blocks: list[str]
+    last_used: float  # wall clock
+    path: Path | None = None
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "version": MANIFEST_VERSION,
+                "agent": self.agent,
+                "fingerprint": self.fingerprint,
+                "last_used": self.last_used,
+                "blocks": self.blocks,
+                "tokens": self.tokens,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest:
+        """Parse and check a manifest; ValueError says what is wrong with it."""
+        with blockfile.open_regular(path) as f:
+            if os.fstat(f.fileno()).st_size > MAX_MANIFEST_BYTES:
+                raise ValueError("manifest too large")
+            raw = f.read()
+        try:
+            data = json.loads(raw)
+        except RecursionError as e:  # deeply nested JSON: a bad file, not a crash
+            raise ValueError("manifest nested too deeply") from e
+        if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
+            raise ValueError("not a manifest of this version")
+        agent, tokens, blocks = data.get("agent"), data.get("tokens"), data.get("blocks")
+        if not isinstance(agent, str) or agent_file_stem(agent) != path.stem:
+            raise ValueError("agent id does not match the file name")
+        # Out-of-range ids would raise OverflowError later, in the hash chain.
+        if not valid_tokens(tokens):
+            raise ValueError("tokens must be a list of token ids (integers 0 <= id < 2**32)")
+        if not isinstance(blocks, list) or not all(isinstance(h, str) and HASH_RE.match(h) for h in blocks):
+            raise ValueError("blocks must be a list of block hashes")
+        last_used = data.get("last_used")
+        if type(last_used) not in (int, float) or not isinstance(data.get("fingerprint"), str):
+            raise ValueError("missing fingerprint or last_used")
+        if not abs(last_used) < 1e15:  # also false for NaN and inf; float(10**400) would overflow
+            raise ValueError("last_used is not a time")
+        return cls(agent, data["fingerprint"], tokens, blocks, float(last_used), path)
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: Path
+    size: int
+    mtime: float
+
+
+@dataclass
+class FolderScan:
+    """What one model folder held at one moment."""
+
+    blocks: dict[str, FileInfo] = field(default_factory=dict)  # block hash -> its file
+    manifests: list[Manifest] = field(default_factory=list)
+    bad_manifests: list[tuple[Path, str]] = field(default_factory=list)
+    temp_files: list[FileInfo] = field(default_factory=list)  # leftovers of interrupted writes
+    stray_files: list[FileInfo] = field(default_factory=list)  # anything the server did not write
+    quarantined: list[FileInfo] = field(default_factory=list)
+
+
+def entries(folder: Path) -> list[tuple[os.DirEntry, os.stat_result]]:
+    """A folder's entries with their own (not followed) stat; none if it is not a real folder or
+    vanishes meanwhile (another process may prune the cache while we list it)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return []
+        with os.scandir(folder) as it:
+            listed = list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for entry in sorted(listed, key=lambda e: e.name):
+        try:
+            out.append((entry, entry.stat(follow_symlinks=False)))
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def _info(entry: os.DirEntry, st: os.stat_result) -> FileInfo:
+    return FileInfo(Path(entry.path), st.st_size, st.st_mtime)
+
+
+class Folder:
+    """One `<model>-<fingerprint>-<precision>` folder: its paths, its listing, its upkeep."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.blocks = root / "blocks"
+        self.agents = root / "agents"
+        self.quarantine_dir = root / "quarantine"
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    def block_path(self, block_hash: str) -> Path:
+        return self.blocks / block_hash[:2] / f"{block_hash}.safetensors"
+
+    def agent_path(self, agent: str) -> Path:
+        return self.agents / f"{agent_file_stem(agent)}.json"
+
+    def make(self) -> None:
+        """Create the folders, private to this user (existing ones are made private too)."""
+        self.root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for d in (self.root.parent, self.root, self.blocks, self.agents):
+            d.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(d, 0o700)
+
+    def write_model_json(self, info: dict) -> None:
+        blockfile.write_atomic(self.root / MODEL_JSON, [json.dumps(info, indent=1).encode()])
+
+    def read_model_json(self) -> tuple[dict, str | None]:
+        """model.json as a dict ({} if absent) and what is wrong with it, if anything."""
+        try:
+            with blockfile.open_regular(self.root / MODEL_JSON) as f:
+                if os.fstat(f.fileno()).st_size > MAX_MODEL_JSON_BYTES:
+                    return {}, "model.json is too large"
+                data = json.loads(f.read())
+        except FileNotFoundError:
+            return {}, None
+        except (OSError, ValueError, RecursionError) as e:
+            return {}, f"unreadable model.json: {e}"
+        if not isinstance(data, dict):
+            return {}, "model.json is not a JSON object"
+        return data, None
+
+    def scan(self, owns: Callable[[str], bool]) -> FolderScan:
+        """List every file; read and check manifests (those `owns` refuses are bad ones)."""
+        scan = FolderScan()
+        for sub, sub_st in entries(self.blocks):
+            if not stat.S_ISDIR(sub_st.st_mode):
+                if not sub.name.startswith("."):
+                    scan.stray_files.append(_info(sub, sub_st))
+                continue
+            for entry, st in entries(Path(sub.path)):
+                self._sort_block_entry(scan, sub.name, entry, st)
+        for entry, st in entries(self.root):
+            if stat.S_ISREG(st.st_mode) and entry.name.endswith(blockfile.TEMP_SUFFIX):
+                scan.temp_files.append(_info(entry, st))  # an interrupted model.json write
+        for entry, st in entries(self.agents):
+            path = Path(entry.path)
+            if not stat.S_ISREG(st.st_mode):
+                scan.stray_files.append(_info(entry, st))
+            elif entry.name.endswith(blockfile.TEMP_SUFFIX):
+                scan.temp_files.append(_info(entry, st))
+            elif path.suffix == ".json":
+                try:
+                    manifest = Manifest.read(path)
+                    if not owns(manifest.fingerprint):
+                        raise ValueError("manifest of another model")
+                    scan.manifests.append(manifest)
+                except FileNotFoundError:
+                    continue
+                except (OSError, ValueError, RecursionError) as e:
+                    scan.bad_manifests.append((path, str(e) or type(e).__name__))
+            elif not entry.name.startswith("."):
+                scan.stray_files.append(_info(entry, st))
+        scan.quarantined = [_info(e, st) for e, st in entries(self.quarantine_dir) if stat.S_ISREG(st.st_mode)]
+        return scan
+
+    @staticmethod
+    def _sort_block_entry(scan: FolderScan, sub: str, entry: os.DirEntry, st: os.stat_result) -> None:
+        name = entry.name
+        if not stat.S_ISREG(st.st_mode):
+            scan.stray_files.append(_info(entry, st))
+        elif name.endswith(blockfile.TEMP_SUFFIX):
+            scan.temp_files.append(_info(entry, st))
+        elif name.endswith(".safetensors") and HASH_RE.match(name[:-12]) and name[:2] == sub:
+            scan.blocks[name[:-12]] = _info(entry, st)
+        elif not name.startswith("."):
+            scan.stray_files.append(_info(entry, st))
+
+    def quarantine(self, path: Path, reason: str) -> None:
+        """Move a file that failed a check out of the way, with a note saying why. The random
+        part keeps two files of one name quarantined in the same second apart."""
+        target = self.quarantine_dir / f"{int(time.time())}-{secrets.token_hex(4)}-{path.name}"
+        try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                return  # never move what we did not write
+            self.quarantine_dir.mkdir(mode=0o700, exist_ok=True)
+            os.replace(path, target)
+            blockfile.write_atomic(target.with_name(target.name + ".why"), [(reason + "\n").encode()])
+        except FileNotFoundError:
+            return
+        except OSError as e:  # a read-only folder, say: the caller treats the file as bad anyway
+            log.warning("could not quarantine %s (%s): %s", path.name, e, reason)
+            return
+        log.warning("quarantined %s: %s", path.name, reason)
+
+
+def unlink_regular(path: Path) -> bool:
+    """Delete a file we wrote; never a link's target, never a folder or a FIFO. False if it
+    was not there (or not ours)."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True

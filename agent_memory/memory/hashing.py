@@ -1,0 +1,47 @@
+"""Block names: a hash chain over token ids.
+
+A block is named `blake2b(salt; parent's name, token ids)`, the salt being the model
+fingerprint, so a name fixes every token before the block and equal prefixes get equal names.
+The chain starts from a root: sixteen zero bytes for the shared namespace, or a name derived
+from a namespace (a tenant, a `cache_salt`) so that no block of one namespace can ever be
+named like a block of another. No MLX and no pool here: the `cache` commands use it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+ROOT = b"\0" * 16
+
+
+class BlockNames:
+    def __init__(self, salt: str, block_tokens: int) -> None:
+        self.salt = salt.encode()
+        self.block_tokens = block_tokens
+
+    def block_hash(self, parent: str | None, tokens: Sequence[int]) -> str:
+        h = hashlib.blake2b(self.salt, digest_size=16)
+        h.update(bytes.fromhex(parent) if parent else ROOT)
+        h.update(np.asarray(tokens, dtype="<u4").tobytes())
+        return h.hexdigest()
+
+    def root(self, namespace: str) -> str | None:
+        """The chain's starting parent for a namespace; None (zeros) for the shared one."""
+        if not namespace:
+            return None
+        h = hashlib.blake2b(self.salt, digest_size=16, person=b"agent-memory-ns")
+        h.update(namespace.encode("utf-8", "surrogatepass"))
+        return h.hexdigest()
+
+    def chain(self, tokens: Sequence[int], root: str | None = None) -> list[tuple[str, str | None, int, int]]:
+        """(hash, parent, start, end) of every block of `tokens`, the last one maybe partial."""
+        out, parent = [], root
+        for start in range(0, len(tokens), self.block_tokens):
+            end = min(start + self.block_tokens, len(tokens))
+            h = self.block_hash(parent, tokens[start:end])
+            out.append((h, parent, start, end))
+            parent = h
+        return out
