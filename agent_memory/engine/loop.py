@@ -25,6 +25,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
 from agent_memory.engine import kv
+from agent_memory.engine.commit import Committer
 from agent_memory.engine.decode_batch import DecodeBatch
 from agent_memory.engine.detokenizer import Detokenizer
 from agent_memory.engine.loader import LoadedModel, load_model
@@ -85,6 +86,7 @@ class BatchEngine:
         self._seqs: dict[int, Sequence] = {}  # in arrival order
         self._batch: DecodeBatch | None = None
         self._prefiller: Prefiller | None = None
+        self._committer: Committer | None = None
 
     # -- called from other threads ------------------------------------------------------
 
@@ -182,6 +184,7 @@ class BatchEngine:
             )
         self._batch = DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids, p.working.quantized)
         self._prefiller = Prefiller(loaded.model, shape, p, self.store)
+        self._committer = Committer(self.store, self.disk, p)
         self.metrics.watch(self)
         log.info(
             "loaded %s: %d layers, context %d; KV cached as %s, attended as %s",
@@ -287,28 +290,21 @@ class BatchEngine:
         that requests arriving while this one decodes skip the prefix they share with it."""
         whole = (len(seq.prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
         if whole > seq.lease.end:
-            self._commit(seq, None, seq.cache, seq.prompt[:whole])
+            self._committer.commit(seq, None, seq.cache, seq.prompt[:whole])
 
     def _decode(self) -> None:
         stopped = []
         self.metrics.batch_size.observe(len(self._batch))
         for t in self._batch.step():
             seq = self._seqs[t.seq_id]
-            seq.usage.completion_tokens += 1
+            hit = seq.take(t.token, t.finish)
             self.metrics.generated_tokens.inc()
             if seq.usage.completion_tokens == 1:
                 self.metrics.ttft.observe(time.perf_counter() - seq.submitted)
-            # finish "stop" here means an end-of-sequence token: not part of the text.
-            text = seq.detokenizer.add(t.token) if t.finish != "stop" else ""
-            if t.finish is not None:
-                text += seq.detokenizer.flush()
-            if seq.emit_text(text, final=t.finish is not None):
-                if t.finish is None:
-                    stopped.append(seq)
-                    continue
-                self._end(seq, "stop", t.cache, t.tokens)
-            elif t.finish is not None:
-                self._end(seq, t.finish, t.cache, t.tokens)
+            if hit and t.finish is None:
+                stopped.append(seq)  # a stop string: it leaves the batch below
+            elif hit or t.finish is not None:
+                self._end(seq, "stop" if hit else t.finish, t.cache, t.tokens)
         if stopped:
             taken = self._batch.remove([s.id for s in stopped])
             for seq in stopped:
@@ -331,7 +327,7 @@ class BatchEngine:
             self.store.release(seq.lease)
             seq.lease = None
         if cache is not None and tokens:
-            self._commit(seq, seq.agent, cache, tokens)
+            self._committer.commit(seq, seq.agent, cache, tokens)
         self.metrics.finished.labels(reason).inc()
         if error is not None:
             seq.sink(error)
@@ -339,25 +335,6 @@ class BatchEngine:
         self.metrics.cached_tokens.labels("hot").inc(seq.usage.hot_tokens)
         self.metrics.cached_tokens.labels("warm").inc(seq.usage.warm_tokens)
         seq.sink(Finished(reason, seq.usage))
-
-    def _commit(self, seq: Sequence, agent: str | None, cache: list, tokens: list[int]) -> None:
-        """Hand the sequence's KV to the store, block by block, and what the store says is new
-        to the disk tier as numpy; a failure costs only reuse."""
-        p = self.precisions
-        payloads = []
-
-        def cut(start: int, end: int):
-            payload = kv.cut_at(cache, start, end, seq.stored, p.working, p.hot)
-            payloads.append(payload)
-            return payload, kv.payload_nbytes(payload)
-
-        try:
-            persist = self.store.commit(agent, tokens, cut)
-            mx.eval(payloads)
-            if self.disk is not None:
-                persist.write(self.disk, lambda payload: kv.to_numpy(kv.convert(payload, p.hot, p.disk)))
-        except Exception:
-            log.exception("could not cache the KV of request %s", seq.request.request_id)
 
     def _cancel(self, seq_id: int) -> None:
         seq = self._seqs.get(seq_id)

@@ -53,10 +53,16 @@ class Sequence:
         """Planned, and every block it reads from disk has arrived."""
         return self.status is Status.PREFILLING and all(f.done() for f in self.reads.values())
 
-    def emit_text(self, text: str, final: bool = False) -> bool:
-        """Pass decoded text through the stop matcher; True when a stop string was reached."""
+    def take(self, token: int, finish: str | None) -> bool:
+        """Count a generated token and stream its text (held back while it could begin a stop
+        string); True when a stop string was reached. `finish` "stop" means the token is an
+        end-of-sequence token: no text of its own."""
+        self.usage.completion_tokens += 1
+        text = self.detokenizer.add(token) if finish != "stop" else ""
+        if finish is not None:
+            text += self.detokenizer.flush()
         safe, hit = self.stops.feed(text)
-        if not hit and final:
+        if not hit and finish is not None:
             safe += self.stops.flush()
         if safe:
             self.sink(TextDelta(safe))

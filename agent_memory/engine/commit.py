@@ -1,0 +1,42 @@
+"""The commit path, in one place: a sequence's KV cut into blocks at the store's request (runs
+it restored keep their stored bits, see kv.cut_at), made hot in the store, and what the store
+says is new turned into numpy once and queued for the disk tier's writer."""
+
+from __future__ import annotations
+
+import logging
+
+import agent_memory.blas  # noqa: F401
+import mlx.core as mx
+
+from agent_memory.engine import kv
+from agent_memory.engine.sequence import Sequence
+from agent_memory.memory.disk import DiskTier
+from agent_memory.memory.store import AgentCacheStore
+
+log = logging.getLogger(__name__)
+
+
+class Committer:
+    def __init__(self, store: AgentCacheStore, disk: DiskTier | None, precisions: kv.Precisions) -> None:
+        self.store = store
+        self.disk = disk
+        self.precisions = precisions
+
+    def commit(self, seq: Sequence, agent: str | None, cache: list, tokens: list[int]) -> None:
+        """Store tokens' KV (for `agent`, or anonymously); a failure costs only reuse."""
+        p = self.precisions
+        payloads = []
+
+        def cut(start: int, end: int):
+            payload = kv.cut_at(cache, start, end, seq.stored, p.working, p.hot)
+            payloads.append(payload)
+            return payload, kv.payload_nbytes(payload)
+
+        try:
+            persist = self.store.commit(agent, tokens, cut)
+            mx.eval(payloads)
+            if self.disk is not None:
+                persist.write(self.disk, lambda payload: kv.to_numpy(kv.convert(payload, p.hot, p.disk)))
+        except Exception:
+            log.exception("could not cache the KV of request %s", seq.request.request_id)
