@@ -126,14 +126,6 @@ class SamplingFields(RequestBody):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def agent_id(self, header: str | None) -> str | None:
-        """Who is speaking: prompt_cache_key, then X-Agent-Id, then user, then metadata.user_id."""
-        user_id = (self.metadata or {}).get("user_id")
-        for candidate in (self.prompt_cache_key, header, self.user, user_id):
-            if isinstance(candidate, str) and candidate:
-                return candidate
-        return None
-
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[Message] = Field(min_length=1)

@@ -1,0 +1,132 @@
+"""The one request path every wire format shares: who is speaking, render + tokenize, the
+context check, the engine's events for one request, and running it to the end while watching
+for the client to leave. Wire formats (openai.py, …) only parse their bodies and shape output."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from agent_memory.api.errors import APIError
+from agent_memory.api.schemas import MAX_AGENT_ID
+from agent_memory.api.state import ServerState
+from agent_memory.engine.requests import Event, Failed, Finished, GenerationRequest, SamplingParams
+
+
+def utf8_header(request: Request, name: str) -> str | None:
+    """A header's value read as UTF-8 (HTTP hands us bytes; Starlette decodes Latin-1)."""
+    value = request.headers.get(name)
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError as e:
+        raise APIError(400, f"{name} is not valid UTF-8", param=name, code="invalid_unicode") from e
+
+
+def agent_id(candidates: list[tuple[str, object]]) -> str | None:
+    """The first non-empty string of (param, value) candidates, in the wire format's order."""
+    for param, value in candidates:
+        if isinstance(value, str) and value:
+            if len(value) > MAX_AGENT_ID:
+                raise APIError(400, f"agent ids are at most {MAX_AGENT_ID} characters", param=param)
+            return value
+    return None
+
+
+async def render_chat(state: ServerState, messages: list[dict], param: str = "messages") -> list[int]:
+    """The chat template's rendering of `messages`, tokenized, on the tokenizer worker."""
+
+    def render(tokenizer) -> list[int]:
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # the model's own template refused these messages
+            raise APIError(400, f"the chat template cannot render these messages: {e}", param=param) from e
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    return await state.tokenize(render)
+
+
+def generation_request(
+    state: ServerState,
+    prompt: list[int],
+    agent: str | None,
+    limit: int | None,
+    sampling: dict,
+    request: Request,
+    prompt_param: str,
+) -> GenerationRequest:
+    """Check the prompt and the tokens to generate against the context, then build the
+    engine's request. `sampling`: SamplingParams' fields but max_tokens."""
+    if not prompt:
+        raise APIError(400, "the prompt is empty", param=prompt_param)
+    room = state.context_length - len(prompt)
+    if room < 1 or (limit is not None and limit > room):
+        wanted = len(prompt) + (limit or 1)
+        raise APIError(
+            400,
+            f"This model's maximum context length is {state.context_length} tokens, but "
+            f"{wanted} were requested ({len(prompt)} in the prompt, {limit or 1} to generate).",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    bias = sampling.get("logit_bias") or {}
+    if any(not 0 <= t < state.vocab_size for t in bias):
+        raise APIError(400, f"logit_bias token ids must be in [0, {state.vocab_size})", param="logit_bias")
+    return GenerationRequest(
+        prompt=prompt,
+        params=SamplingParams(max_tokens=limit or room, **sampling),
+        agent=agent,
+        request_id=request.scope.get("state", {}).get("request_id", ""),
+    )
+
+
+async def events(state: ServerState, generation: GenerationRequest) -> AsyncIterator[Event]:
+    """The engine's events for one request; leaving early cancels its generation."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Event] = asyncio.Queue()
+
+    def sink(event: Event) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+        except RuntimeError:  # the event loop has closed: nobody is listening any more
+            pass
+
+    seq_id = state.engine.submit(generation, sink)
+    done = False
+    try:
+        while not done:
+            event = await queue.get()
+            done = isinstance(event, (Finished, Failed))
+            yield event
+    finally:
+        if not done:
+            state.engine.cancel(seq_id)
+
+
+async def collect(state: ServerState, generation: GenerationRequest, request: Request) -> list[Event] | None:
+    """Run a request to the end: its events, the last one Finished; None if the client left
+    first (the request is then cancelled). A failure is raised as an APIError."""
+
+    async def consume() -> list[Event]:
+        out = []
+        async for event in events(state, generation):
+            if isinstance(event, Failed):
+                raise APIError(event.status, event.message, code=event.code)
+            out.append(event)
+        return out
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work = asyncio.ensure_future(consume())
+    watch = asyncio.ensure_future(disconnected())
+    await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    if work.done():
+        watch.cancel()
+        return work.result()
+    work.cancel()
+    return None
