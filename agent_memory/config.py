@@ -4,7 +4,7 @@ Where a value comes from, first found wins: a command-line flag, the environment
 (`AGENT_MEMORY_<NAME>`), the TOML config file (`~/.config/agent-memory/config.toml`,
 `$XDG_CONFIG_HOME` respected, or the file `AGENT_MEMORY_CONFIG` names), the default here.
 pydantic-settings reads the environment and the file and checks every value's type; the CLI
-derives its flags from the same fields (cli.py), so nothing is declared twice.
+derives its flags from the same fields (cli/serve.py), so nothing is declared twice.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from agent_memory.cachectl import cache_app, human_age, human_bytes, parse_duration
+from agent_memory.cli.cache.commands import cache_app
+from agent_memory.cli.cache.render import human_age, human_bytes, parse_duration
 from agent_memory.memory import blockfile
 from agent_memory.memory.disk import DiskTier
 from agent_memory.memory.folder import Folder, Manifest, folder_name, tokens_text
@@ -417,6 +418,50 @@ def test_prune_refuses_a_bad_duration(cache):
     assert result.exit_code == 2 and cache.tiny.agent_path("alice").exists()
 
 
+@pytest.mark.timeout(60)
+def test_links_and_fifos_neither_hang_the_commands_nor_lead_them_outside(cache, tmp_path):
+    """Links planted as quarantine/, as a blocks/xx folder, as a manifest and as a temp file,
+    and FIFOs named like a manifest, a block and a quarantined file: every command lists them
+    without opening them, and prune deletes nothing outside the cache nor anything but files."""
+    outside = tmp_path / "outside"
+    (outside / "quarantine").mkdir(parents=True)
+    (outside / "quarantine" / "1-x.safetensors").write_bytes(b"q")
+    decoy = BlockNames(FP_TINY, 4).block_hash(None, [9, 9, 9, 9])
+    decoys = Folder(outside)
+    decoys.blocks.mkdir()
+    write_block(decoys, FP_TINY, decoy, None, 0, [9, 9, 9, 9])  # a block file prune would take for an orphan
+    (outside / "manifest.json").write_bytes(cache.tiny.agent_path("bob").read_bytes())
+    (outside / "old.tmp").write_bytes(b"t")
+    for path in [*outside.rglob("*")]:
+        age(path, 2 * DAY)
+    (cache.tiny.root / "quarantine").symlink_to(outside / "quarantine")
+    (cache.tiny.blocks / decoy[:2]).symlink_to(decoys.block_path(decoy).parent)
+    (cache.demo.agents / "0123456789abcdef0123456789abcdef.json").symlink_to(outside / "manifest.json")
+    (cache.tiny.agents / ".z.json.00000000.tmp").symlink_to(outside / "old.tmp")
+    fifos = [
+        cache.tiny.agents / "fifo.json",
+        cache.tiny.block_path(cache.bob.blocks[3]),  # bob's cold block, as a FIFO
+        cache.demo.quarantine_dir / "1-fifo.safetensors",
+    ]
+    for fifo in fifos:
+        fifo.parent.mkdir(exist_ok=True)
+        os.mkfifo(fifo)
+    before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+
+    assert cache.run("ls", "--format", "quiet").stdout.split() == ["bob", "carol", "alice"]
+    code, doc = verify(cache)
+    strays = {p["path"] for p in doc["problems"] if p["kind"] == "stray"}
+    assert code == 1 and {str(f) for f in fifos[:2]} <= strays
+    assert {p["kind"] for p in doc["problems"]} == {"stray"}
+    assert cache.json("stats")["total"]["quarantined_files"] == 0
+    result = cache.run("prune", "--older-than", "1s", "--quarantine", "-y", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert {i["kind"] for i in json.loads(result.stdout)["removed"]} == {"agent", "block"}
+    assert cache.run("ls", "--format", "quiet").stdout == ""
+    assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before
+    assert all(f.exists() for f in fifos)
+
+
 # -- stats ---------------------------------------------------------------------------------
 
 
@@ -488,7 +533,7 @@ def test_the_cache_commands_never_import_mlx(cache):
     code = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
-        "import agent_memory.cachectl as c\n"
+        "import agent_memory.cli.cache.commands as c\n"
         "for cmd in ('ls', 'stats', 'verify'):\n"
         f"    r = CliRunner().invoke(c.cache_app, [cmd, '--cache-dir', {str(cache.root)!r}])\n"
         "    assert r.exit_code == 0, r.output\n"

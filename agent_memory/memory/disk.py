@@ -13,23 +13,11 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError, Layout, Tensors
-from agent_memory.memory.folder import Folder, FolderScan, Manifest, tokens_text, unlink_regular
+from agent_memory.memory.folder import BlockRecord, Folder, FolderScan, Manifest, tokens_text, unlink_regular
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BlockRecord:
-    """What a block file says about its block, besides the tensors."""
-
-    hash: str
-    parent: str | None
-    start: int
-    tokens: tuple[int, ...]
 
 
 class DiskTier:
@@ -130,13 +118,7 @@ class DiskTier:
 
     def _run_job(self, kind: str, key, data) -> None:
         if kind == "save_block":
-            meta = {
-                **self.meta,
-                "hash": key.hash,
-                "parent": key.parent or "",
-                "start": str(key.start),
-                "tokens": tokens_text(key.tokens),
-            }
+            meta = {**self.meta, **key.meta()}
             path = self.folder.block_path(key.hash)
             path.parent.mkdir(mode=0o700, exist_ok=True)
             nbytes = blockfile.write_atomic(path, blockfile.encode(meta, data))

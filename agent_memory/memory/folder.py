@@ -8,9 +8,9 @@ tier (disk.py) and the `cache` commands alike. No MLX here.
         quarantine/                        files that failed a check, with a .why note
 
 Agent ids never become file names: a manifest is named by a hash of the id and holds the id.
-Nothing here follows a symbolic link or opens anything but a regular file: a link or a FIFO
-planted in the folder is listed as stray and otherwise left alone. Folders are made 0700 and
-files 0600: they hold every conversation's tokens.
+Nothing here follows a symbolic link inside a model folder or opens anything but a regular
+file: a link or a FIFO planted in the folder is listed as stray and otherwise left alone.
+Folders are made 0700 and files 0600: they hold every conversation's tokens.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ MAX_MANIFEST_BYTES = 64 << 20
 MAX_MODEL_JSON_BYTES = 1 << 20
 MAX_TOKEN_ID = 2**32  # block hashes pack token ids as uint32 (hashing.py)
 MODEL_JSON = "model.json"
+BLOCK_META_KEYS = ("fingerprint", "bits", "group_size")  # model.json fields every block file repeats
 
 
 def folder_name(model_name: str, fingerprint: str, precision_tag: str) -> str:
@@ -58,6 +59,39 @@ def tokens_text(tokens) -> str:
 
 def valid_tokens(tokens: object) -> bool:
     return isinstance(tokens, list) and all(type(t) is int and 0 <= t < MAX_TOKEN_ID for t in tokens)
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """What a block file says about its block, besides the tensors and the folder's fields."""
+
+    hash: str
+    parent: str | None
+    start: int
+    tokens: tuple[int, ...]
+
+    def meta(self) -> dict[str, str]:
+        """The block file's metadata that names the block (DiskTier adds the folder's fields)."""
+        parent = self.parent or ""
+        return {"hash": self.hash, "parent": parent, "start": str(self.start), "tokens": tokens_text(self.tokens)}
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> BlockRecord:
+        """Parse a block file's metadata; ValueError says what is wrong with it."""
+        block_hash, parent, start = meta.get("hash"), meta.get("parent") or None, meta.get("start")
+        try:
+            tokens = json.loads(meta.get("tokens") or "null")
+        except (ValueError, TypeError, RecursionError) as e:
+            raise ValueError(f"unreadable token ids: {e}") from e
+        if not (isinstance(block_hash, str) and HASH_RE.match(block_hash)):
+            raise ValueError("its hash is not a block hash")
+        if not tokens or not valid_tokens(tokens):
+            raise ValueError("its metadata holds no valid token ids")
+        if parent is not None and not (isinstance(parent, str) and HASH_RE.match(parent)):
+            raise ValueError("its parent is not a block hash")
+        if not (isinstance(start, str) and start.isascii() and start.isdigit()):
+            raise ValueError("its start position is not a number")
+        return cls(block_hash, parent, int(start), tuple(tokens))
 
 
 @dataclass
@@ -147,6 +181,17 @@ def entries(folder: Path) -> list[tuple[os.DirEntry, os.stat_result]]:
         except FileNotFoundError:
             continue
     return out
+
+
+def model_folders(kv_dir: Path) -> list[Folder]:
+    """The model folders in `<cache-dir>/kv`. `kv` and a model folder may be links, as the
+    user placed them (the server follows them too); nothing inside a model folder is followed."""
+    try:
+        with os.scandir(kv_dir) as it:
+            listed = sorted(it, key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [Folder(Path(e.path)) for e in listed if e.is_dir()]
 
 
 def _info(entry: os.DirEntry, st: os.stat_result) -> FileInfo:

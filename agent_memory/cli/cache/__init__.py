@@ -1,0 +1,1 @@
+"""`agent-memory cache`: the commands (commands.py) over the disk tier's files, without MLX."""

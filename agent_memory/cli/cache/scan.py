@@ -1,0 +1,255 @@
+"""The `cache` commands' view of the model folders: `Folder.scan()` and model.json, plus what
+the commands ask of them (which blocks an agent shares, the block size, per-agent and
+per-folder numbers). The listing itself is folder.py's: it follows no link inside a model
+folder and opens only regular files."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from agent_memory.cli.common import fail
+from agent_memory.cli.cache.render import printable
+from agent_memory.memory import blockfile
+from agent_memory.memory.folder import (
+    BLOCK_TOKENS,
+    FOLDER_RE,
+    BlockRecord,
+    Folder,
+    FolderScan,
+    Manifest,
+    agent_file_stem,
+    model_folders,
+)
+
+
+@dataclass
+class ModelFolder:
+    """One `<model>-<fingerprint>-<precision>` folder as found at one moment: the commands'
+    common view of it, so each decides from the same facts."""
+
+    layout: Folder
+    meta: dict  # model.json
+    meta_error: str | None
+    files: FolderScan = field(default_factory=FolderScan)
+    token_counts: dict[str, int | None] = field(default_factory=dict)  # block hash -> tokens in its file
+
+    @classmethod
+    def scan(cls, layout: Folder) -> ModelFolder:
+        found = cls(layout, *layout.read_model_json())
+        found.files = layout.scan(found.owns)
+        return found
+
+    def rescan(self) -> ModelFolder:
+        return ModelFolder.scan(self.layout)
+
+    @property
+    def folder(self) -> str:
+        return self.layout.name
+
+    @property
+    def name(self) -> str:
+        name = self.meta.get("name")
+        return name if isinstance(name, str) and name else self.folder
+
+    @property
+    def fingerprint(self) -> str | None:
+        fingerprint = self.meta.get("fingerprint")
+        return fingerprint if isinstance(fingerprint, str) and fingerprint else None
+
+    def owns(self, fingerprint: object) -> bool:
+        """Whether a manifest or block with this fingerprint belongs in this folder: model.json
+        says which model it is; without it the folder name carries the fingerprint's start."""
+        if not isinstance(fingerprint, str):
+            return False
+        if self.fingerprint is not None:
+            return fingerprint == self.fingerprint
+        parsed = FOLDER_RE.match(self.folder)
+        return parsed is None or fingerprint[:12] == parsed["fp"]
+
+    @cached_property
+    def users(self) -> Counter[str]:
+        """Block hash -> how many manifests name it."""
+        return Counter(h for m in self.files.manifests for h in set(m.blocks))
+
+    def bytes_of(self, hashes: Iterable[str]) -> int:
+        return sum(self.files.blocks[h].size for h in set(hashes) if h in self.files.blocks)
+
+    def private_blocks(self, manifest: Manifest) -> list[str]:
+        """The agent's block files that no other agent names: what removing it frees."""
+        return [h for h in dict.fromkeys(manifest.blocks) if h in self.files.blocks and self.users[h] <= 1]
+
+    def token_count(self, block_hash: str) -> int | None:
+        """Tokens in a block file, from its header (None when there is no readable file)."""
+        if block_hash not in self.token_counts:
+            count = None
+            info = self.files.blocks.get(block_hash)
+            if info is not None:
+                try:
+                    with blockfile.open_regular(info.path) as f:
+                        meta, _ = blockfile.read_header(f, info.size)
+                    count = len(BlockRecord.from_meta(meta).tokens)
+                except (OSError, ValueError):
+                    count = None
+            self.token_counts[block_hash] = count
+        return self.token_counts[block_hash]
+
+    def block_tokens(self, manifest: Manifest) -> int:
+        """The block size the manifest was written with: model.json says (the server writes
+        it there); else every block but the last is full, so one block file of the manifest
+        tells; the server's BLOCK_TOKENS when none can."""
+        size = self.meta.get("block_tokens")
+        if type(size) is int and size > 0:
+            return size
+        n, total = len(manifest.blocks), len(manifest.tokens)
+        if n <= 1:
+            return max(total, 1)
+        for i, h in enumerate(manifest.blocks):
+            count = self.token_count(h)
+            if count is None:
+                continue
+            if i < n - 1:
+                return count
+            rest = total - count  # only the (maybe partial) last block has a file
+            if rest > 0 and rest % (n - 1) == 0:
+                return rest // (n - 1)
+        return BLOCK_TOKENS
+
+    def spans(self, manifest: Manifest) -> list[tuple[str, int, int]]:
+        """(hash, start, tokens) of each of the manifest's blocks."""
+        size, total = self.block_tokens(manifest), len(manifest.tokens)
+        return [(h, i * size, max(0, min(size, total - i * size))) for i, h in enumerate(manifest.blocks)]
+
+
+def scan_cache(cache_dir: Path, model: str | None) -> list[ModelFolder]:
+    """Every model folder under <cache-dir>/kv/, or those `--model` names (none: exit 1)."""
+    layouts = model_folders(cache_dir / "kv")
+    if model is not None:
+        chosen = [f for f in layouts if _matches(f, model)]
+        if not chosen:
+            known = ", ".join(f.name for f in layouts) or "none"
+            fail(f"no model folder matches {model!r} in {cache_dir / 'kv'} (there: {known})")
+        layouts = chosen
+    return [ModelFolder.scan(f) for f in layouts]
+
+
+def _matches(layout: Folder, model: str) -> bool:
+    parsed = FOLDER_RE.match(layout.name)
+    return model in (layout.name, parsed and parsed["model"], layout.read_model_json()[0].get("name"))
+
+
+def find_agent(folders: list[ModelFolder], agent: str) -> tuple[ModelFolder, Manifest]:
+    """The one folder holding the agent's manifest; exit 1 if none or several (then --model)."""
+    found = [(f, m) for f in folders for m in f.files.manifests if m.agent == agent]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        where = ", ".join(f.folder for f, _ in found)
+        fail(f"agent {printable(agent)} is cached for several models ({where}): pass --model")
+    stem = agent_file_stem(agent)
+    damaged = [(f, why) for f in folders for p, why in f.files.bad_manifests if p.stem == stem]
+    if damaged:
+        fail(f"agent {printable(agent)}: its manifest in {damaged[0][0].folder} is unusable ({damaged[0][1]})")
+    fail(f"no agent {printable(agent)} in the disk cache")
+
+
+def describe_agent(folder: ModelFolder, manifest: Manifest) -> dict:
+    """One agent as `show` tells it: each block, on disk or cold, and whom it is shared with."""
+    blocks = [
+        {
+            "hash": h,
+            "start": start,
+            "tokens": count,
+            "on_disk": h in folder.files.blocks,
+            "bytes": folder.bytes_of([h]),
+            "shared_with": folder.users[h] - 1,
+        }
+        for h, start, count in folder.spans(manifest)
+    ]
+    on_disk = [b for b in blocks if b["on_disk"]]
+    totals = {
+        "blocks": len(blocks),
+        "on_disk": len(on_disk),
+        "cold": len(blocks) - len(on_disk),
+        "bytes": sum(b["bytes"] for b in on_disk),
+        "private_bytes": folder.bytes_of(folder.private_blocks(manifest)),
+    }
+    return {
+        "id": manifest.agent,
+        "model": folder.name,
+        "folder": folder.folder,
+        "manifest": str(manifest.path),
+        "fingerprint": manifest.fingerprint,
+        "tokens": len(manifest.tokens),
+        "block_tokens": folder.block_tokens(manifest),
+        "last_used": manifest.last_used,
+        "blocks": blocks,
+        "totals": totals,
+    }
+
+
+@dataclass
+class AgentRow:
+    """One agent as `ls` shows it."""
+
+    id: str
+    model: str
+    folder: str
+    tokens: int
+    blocks: int
+    on_disk: int
+    cold: int
+    bytes: int
+    last_used: float
+    manifest: str
+
+    @classmethod
+    def of(cls, folder: ModelFolder, manifest: Manifest) -> AgentRow:
+        on_disk = [h for h in manifest.blocks if h in folder.files.blocks]
+        return cls(
+            id=manifest.agent,
+            model=folder.name,
+            folder=folder.folder,
+            tokens=len(manifest.tokens),
+            blocks=len(manifest.blocks),
+            on_disk=len(on_disk),
+            cold=len(manifest.blocks) - len(on_disk),
+            bytes=folder.bytes_of(on_disk),
+            last_used=manifest.last_used,
+            manifest=str(manifest.path),
+        )
+
+
+@dataclass
+class FolderStats:
+    """One model folder as `stats` shows it."""
+
+    model: str
+    folder: str
+    agents: int
+    block_files: int
+    bytes: int
+    cold_blocks: int
+    orphan_blocks: int
+    quarantined_files: int
+    quarantined_bytes: int
+    temp_files: int
+
+    @classmethod
+    def of(cls, f: ModelFolder) -> FolderStats:
+        files = f.files
+        return cls(
+            model=f.name,
+            folder=f.folder,
+            agents=len(files.manifests),
+            block_files=len(files.blocks),
+            bytes=sum(i.size for i in files.blocks.values()),
+            cold_blocks=sum(1 for h in f.users if h not in files.blocks),
+            orphan_blocks=sum(1 for h in files.blocks if h not in f.users),
+            quarantined_files=len(files.quarantined),
+            quarantined_bytes=sum(i.size for i in files.quarantined),
+            temp_files=len(files.temp_files),
+        )

@@ -1,0 +1,130 @@
+"""`agent-memory serve`: one flag per setting (derived from `Settings`), then the server.
+
+MLX, uvicorn and the app are imported only when the server starts."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import SecretStr
+
+from agent_memory.cli.common import ProgressReporter, error, progress
+from agent_memory.config import ENV_PREFIX, ConfigError, Settings, config_file_path, load_settings
+
+
+def _cli_type(annotation) -> type:
+    """The plain type a flag parses (pydantic checks the rest): int for `KVBits | None`."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return str if annotation is SecretStr else annotation
+
+
+def settings_options(command: Callable[[Settings], None]) -> Callable[..., None]:
+    """A typer command with one flag per setting, each defaulting to "not given", so the
+    environment, the config file and the defaults of `Settings` fill in the rest."""
+    params = []
+    for name, field in Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        shown = "none" if default is None else ("set" if isinstance(default, SecretStr) else default)
+        flag = f"--{name.replace('_', '-')}"
+        kind = _cli_type(field.annotation)
+        option = typer.Option(
+            f"{flag}/--no-{flag[2:]}" if kind is bool else flag,
+            help=f"{field.description} (default {shown})",
+            show_default=False,
+        )
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[kind | None, option]
+            )
+        )
+
+    def run(**flags) -> None:
+        try:
+            settings = load_settings(**flags)
+            settings.check_serve()
+        except ConfigError as e:
+            error(e)
+            raise typer.Exit(2) from e
+        command(settings)
+
+    run.__signature__ = inspect.Signature(params)
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    run.__name__ = command.__name__
+    run.__doc__ = (
+        f"{command.__doc__}\n\nEvery flag can also be set in the environment as {ENV_PREFIX}<FLAG> "
+        f"({ENV_PREFIX}HOT_BUDGET_MB=4096) or in {config_file_path()} (hot_budget_mb = 4096); "
+        "a flag wins over the environment, which wins over the file."
+    )
+    return run
+
+
+def resolve_model_with_progress(spec: str, models_dir: Path) -> Path:
+    from agent_memory.models.registry import resolve_model  # noqa
+
+    with progress() as bars:
+        return resolve_model(spec, models_dir, progress=ProgressReporter(bars))
+
+
+@settings_options
+def serve(settings: Settings) -> None:
+    """Serve a model on an OpenAI-compatible API, keeping every agent's KV cache."""
+    _configure_logging()
+    logging.getLogger("agent_memory").info("settings: %s", settings.describe())
+    sys.exit(_serve(settings))
+
+
+def _serve(settings: Settings) -> int:
+    import uvicorn
+
+    from agent_memory.api.app import create_app
+    from agent_memory.engine.loop import BatchEngine, EngineConfig
+    from agent_memory.engine.kv import KVPrecision
+    from agent_memory.models.registry import ModelError
+
+    try:
+        model_path = resolve_model_with_progress(settings.model, settings.models_dir)
+    except ModelError as e:
+        error(e)
+        return 1
+    engine = BatchEngine(
+        EngineConfig(
+            model_path=model_path,
+            max_batch=settings.max_batch,
+            hot_budget_bytes=settings.hot_budget_mb << 20,
+            precision=KVPrecision(settings.kv_bits, settings.kv_group_size),
+            cache_dir=settings.cache_dir,
+            disk_budget_bytes=settings.disk_budget_mb << 20,
+            disk_precision=KVPrecision(settings.disk_kv_bits, settings.kv_group_size) if settings.disk_kv_bits else None,
+            decode_quantized=settings.decode_quantized,
+        )
+    )
+    config = uvicorn.Config(None, host=settings.host, port=settings.port, log_config=None, timeout_graceful_shutdown=30)
+    server = uvicorn.Server(config)
+
+    def stop_server() -> None:
+        server.should_exit = True
+
+    config.app = create_app(
+        engine,
+        model_name=model_path.name,
+        host=settings.host,
+        api_key=settings.api_key_value,
+        on_load_failure=stop_server,
+    )
+    server.run()
+    return 1 if engine.load_error else 0
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
