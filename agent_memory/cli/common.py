@@ -21,7 +21,8 @@ CacheDirOption = typer.Option(
 
 
 def error(e: Exception | str) -> None:
-    console.print(Text.assemble(("error: ", "red"), str(e)))  # Text: never read as rich markup
+    """One error line (the terminal wraps it: a path stays whole for copying)."""
+    console.print(Text.assemble(("error: ", "red"), str(e)), soft_wrap=True)  # Text: never read as markup
 
 
 def fail(message: Exception | str, code: int = 1) -> NoReturn:

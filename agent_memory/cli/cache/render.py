@@ -156,7 +156,9 @@ def verify(root: Path, checked: dict[str, int], problems: list[Problem], fmt: Fo
         emit_json({"ok": not problems, "checked": checked, "problems": found})
     elif fmt is Format.human:
         console = _stdout()
-        summary = f"{checked['blocks']} block files, {checked['manifests']} manifests in {checked['folders']} model folders"
+        summary = (
+            f"{checked['blocks']} block files, {checked['manifests']} manifests in {checked['folders']} model folders"
+        )
         if problems:
             table = _table("file", "kind", "problem")
             for p in problems:
@@ -172,7 +174,7 @@ def prune(
 ) -> None:
     """planned: (folder, kind, name, bytes) of every item."""
     if fmt is Format.json:
-        removed = [{"folder": folder, "kind": kind, "name": name, "bytes": size} for folder, kind, name, size in planned]
+        removed = [{"folder": f, "kind": kind, "name": name, "bytes": size} for f, kind, name, size in planned]
         emit_json({"dry_run": dry_run, "older_than_s": max_age, "removed": removed, "freed_bytes": freed})
     elif fmt is Format.human:
         console = _stdout()
@@ -185,7 +187,7 @@ def prune(
                 table.add_row(_cell(folder), kind, _cell(shown), human_bytes(size))
             console.print(table)
         verb = "would free" if dry_run else "freed"
-        console.print(f"{plural(len(planned), 'item')}, {verb} {human_bytes(freed)}" + (" (dry run)" if dry_run else ""))
+        console.print(f"{plural(len(planned), 'item')}, {verb} {human_bytes(freed)}{' (dry run)' * dry_run}")
 
 
 def stats(root: Path, rows: list[FolderStats], total: FolderStats, fmt: Format) -> None:
