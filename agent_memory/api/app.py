@@ -16,6 +16,7 @@ from agent_memory.api import agents, errors, openai
 from agent_memory.api.middleware import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware, RequestIdMiddleware
 from agent_memory.api.state import ServerState
 from agent_memory.engine.loop import BatchEngine
+from agent_memory.memory.folder import Folder
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +26,19 @@ def create_app(
     *,
     model_name: str,
     host: str,
+    port: int,
     api_key: str | None,
     on_load_failure: Callable[[], None],
 ) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
-        watcher = asyncio.create_task(_watch_load(engine, on_load_failure))
+        watcher = asyncio.create_task(_watch_load(engine, on_load_failure, base_url(host, port)))
         yield
         watcher.cancel()
         await asyncio.to_thread(engine.stop)
+        if engine.disk is not None:  # only now: the writer has flushed and touches nothing more
+            await asyncio.to_thread(_unrecord, engine.disk.folder)
         app.state.server.tokenizer_pool.shutdown()
 
     app = FastAPI(title="agent-memory", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -73,10 +77,34 @@ def create_app(
     return app
 
 
-async def _watch_load(engine: BatchEngine, on_load_failure: Callable[[], None]) -> None:
+async def _watch_load(engine: BatchEngine, on_load_failure: Callable[[], None], url: str) -> None:
     await asyncio.to_thread(engine.ready.wait)
     if engine.load_error:
         log.error("the model could not be loaded: %s", engine.load_error)
         on_load_failure()
-    else:
-        log.info("ready")
+        return
+    if engine.disk is not None:
+        await asyncio.to_thread(_record, engine.disk.folder, url)
+    log.info("ready")
+
+
+def base_url(host: str, port: int) -> str:
+    """Where a client on this machine reaches the server: a wildcard bind is reached on loopback."""
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host.strip('[]')}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _record(folder: Folder, url: str) -> None:
+    """server.json: while it names this process, `agent-memory cache rm` and `prune` end agents
+    through this server instead of deleting files it counts."""
+    try:
+        folder.write_server_json(url)
+    except OSError as e:
+        log.warning("could not write %s (%s): `agent-memory cache` will not know this server", folder.server_json, e)
+
+
+def _unrecord(folder: Folder) -> None:
+    try:
+        folder.remove_server_json()
+    except OSError as e:
+        log.warning("could not remove %s: %s", folder.server_json, e)

@@ -119,6 +119,7 @@ def _serve(settings: Settings) -> int:
         engine,
         model_name=model_path.name,
         host=settings.host,
+        port=settings.port,
         api_key=settings.api_key_value,
         on_load_failure=stop_server,
     )

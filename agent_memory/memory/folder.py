@@ -3,6 +3,7 @@ tier (disk.py) and the `cache` commands alike. No MLX here.
 
     <cache-dir>/kv/<model>-<fingerprint>-<precision>/
         model.json                         what this folder holds (for people and the CLI)
+        server.json                        the server running on this folder: pid, URL, start
         blocks/<h[:2]>/<hash>.safetensors  one block, content-addressed (blockfile.py)
         agents/<hash of agent id>.json     an agent's manifest: its tokens and block hashes
         quarantine/                        files that failed a check, with a .why note
@@ -39,6 +40,7 @@ MAX_MANIFEST_BYTES = 64 << 20
 MAX_MODEL_JSON_BYTES = 1 << 20
 MAX_TOKEN_ID = 2**32  # block hashes pack token ids as uint32 (hashing.py)
 MODEL_JSON = "model.json"
+SERVER_JSON = "server.json"
 BLOCK_META_KEYS = ("fingerprint", "bits", "group_size")  # model.json fields every block file repeats
 
 
@@ -92,6 +94,30 @@ class BlockRecord:
         if not (isinstance(start, str) and start.isascii() and start.isdigit()):
             raise ValueError("its start position is not a number")
         return cls(block_hash, parent, int(start), tuple(tokens))
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """server.json: a server process serving the folder. While it lives, agents are ended
+    through it (the `cache` commands), never by deleting files it still counts."""
+
+    pid: int
+    url: str  # base URL, http://host:port
+    started: float  # wall clock
+    path: Path
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether a process of this id exists (signal 0 checks without sending anything)."""
+    if type(pid) is not int or not 0 < pid < 2**31:  # 0 and -1 would name process groups
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        return True
+    return True
 
 
 @dataclass
@@ -229,18 +255,45 @@ class Folder:
 
     def read_model_json(self) -> tuple[dict, str | None]:
         """model.json as a dict ({} if absent) and what is wrong with it, if anything."""
+        return self._read_json(MODEL_JSON)
+
+    def _read_json(self, name: str) -> tuple[dict, str | None]:
         try:
-            with blockfile.open_regular(self.root / MODEL_JSON) as f:
+            with blockfile.open_regular(self.root / name) as f:
                 if os.fstat(f.fileno()).st_size > MAX_MODEL_JSON_BYTES:
-                    return {}, "model.json is too large"
+                    return {}, f"{name} is too large"
                 data = json.loads(f.read())
         except FileNotFoundError:
             return {}, None
         except (OSError, ValueError, RecursionError) as e:
-            return {}, f"unreadable model.json: {e}"
+            return {}, f"unreadable {name}: {e}"
         if not isinstance(data, dict):
-            return {}, "model.json is not a JSON object"
+            return {}, f"{name} is not a JSON object"
         return data, None
+
+    @property
+    def server_json(self) -> Path:
+        return self.root / SERVER_JSON
+
+    def write_server_json(self, url: str) -> None:
+        """Record this process as the folder's server, once it serves (atomic, 0600)."""
+        record = {"pid": os.getpid(), "url": url, "started": time.time()}
+        blockfile.write_atomic(self.server_json, [json.dumps(record, indent=1).encode()])
+
+    def read_server_json(self) -> ServerRecord | None:
+        """The server serving this folder; None when there is no record, it is unreadable, or
+        its process is gone: a crashed server leaves no claim behind."""
+        data, _ = self._read_json(SERVER_JSON)
+        pid, url, started = data.get("pid"), data.get("url"), data.get("started")
+        if not (isinstance(url, str) and type(started) in (int, float) and pid_alive(pid)):
+            return None
+        return ServerRecord(pid, url, float(started), self.server_json)
+
+    def remove_server_json(self) -> None:
+        """At a clean shutdown: only this process's own record (another server may have
+        recorded itself since)."""
+        if self._read_json(SERVER_JSON)[0].get("pid") == os.getpid():
+            unlink_regular(self.server_json)
 
     def scan(self, owns: Callable[[str], bool]) -> FolderScan:
         """List every file; read and check manifests (those `owns` refuses are bad ones)."""

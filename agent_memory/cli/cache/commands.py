@@ -2,7 +2,8 @@
 
 It reads the very files the server writes (memory/folder.py, memory/blockfile.py) and never
 imports MLX, so it starts at once and runs where MLX cannot. What it looks at: scan.py; what it
-checks and deletes, and in which order: operations.py; what it prints: render.py.
+checks and deletes, and in which order: operations.py; a running server: server.py; what it
+prints: render.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import typer
 
 from agent_memory.cli.cache import render
-from agent_memory.cli.cache.operations import Problem, delete_in_order, execute_prune, plan_prune, verify_folder
+from agent_memory.cli.cache.operations import Problem, execute_prune, plan_prune, remove_agent, verify_folder
 from agent_memory.cli.cache.render import Format, human_bytes, parse_duration, printable
 from agent_memory.cli.cache.scan import AgentRow, FolderStats, describe_agent, find_agent, scan_cache
 from agent_memory.cli.common import CacheDirOption, progress, settings
@@ -133,10 +134,10 @@ def rm_command(
 ) -> None:
     """Remove one agent: its manifest, then the block files no other agent uses.
 
-    While the server runs, prefer DELETE /v1/agents/ID: the server writes an agent it still
-    holds back to disk on its next request."""
-    root = settings(cache_dir).cache_dir
-    folder, manifest = find_agent(scan_cache(root, model), agent_id)
+    While a server runs on the agent's folder, the agent is ended through it
+    (DELETE /v1/agents/ID, with the configured API key), never by deleting files it holds."""
+    config = settings(cache_dir)
+    folder, manifest = find_agent(scan_cache(config.cache_dir, model), agent_id)
     private = folder.private_blocks(manifest)
     shared = [h for h in dict.fromkeys(manifest.blocks) if h in folder.files.blocks and h not in private]
     if not yes:
@@ -146,7 +147,7 @@ def rm_command(
             abort=True,
             err=True,
         )
-    removed, freed = delete_in_order(folder, [manifest], private)
+    removed, freed, server = remove_agent(folder, manifest, config.api_key_value)
     if fmt is Format.json:
         render.emit_json(
             {
@@ -156,12 +157,14 @@ def rm_command(
                 "removed_blocks": removed,
                 "kept_shared_blocks": len(shared),
                 "freed_bytes": freed,
+                "server": server,
             }
         )
     elif fmt is Format.human:
         render.say(
-            f"removed agent {printable(manifest.agent)} from {folder.folder}: "
-            f"its manifest and {len(removed)} block files, freed {human_bytes(freed)}; "
+            f"removed agent {printable(manifest.agent)} from {folder.folder}"
+            + (f" through the server at {server}" if server else "")
+            + f": its manifest and {len(removed)} block files, freed {human_bytes(freed)}; "
             f"kept {len(shared)} block files other agents use"
         )
 
@@ -178,10 +181,11 @@ def prune_command(
 ) -> None:
     """Remove old agents, orphan block files, leftover temp files (and the quarantine if asked).
 
-    Never removes a block that an agent that stays still uses."""
+    Never removes a block that an agent that stays still uses. Old agents of a folder a server
+    runs on are ended through the server."""
     max_age = parse_duration(older_than) if older_than else None
-    root, now = settings(cache_dir).cache_dir, time.time()
-    plans = [plan_prune(f, max_age, quarantine, now) for f in scan_cache(root, model)]
+    config, now = settings(cache_dir), time.time()
+    plans = [plan_prune(f, max_age, quarantine, now) for f in scan_cache(config.cache_dir, model)]
     planned = [(plan.folder.folder, *item) for plan in plans for item in plan.items()]
     freed = sum(i[3] for i in planned)
     if planned and not (yes or dry_run):
@@ -192,8 +196,10 @@ def prune_command(
             err=True,
         )
     if not dry_run:
+        for plan in plans:
+            plan.connect(config.api_key_value)  # every server answers before anything is deleted
         freed = sum(execute_prune(plan, max_age, now) for plan in plans)
-    render.prune(root, planned, freed, dry_run, max_age, fmt)
+    render.prune(config.cache_dir, planned, freed, dry_run, max_age, fmt)
 
 
 @cache_app.command("stats")

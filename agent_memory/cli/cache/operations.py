@@ -5,7 +5,8 @@ skipped, and every deletion is one `unlink_regular` (never a link's target, neve
 but a regular file) made in the one safe order: a manifest first, then only block files that
 no manifest still on disk names. The server writes a block before the manifest naming it, so a
 block no manifest names (an orphan) or a temp file younger than GRACE_S may be a write still
-under way; those are left alone until they are older.
+under way; those are left alone until they are older. Agents of a folder with a live server
+(server.json) are ended through the server (server.py), never by deleting its files.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_memory.cli.cache.scan import ModelFolder
+from agent_memory.cli.cache.server import LiveServer
 from agent_memory.memory import blockfile
 from agent_memory.memory.folder import BLOCK_META_KEYS, FOLDER_RE, BlockRecord, FileInfo, Manifest, unlink_regular
 from agent_memory.memory.hashing import BlockNames
 
 GRACE_S = 600.0  # younger orphans and temp files may belong to a write the server is making
+SERVER_WAIT_S = 30.0  # how long to wait for the server's writer to delete an ended agent's files
 
 
 # -- verify --------------------------------------------------------------------------------
@@ -131,6 +134,30 @@ def delete_in_order(folder: ModelFolder, manifests: Iterable[Manifest], blocks: 
     return removed, freed
 
 
+def ended_by_server(folder: ModelFolder, manifests: list[Manifest], blocks: Iterable[str]) -> tuple[list[str], int]:
+    """What the server deleted of ended agents' manifests and of `blocks`, once their
+    manifests are gone (its writer deletes an agent's blocks before its manifest)."""
+    sizes = {m.path: file_size(m.path) for m in manifests}
+    deadline = time.monotonic() + SERVER_WAIT_S
+    while any(os.path.lexists(p) for p in sizes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    freed = sum(size for path, size in sizes.items() if not os.path.lexists(path))
+    removed = [h for h in dict.fromkeys(blocks) if not os.path.lexists(folder.files.blocks[h].path)]
+    return removed, freed + folder.bytes_of(removed)
+
+
+def remove_agent(folder: ModelFolder, manifest: Manifest, api_key: str | None) -> tuple[list[str], int, str | None]:
+    """Remove one agent and the block files only it used: through the folder's live server
+    if there is one, else on disk. Returns the blocks removed, bytes freed and the server's URL."""
+    private = folder.private_blocks(manifest)
+    record = folder.layout.read_server_json()
+    if record is not None:
+        server = LiveServer(record, api_key)
+        if server.end_agent(manifest.agent):
+            return *ended_by_server(folder, [manifest], private), server.url
+    return *delete_in_order(folder, [manifest], private), None
+
+
 # -- prune ---------------------------------------------------------------------------------
 
 
@@ -141,6 +168,8 @@ class PrunePlan:
     blocks: list[str]
     temp_files: list[FileInfo]
     quarantined: list[FileInfo]
+    server: LiveServer | None = None
+    held: dict[str, float] = field(default_factory=dict)  # agents the server holds -> last use
 
     def items(self) -> list[tuple[str, str, int]]:
         """(kind, what, bytes) of everything the plan removes."""
@@ -151,6 +180,14 @@ class PrunePlan:
             *(("quarantine", str(q.path), q.size) for q in self.quarantined),
         ]
 
+    def connect(self, api_key: str | None) -> None:
+        """Ask the folder's live server, if any, which agents it holds: before anything is
+        deleted anywhere, so that a server that does not answer stops the whole prune."""
+        record = self.folder.layout.read_server_json() if self.agents else None
+        if record is not None:
+            self.server = LiveServer(record, api_key)
+            self.held = self.server.agents()
+
 
 def plan_prune(folder: ModelFolder, max_age: float | None, quarantine: bool, now: float) -> PrunePlan:
     """Agents unused for longer than max_age, the blocks only they or nobody name (orphans only
@@ -158,13 +195,17 @@ def plan_prune(folder: ModelFolder, max_age: float | None, quarantine: bool, now
     files = folder.files
     old = [m for m in files.manifests if max_age is not None and now - m.last_used > max_age]
     kept = {h for m in files.manifests if m not in old for h in m.blocks}
-    blocks = [h for h, info in files.blocks.items() if h not in kept and (h in folder.users or now - info.mtime > GRACE_S)]
+    blocks = [
+        h for h, info in files.blocks.items() if h not in kept and (h in folder.users or now - info.mtime > GRACE_S)
+    ]
     temps = [t for t in files.temp_files if now - t.mtime > GRACE_S]
     return PrunePlan(folder, old, blocks, temps, files.quarantined if quarantine else [])
 
 
-def _still_unused(manifest: Manifest, max_age: float, now: float) -> bool:
-    """Re-read before deleting: the running server may have just used the agent."""
+def _still_unused(plan: PrunePlan, manifest: Manifest, max_age: float, now: float) -> bool:
+    """Asked again before deleting: the running server may have just used the agent."""
+    if manifest.agent in plan.held:
+        return now - plan.held[manifest.agent] > max_age
     try:
         return now - Manifest.read(manifest.path).last_used > max_age
     except FileNotFoundError:
@@ -174,9 +215,13 @@ def _still_unused(manifest: Manifest, max_age: float, now: float) -> bool:
 
 
 def execute_prune(plan: PrunePlan, max_age: float | None, now: float) -> int:
-    """Carry the plan out; the bytes freed."""
-    old = [m for m in plan.agents if _still_unused(m, max_age, now)] if max_age is not None else []
-    freed = delete_in_order(plan.folder, old, plan.blocks)[1]
+    """Carry the plan out (after `connect`); the bytes freed."""
+    old = [m for m in plan.agents if _still_unused(plan, m, max_age, now)] if max_age is not None else []
+    ended = [m for m in old if plan.server and m.agent in plan.held and plan.server.end_agent(m.agent)]
+    theirs = {h for m in ended for h in m.blocks}
+    freed = ended_by_server(plan.folder, ended, [h for h in plan.blocks if h in theirs])[1] if ended else 0
+    mine = [m for m in old if m not in ended]
+    freed += delete_in_order(plan.folder, mine, [h for h in plan.blocks if h not in theirs])[1]
     for info in [*plan.temp_files, *plan.quarantined]:
         if unlink_regular(info.path):
             freed += info.size
