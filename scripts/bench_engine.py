@@ -26,7 +26,8 @@ from pathlib import Path
 
 def run_worker(args) -> dict:
     import agent_memory.blas as blas
-    from agent_memory.engine.loop import BatchEngine, EngineConfig
+    from agent_memory.engine.config import EngineConfig
+    from agent_memory.engine.loop import BatchEngine
     from agent_memory.engine.requests import Finished, GenerationRequest, SamplingParams, TextDelta
 
     engine = BatchEngine(EngineConfig(model_path=Path(args.model), max_batch=max(args.concurrency), hot_budget_bytes=0))

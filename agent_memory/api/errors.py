@@ -47,6 +47,8 @@ def _describe(err: dict) -> tuple[str, str | None]:
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
     if err.get("type") == "invalid_unicode":
         return err["msg"], err["ctx"]["param"]
+    if err.get("type") == "unknown_tool":
+        return err["msg"], "tool_choice"
     if err.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}", None
     param = ".".join(loc) or None

@@ -1,4 +1,5 @@
-"""The OpenAI wire format: chat and text completions (JSON or SSE) and the model list."""
+"""The OpenAI wire format: chat and text completions (JSON or SSE), tools and structured
+output on chat, and the model list."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from fastapi.responses import StreamingResponse
 
 from agent_memory.api import pipeline
 from agent_memory.api.errors import APIError, error_body
-from agent_memory.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from agent_memory.api.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
 from agent_memory.api.state import ServerState, ready_state
+from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice
+from agent_memory.chat.toolcalls import CallArguments, CallStart, ContentDelta, ToolCallParser
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta, Usage
 
 router = APIRouter()
@@ -42,7 +45,7 @@ async def list_models(request: Request) -> dict:
 
 
 def _generation(
-    state: ServerState, body: SamplingFields, request: Request, prompt: list[int], prompt_param: str
+    state: ServerState, body: SamplingFields, request: Request, prompt: list[int], prompt_param: str, grammar=None
 ) -> GenerationRequest:
     agent = pipeline.agent_id(
         [
@@ -59,50 +62,80 @@ def _generation(
         "stop": body.stop_strings(),
         "logit_bias": body.logit_bias or {},
     }
-    return pipeline.generation_request(state, prompt, agent, body.token_limit(), sampling, request, prompt_param)
+    return pipeline.generation_request(state, prompt, agent, body.token_limit(), sampling, request, prompt_param, grammar)
+
+
+def conversation(body: ChatCompletionRequest) -> Conversation:
+    messages = [
+        Message(
+            role=m.template_role(),
+            content=m.text(),
+            tool_calls=[ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or []],
+            tool_call_id=m.tool_call_id,
+        )
+        for m in body.messages
+    ]
+    tools = [Tool(t.function.name, t.function.description, t.function.parameters or {}) for t in body.tools or []]
+    choice = body.tool_choice or ("auto" if tools else "none")
+    if isinstance(choice, NamedToolChoice):
+        choice = ToolChoice("named", choice.function.name)
+    else:
+        choice = ToolChoice(choice)
+    fmt = body.response_format
+    output = OutputFormat()
+    if fmt is not None and fmt.type == "json_object":
+        output = OutputFormat("json_object")
+    elif fmt is not None and fmt.type == "json_schema":
+        output = OutputFormat("json_schema", fmt.json_schema.schema_)
+    return Conversation(messages, tools, choice, body.parallel_tool_calls, output)
+
+
+def tool_parser(state: ServerState, conv: Conversation) -> ToolCallParser | None:
+    """How this reply's text turns into calls: None when it may hold none."""
+    if not conv.calls_tools:
+        return None
+    if state.tool_format.json_calls:
+        return ToolCallParser()
+    tok = state.engine.loaded.tokenizer
+    return ToolCallParser(tok.tool_call_start, tok.tool_call_end, lambda body: tok.tool_parser(body, conv.tools))
+
+
+def finish_reason(reason: str, calls: list) -> str:
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+def call_dict(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, state: ServerState = Depends(ready_state)
 ):
-    messages = [{"role": m.template_role(), "content": m.text()} for m in body.messages]
-    prompt = await pipeline.render_chat(state, messages)
-    generation = _generation(state, body, request, prompt, "messages")
+    conv = conversation(body)
+    prepared = await pipeline.prepare_chat(state, conv)
+    generation = _generation(state, body, request, prepared.prompt, "messages", prepared.grammar)
     completion_id = "chatcmpl-" + uuid.uuid4().hex
-
-    def chunk(delta: dict, finish_reason: str | None = None) -> dict:
-        return {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
-
+    parser = tool_parser(state, conv)
     if body.stream:
-        frames = _sse(
-            state,
-            generation,
-            completion_id,
-            "chat.completion.chunk",
-            body.include_usage(),
-            first=chunk({"role": "assistant", "content": ""}),
-            text_chunk=lambda text: chunk({"content": text}),
-            final_chunk=lambda reason: chunk({}, reason),
-        )
+        frames = _chat_sse(state, generation, completion_id, body.include_usage(), parser)
         return StreamingResponse(frames, media_type="text/event-stream")
     events = await pipeline.collect(state, generation, request)
     if events is None:
         return Response(status_code=499)
     finished = events[-1]
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    content, calls = parser.split(text) if parser else (text, [])
+    message: dict = {"role": "assistant", "content": content if content or not calls else None}
+    if calls:
+        message["tool_calls"] = [call_dict(c) for c in calls]
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": state.model_name,
         "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finished.reason,
-            }
+            {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(finished.reason, calls)}
         ],
         "usage": usage_dict(finished.usage),
     }
@@ -124,16 +157,13 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
         return {"choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
 
     if body.stream:
-        frames = _sse(
-            state,
-            generation,
-            completion_id,
-            "text_completion",
-            body.include_usage(),
-            first=None,
-            text_chunk=chunk,
-            final_chunk=lambda reason: chunk("", reason),
-        )
+
+        def chunks(event) -> list[dict]:
+            if isinstance(event, TextDelta):
+                return [chunk(event.text)]
+            return [chunk("", event.reason)]
+
+        frames = _sse(state, generation, completion_id, "text_completion", body.include_usage(), None, chunks)
         return StreamingResponse(frames, media_type="text/event-stream")
     events = await pipeline.collect(state, generation, request)
     if events is None:
@@ -150,6 +180,37 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
     }
 
 
+def _chat_sse(
+    state: ServerState, generation: GenerationRequest, completion_id: str, include_usage: bool, parser
+) -> AsyncIterator[str]:
+    """Chat chunks: text as content deltas, calls as OpenAI's tool-call deltas (the first of a
+    call with its index, id, type and name; then fragments of its arguments)."""
+
+    def chunk(delta: dict, finish: str | None = None) -> dict:
+        return {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+    def delta(out) -> dict:
+        if isinstance(out, ContentDelta):
+            return {"content": out.text}
+        if isinstance(out, CallStart):
+            call = {"index": out.index, "id": out.id, "type": "function", "function": {"name": out.name, "arguments": ""}}
+            return {"tool_calls": [call]}
+        return {"tool_calls": [{"index": out.index, "function": {"arguments": out.text}}]}
+
+    def chunks(event) -> list[dict]:
+        if isinstance(event, TextDelta):
+            outs = parser.feed(event.text) if parser else [ContentDelta(event.text)]
+            return [chunk(delta(o)) for o in outs]
+        outs, unfinished = parser.finish() if parser else ([], "")
+        if unfinished:
+            outs.append(ContentDelta(unfinished))
+        calls = parser.calls if parser else []
+        return [*(chunk(delta(o)) for o in outs), chunk({}, finish_reason(event.reason, calls))]
+
+    first = chunk({"role": "assistant", "content": ""})
+    return _sse(state, generation, completion_id, "chat.completion.chunk", include_usage, first, chunks)
+
+
 async def _sse(
     state: ServerState,
     generation: GenerationRequest,
@@ -157,8 +218,7 @@ async def _sse(
     object_name: str,
     include_usage: bool,
     first: dict | None,
-    text_chunk: Callable[[str], dict],
-    final_chunk: Callable[[str], dict],
+    chunks: Callable[[TextDelta | Finished], list[dict]],
 ) -> AsyncIterator[str]:
     created = int(time.time())
 
@@ -171,13 +231,11 @@ async def _sse(
     if first is not None:
         yield frame(first)
     async for event in pipeline.events(state, generation):
-        if isinstance(event, TextDelta):
-            yield frame(text_chunk(event.text))
-        elif isinstance(event, Failed):
+        if isinstance(event, Failed):
             yield f"data: {json.dumps(error_body(event.status, event.message, code=event.code))}\n\n"
             break
-        elif isinstance(event, Finished):
-            yield frame(final_chunk(event.reason))
-            if include_usage:
-                yield frame({"choices": [], "usage": usage_dict(event.usage)})
+        for payload in chunks(event):
+            yield frame(payload)
+        if isinstance(event, Finished) and include_usage:
+            yield frame({"choices": [], "usage": usage_dict(event.usage)})
     yield "data: [DONE]\n\n"

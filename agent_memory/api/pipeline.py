@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 
 from agent_memory.api.errors import APIError
 from agent_memory.api.schemas import MAX_AGENT_ID
 from agent_memory.api.state import ServerState
+from agent_memory.chat.conversation import Conversation
+from agent_memory.chat.grammar import GrammarError
 from agent_memory.engine.requests import Event, Failed, Finished, GenerationRequest, SamplingParams
 
 
@@ -36,17 +40,44 @@ def agent_id(candidates: list[tuple[str, object]]) -> str | None:
     return None
 
 
-async def render_chat(state: ServerState, messages: list[dict], param: str = "messages") -> list[int]:
-    """The chat template's rendering of `messages`, tokenized, on the tokenizer worker."""
+@dataclass
+class Prepared:
+    prompt: list[int]
+    grammar: Any  # an llguidance matcher, or None for free text
 
-    def render(tokenizer) -> list[int]:
+
+async def prepare_chat(
+    state: ServerState, conversation: Conversation, params: tuple[str, str, str] = ("messages", "tools", "response_format")
+) -> Prepared:
+    """On the tokenizer worker: the conversation rendered through the chat template (tools
+    natively or in the built-in format) and tokenized, and the grammar its output must follow.
+    `params`: the wire format's names of the messages, the tools and the output format."""
+    messages_param, tools_param, format_param = params
+
+    def prepare(tokenizer) -> Prepared:
+        messages, tools = state.tool_format.template_input(conversation)
         try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         except Exception as e:  # the model's own template refused these messages
-            raise APIError(400, f"the chat template cannot render these messages: {e}", param=param) from e
-        return tokenizer.encode(text, add_special_tokens=False)
+            raise APIError(400, f"the chat template cannot render these messages: {e}", param=messages_param) from e
+        grammar = None
+        if conversation.calls_tools and not state.tool_format.json_calls:
+            if conversation.tool_choice.mode != "auto":
+                raise APIError(
+                    400,
+                    f"tool_choice '{conversation.tool_choice.mode}' needs the <tool_call> JSON format; this model's "
+                    f"template uses mlx-lm's {state.tool_format.parser} format, which is not constrained here",
+                    param="tool_choice",
+                )
+        else:
+            try:
+                text_grammar = state.grammars.grammar(conversation, tools_param, format_param)
+                grammar = state.grammars.matcher(text_grammar) if text_grammar else None
+            except GrammarError as e:
+                raise APIError(400, str(e), param=e.param, code="invalid_schema") from e
+        return Prepared(tokenizer.encode(text, add_special_tokens=False), grammar)
 
-    return await state.tokenize(render)
+    return await state.tokenize(prepare)
 
 
 def generation_request(
@@ -57,6 +88,7 @@ def generation_request(
     sampling: dict,
     request: Request,
     prompt_param: str,
+    grammar: Any = None,
 ) -> GenerationRequest:
     """Check the prompt and the tokens to generate against the context, then build the
     engine's request. `sampling`: SamplingParams' fields but max_tokens."""
@@ -80,6 +112,7 @@ def generation_request(
         params=SamplingParams(max_tokens=limit or room, **sampling),
         agent=agent,
         request_id=request.scope.get("state", {}).get("request_id", ""),
+        grammar=grammar,
     )
 
 

@@ -52,10 +52,28 @@ class TextPart(BaseModel):
     text: str
 
 
+TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(pattern=TOOL_NAME)
+    arguments: str = "{}"
+
+
+class ToolCallField(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallField] | None = None
+    tool_call_id: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -127,9 +145,71 @@ class SamplingFields(RequestBody):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(pattern=TOOL_NAME)
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str = "response"
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs json_schema.schema")
+        return self
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def choice_names_a_tool(self):
+        names = [t.function.name for t in self.tools or []]
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise PydanticCustomError(
+                "unknown_tool", "tool_choice names '{name}', which is not in tools", {"name": choice.function.name}
+            )
+        if choice in ("required",) and not names:
+            raise PydanticCustomError("unknown_tool", "tool_choice 'required' needs tools", {})
+        if len(set(names)) != len(names):
+            raise ValueError("tool names must be unique")
+        return self
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -7,11 +7,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, TypeVar
 
 from fastapi import Request
 
 from agent_memory.api.errors import APIError
+from agent_memory.chat.grammar import GrammarCompiler
+from agent_memory.chat.render import ToolFormat
 from agent_memory.engine.loop import BatchEngine
 
 T = TypeVar("T")
@@ -27,6 +30,15 @@ class ServerState:
     tokenizer_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenizer")
     )
+
+    @cached_property
+    def tool_format(self) -> ToolFormat:
+        return ToolFormat.of(self.engine.loaded.tokenizer)
+
+    @cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Built on first use, on the tokenizer worker (about a second on a large vocabulary)."""
+        return GrammarCompiler(self.engine.loaded.tokenizer, self.engine.loaded.vocab_size)
 
     @property
     def context_length(self) -> int:

@@ -88,8 +88,9 @@ def _serve(settings: Settings) -> int:
     import uvicorn
 
     from agent_memory.api.app import create_app
-    from agent_memory.engine.loop import BatchEngine, EngineConfig
+    from agent_memory.engine.config import EngineConfig
     from agent_memory.engine.kv import KVPrecision
+    from agent_memory.engine.loop import BatchEngine
     from agent_memory.models.registry import ModelError
 
     try:

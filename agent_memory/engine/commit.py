@@ -10,7 +10,7 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
 from agent_memory.engine import kv
-from agent_memory.engine.sequence import Sequence
+from agent_memory.engine.sequence import Sequence, canonical_reply
 from agent_memory.memory.disk import DiskTier
 from agent_memory.memory.store import AgentCacheStore
 
@@ -18,10 +18,23 @@ log = logging.getLogger(__name__)
 
 
 class Committer:
-    def __init__(self, store: AgentCacheStore, disk: DiskTier | None, precisions: kv.Precisions) -> None:
+    def __init__(self, store: AgentCacheStore, disk: DiskTier | None, precisions: kv.Precisions, decoder) -> None:
         self.store = store
         self.disk = disk
         self.precisions = precisions
+        self.decoder = decoder  # a tokenizers.Tokenizer: the reply's canonical tokens
+
+    def commit_turn(self, seq: Sequence, reason: str, cache: list, tokens: list[int]) -> list[int] | None:
+        """Commit a finished sequence's KV for its agent, as far as it is what the agent's next
+        turn will send; return the canonical sequence still to compute, if any (see
+        sequence.canonical_reply)."""
+        follow_up = None
+        if seq.agent is not None and reason in ("stop", "length"):
+            reply = self.decoder.encode("".join(seq.emitted), add_special_tokens=False).ids
+            keep, follow_up = canonical_reply(seq.prompt, tokens, reply)
+            tokens = tokens[:keep]
+        self.commit(seq, seq.agent, cache, tokens)
+        return follow_up
 
     def commit(self, seq: Sequence, agent: str | None, cache: list, tokens: list[int]) -> None:
         """Store tokens' KV (for `agent`, or anonymously); a failure costs only reuse."""

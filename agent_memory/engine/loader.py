@@ -32,6 +32,7 @@ class LoadedModel:
     tokenizer: Any  # mlx-lm TokenizerWrapper, for the API's tokenizer thread
     decoder: Tokenizer  # an independent copy, for the engine thread's detokenizing
     context_length: int
+    vocab_size: int  # the width of the model's logits (may exceed the tokenizer's vocabulary)
     num_layers: int
     fingerprint: str
     # Context length at which a token's attention costs as much as its matmuls:
@@ -74,6 +75,7 @@ def load_model(path: Path) -> LoadedModel:
         tokenizer=tokenizer,
         decoder=Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()),
         context_length=int(context),
+        vocab_size=int(config["vocab_size"]),
         num_layers=layers,
         fingerprint=fingerprint(path),
         # Matmuls cost ~2 FLOP per weight per token; attention ~4 per query head dim per

@@ -16,21 +16,20 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
-from mlx_lm.sample_utils import make_logits_processors
 
 from agent_memory.engine import kv
 from agent_memory.engine.commit import Committer
+from agent_memory.engine.constraint import logits_processors
+from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.decode_batch import DecodeBatch
 from agent_memory.engine.detokenizer import Detokenizer
 from agent_memory.engine.loader import LoadedModel, load_model
 from agent_memory.engine.prefill import Prefiller
-from agent_memory.engine.requests import Failed, Finished, GenerationRequest, Sink, Usage
+from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, Sink, Usage
 from agent_memory.engine.sampling import make_sampler
 from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status
@@ -43,29 +42,6 @@ from agent_memory.memory.store import AgentCacheStore, Segment
 from agent_memory.metrics import Metrics
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineConfig:
-    model_path: Path
-    max_batch: int = 32
-    hot_budget_bytes: int = 2 << 30
-    precision: kv.KVPrecision = kv.KVPrecision()
-    cache_dir: Path | None = None  # None or a zero disk budget: no warm tier
-    disk_budget_bytes: int = 0
-    disk_precision: kv.KVPrecision | None = None  # None: the same as `precision`
-    # False: a running sequence attends to full-precision KV (its cached prefix dequantized
-    # once, its own new tokens never quantized) and only blocks at rest are quantized.
-    # True: it attends to quantized KV too (least memory; +10 % perplexity at Q4, slower on CPU).
-    decode_quantized: bool = False
-
-    @property
-    def precisions(self) -> kv.Precisions:
-        return kv.Precisions(
-            hot=self.precision,
-            working=self.precision if self.decode_quantized else kv.KVPrecision(),
-            disk=self.disk_precision or self.precision,
-        )
 
 
 class BatchEngine:
@@ -184,7 +160,7 @@ class BatchEngine:
             )
         self._batch = DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids, p.working.quantized)
         self._prefiller = Prefiller(loaded.model, shape, p, self.store)
-        self._committer = Committer(self.store, self.disk, p)
+        self._committer = Committer(self.store, self.disk, p, loaded.decoder)
         self.metrics.watch(self)
         log.info(
             "loaded %s: %d layers, context %d; KV cached as %s, attended as %s",
@@ -226,27 +202,34 @@ class BatchEngine:
 
     def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
         try:
-            params = request.params
-            seq = Sequence(
-                id=seq_id,
-                request=request,
-                sink=sink,
-                submitted=submitted,
-                detokenizer=Detokenizer(self.loaded.decoder),
-                stops=StopMatcher(params.stop),
-                sampler=make_sampler(params.temperature, params.top_p, params.seed),
-                processors=make_logits_processors(params.logit_bias) if params.logit_bias else [],
-                usage=Usage(prompt_tokens=len(request.prompt)),
-                cache=kv.new_cache(self.loaded.num_layers, self.precisions.working),
-                agent=request.agent,
-            )
-            seq.new_tokens = len(request.prompt) - self.store.known_prefix(request.agent, request.prompt)
+            seq = self._new_sequence(seq_id, request, sink, submitted)
         except Exception as e:
             log.exception("could not admit request %s", request.request_id)
             sink(Failed(f"the request could not be started: {e}"))
             return
         self.metrics.prompt_tokens.inc(len(request.prompt))
         self._seqs[seq_id] = seq
+
+    def _new_sequence(
+        self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float, prefill_only: bool = False
+    ) -> Sequence:
+        params = request.params
+        seq = Sequence(
+            id=seq_id,
+            request=request,
+            sink=sink,
+            submitted=submitted,
+            detokenizer=Detokenizer(self.loaded.decoder),
+            stops=StopMatcher(params.stop),
+            sampler=make_sampler(params.temperature, params.top_p, params.seed),
+            processors=logits_processors(request, self.loaded.vocab_size, self.loaded.tokenizer.eos_token_ids),
+            usage=Usage(prompt_tokens=len(request.prompt)),
+            cache=kv.new_cache(self.loaded.num_layers, self.precisions.working),
+            agent=request.agent,
+            prefill_only=prefill_only,
+        )
+        seq.new_tokens = len(request.prompt) - self.store.known_prefix(request.agent, request.prompt)
+        return seq
 
     def _next_prefill(self) -> Sequence | None:
         """The sequence to prefill next: one already planned whose disk reads are done, else
@@ -265,10 +248,10 @@ class BatchEngine:
         agents that arrive together then reuse the shared prefix the first of them computed.
         The lookup pins the blocks it names; warm ones start being read from disk."""
         prompt = seq.prompt
-        seq.lease = self.store.lookup(prompt[:-1])
+        seq.lease = self.store.lookup(prompt[: seq.prefill_end])
         seq.plan.extend(seq.lease.segments)
-        if seq.lease.end < len(prompt) - 1:
-            seq.plan.append(Segment(seq.lease.end, len(prompt) - 1, None))
+        if seq.lease.end < seq.prefill_end:
+            seq.plan.append(Segment(seq.lease.end, seq.prefill_end, None))
         for segment in seq.lease.segments:
             if segment.block is not None and segment.block.tier is Tier.WARM:
                 future = self.disk.read_block(segment.block)
@@ -278,6 +261,9 @@ class BatchEngine:
 
     def _prefill(self, seq: Sequence) -> None:
         if not self._prefiller.run(seq, self.scheduler.chunk(self.decoding)):
+            return
+        if seq.prefill_only:
+            self._end(seq, "follow-up", seq.cache, seq.prompt)
             return
         self._share_prompt(seq)
         params = seq.request.params
@@ -327,7 +313,11 @@ class BatchEngine:
             self.store.release(seq.lease)
             seq.lease = None
         if cache is not None and tokens:
-            self._committer.commit(seq, seq.agent, cache, tokens)
+            follow_up = self._committer.commit_turn(seq, reason, cache, tokens)
+            if follow_up is not None:
+                self._follow_up(seq.agent, follow_up, seq.request.request_id)
+        if seq.prefill_only:
+            return
         self.metrics.finished.labels(reason).inc()
         if error is not None:
             seq.sink(error)
@@ -335,6 +325,13 @@ class BatchEngine:
         self.metrics.cached_tokens.labels("hot").inc(seq.usage.hot_tokens)
         self.metrics.cached_tokens.labels("warm").inc(seq.usage.warm_tokens)
         seq.sink(Finished(reason, seq.usage))
+
+    def _follow_up(self, agent: str, tokens: list[int], request_id: str) -> None:
+        """Queue the KV of `tokens` for `agent` as a prefill with no decoding: done now, at the
+        engine's leisure, rather than in the agent's next turn."""
+        request = GenerationRequest(tokens, SamplingParams(max_tokens=0, temperature=0.0), agent, request_id)
+        seq = self._new_sequence(next(self._ids), request, lambda event: None, time.perf_counter(), prefill_only=True)
+        self._seqs[seq.id] = seq
 
     def _cancel(self, seq_id: int) -> None:
         seq = self._seqs.get(seq_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -22,6 +23,8 @@ class GenerationRequest:
     params: SamplingParams
     agent: str | None = None
     request_id: str = ""  # the X-Request-Id, for logs
+    # An llguidance matcher the output must follow (constrained decoding), made by the API.
+    grammar: Any = None
 
 
 @dataclass

@@ -44,10 +44,19 @@ class Sequence:
     # Runs of `cache` that came from cached blocks, as those blocks' stored payloads: a commit
     # reuses them rather than quantizing dequantized KV again (which is not exact).
     stored: list[StoredRun] = field(default_factory=list)
+    emitted: list[str] = field(default_factory=list)  # the text the client was sent
+    # A follow-up that only computes KV for its agent (see canonical_reply): no decoding.
+    prefill_only: bool = False
 
     @property
     def prompt(self) -> list[int]:
         return self.request.prompt
+
+    @property
+    def prefill_end(self) -> int:
+        """Prompt tokens prefilled before decoding: all but the last, which is fed as the first
+        decode step's input; all of them for a prefill-only follow-up."""
+        return len(self.prompt) if self.prefill_only else len(self.prompt) - 1
 
     def ready(self) -> bool:
         """Planned, and every block it reads from disk has arrived."""
@@ -65,5 +74,22 @@ class Sequence:
         if not hit and finish is not None:
             safe += self.stops.flush()
         if safe:
+            self.emitted.append(safe)
             self.sink(TextDelta(safe))
         return hit
+
+
+def canonical_reply(prompt: list[int], fed: list[int], reply: list[int]) -> tuple[int, list[int] | None]:
+    """What a finished turn should leave in its agent's cache: the KV of the tokens the next
+    turn will send, which are the prompt plus the reply text *as the tokenizer writes it*
+    (`reply`). A model can sample another tokenization of the same text (constrained decoding
+    often does), and a stop string is in the KV but not in the text. Returns how many of the
+    `fed` tokens (whose KV exists) to keep, and the canonical sequence to compute on top of
+    them, or None when the fed tokens already are it."""
+    canonical = prompt + reply
+    keep = 0
+    for a, b in zip(fed, canonical):
+        if a != b:
+            break
+        keep += 1
+    return keep, (canonical if keep < len(canonical) else None)
