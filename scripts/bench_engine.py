@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Engine throughput on one model: prefill and decode tok/s with and without OpenBLAS, and
-aggregate decode tok/s for 1/2/4/8 concurrent requests.
+"""Engine throughput on one model: prefill and decode tok/s with and without OpenBLAS,
+aggregate decode tok/s for 1/2/4/8 concurrent requests, and what constrained decoding costs
+8 concurrent requests (tool_choice auto's grammar; a JSON schema) against none.
 
     .venv/bin/python scripts/bench_engine.py                 # the demo model
     .venv/bin/python scripts/bench_engine.py --model DIR --json out.json
@@ -17,11 +18,17 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+
+# JSON that cannot end before the run does (a request that finished early would end the stretch
+# in which all decode together).
+JSON_TEXT = {"type": "object", "properties": {"text": {"type": "string", "minLength": 400}}, "required": ["text"]}
 
 
 def run_worker(args) -> dict:
@@ -30,12 +37,15 @@ def run_worker(args) -> dict:
     from agent_memory.engine.loop import BatchEngine
     from agent_memory.engine.requests import Finished, GenerationRequest, SamplingParams, TextDelta
 
+    from agent_memory.chat.grammar import GrammarCompiler
+
     engine = BatchEngine(EngineConfig(model_path=Path(args.model), max_batch=max(args.concurrency), hot_budget_bytes=0))
     engine.start()
     engine.ready.wait()
     if engine.load_error:
         raise SystemExit(engine.load_error)
     tokenizer = engine.loaded.tokenizer
+    grammars = GrammarCompiler(tokenizer, engine.loaded.vocab_size)
     vocab = len(tokenizer)
     no_eos = {t: -100.0 for t in tokenizer.eos_token_ids}
     counter = iter(range(10**9))
@@ -47,7 +57,20 @@ def run_worker(args) -> dict:
     def generated() -> float:
         return engine.metrics.registry.get_sample_value("agent_memory_generated_tokens_total")
 
-    def run(prompts: list[list[int]], max_tokens: int) -> dict:
+    def grammar(kind: str):
+        """A fresh matcher of one of the grammars constrained requests use, or None."""
+        from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool
+
+        if kind == "none":
+            return None
+        if kind == "auto":
+            params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+            conv = Conversation([Message("user", "")], [Tool("get_weather", "", params)])
+        else:
+            conv = Conversation([Message("user", "")], output=OutputFormat("json_schema", JSON_TEXT))
+        return grammars.matcher(grammars.grammar(conv, "tools", "response_format"))
+
+    def run(prompts: list[list[int]], max_tokens: int, kind: str = "none") -> dict:
         """Submit all at once. Returns when the last finished and, for the stretch in which
         all of them decode together, the tokens generated and the time it took."""
         marks: dict = {}
@@ -72,7 +95,7 @@ def run_worker(args) -> dict:
         start = time.perf_counter()
         for i, p in enumerate(prompts):
             params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logit_bias=no_eos)
-            engine.submit(GenerationRequest(prompt=p, params=params), sink_for(i))
+            engine.submit(GenerationRequest(prompt=p, params=params, grammar=grammar(kind)), sink_for(i))
         finished.wait()
         (t0, c0), (t1, c1) = marks.get("all_decoding", (start, 0.0)), marks["first_done"]
         return {"elapsed": max(marks["done"]) - start, "tokens": c1 - c0, "span": t1 - t0}
@@ -85,6 +108,13 @@ def run_worker(args) -> dict:
         r = run([prompt(16) for _ in range(n)], args.decode_tokens)
         decode[n] = r["tokens"] / r["span"]
     result["decode_tok_s"] = decode
+    if args.constrained:
+        n, rates = max(args.concurrency), {"none": [], "auto": [], "json": []}
+        for _ in range(args.constrained):  # alternating, so drift hits every kind alike
+            for kind in rates:
+                r = run([prompt(16) for _ in range(n)], args.decode_tokens, kind)
+                rates[kind].append(r["tokens"] / r["span"])
+        result["constrained"] = {"concurrency": n, "decode_tok_s": rates}
     engine.stop()
     return result
 
@@ -96,6 +126,7 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8])
     parser.add_argument("--no-blas-prompt-tokens", type=int, default=128, help="shorter: reference BLAS is slow")
+    parser.add_argument("--constrained", type=int, default=3, help="rounds of the constrained comparison (0: skip)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -116,6 +147,7 @@ def main() -> None:
     ):
         cmd = [sys.executable, __file__, "--worker", "--model", args.model, "--prompt-tokens", str(prompt_tokens)]
         cmd += ["--decode-tokens", str(args.decode_tokens), "--concurrency", ",".join(map(str, concurrency))]
+        cmd += ["--constrained", str(args.constrained if blas == "1" else 0)]
         env = {**os.environ, "AGENT_MEMORY_OPENBLAS": blas, "HF_HUB_OFFLINE": "1"}
         print(f"running {label} ...", file=sys.stderr)
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
@@ -134,6 +166,14 @@ def main() -> None:
     print("|---|---|---|")
     for n, tps in fast["decode_tok_s"].items():
         print(f"| {n} | {tps:.1f} | {tps / single:.2f}x |")
+    if "constrained" in fast:
+        c = fast["constrained"]
+        free = statistics.median(c["decode_tok_s"]["none"])
+        print(f"\n| {c['concurrency']} concurrent requests | aggregate decode tok/s (median) | vs unconstrained |")
+        print("|---|---|---|")
+        for kind, label in (("none", "unconstrained"), ("auto", "tool_choice auto grammar"), ("json", "JSON schema (a long string)")):
+            tps = statistics.median(c["decode_tok_s"][kind])
+            print(f"| {label} | {tps:.1f} | {tps / free:.2f}x |")
     if args.json:
         args.json.write_text(json.dumps({"model": Path(args.model).name, "runs": runs}, indent=2))
 

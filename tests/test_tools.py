@@ -1,0 +1,292 @@
+"""Tool calls and structured output through the real server and the official SDK, on the tiny
+random model: whatever it would write, constrained decoding makes calls that parse and
+arguments and JSON that validate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Literal
+
+import httpx
+import jsonschema
+import pytest
+
+from agent_memory.chat.conversation import Conversation, Message, Tool, ToolChoice
+from agent_memory.chat.grammar import GrammarCompiler
+from tests.conftest import Server
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+ADD = {
+    "type": "object",
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The forecast for a city.", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "add", "description": "Add two digits.", "parameters": ADD}},
+]
+SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+QUESTION = [{"role": "system", "content": "You answer with tools."}, {"role": "user", "content": "Weather in Oslo?"}]
+ANSWER = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "maxLength": 12},
+        "score": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["answer", "score", "ok"],
+    "additionalProperties": False,
+}
+
+
+def create(client, messages=QUESTION, **kw):
+    kw.setdefault("max_tokens", 80)
+    return client.chat.completions.create(model="tiny", messages=messages, temperature=0, **kw)
+
+
+def check_calls(calls) -> None:
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def streamed(client, **kw) -> tuple[str, dict[int, dict], str]:
+    """(content, calls by index {id, name, arguments}, finish reason) of a streamed request."""
+    content, calls, finish = "", {}, None
+    for chunk in create(client, stream=True, **kw):
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or []:
+            if delta.id is not None:  # the first delta of a call: index, id, type, name
+                assert delta.index not in calls and delta.type == "function" and delta.function.name
+                calls[delta.index] = {"id": delta.id, "name": delta.function.name, "arguments": ""}
+            calls[delta.index]["arguments"] += delta.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return content, calls, finish
+
+
+@pytest.mark.parametrize(
+    "choice, names",
+    [("required", {"get_weather", "add"}), ({"type": "function", "function": {"name": "get_weather"}}, {"get_weather"})],
+)
+def test_required_and_named_choices_make_valid_calls_streamed_as_deltas(client, choice, names):
+    r = create(client, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False)
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and message.content is None
+    assert len(message.tool_calls) == 1 and message.tool_calls[0].function.name in names
+    check_calls(message.tool_calls)
+    content, calls, finish = streamed(client, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False)
+    assert finish == "tool_calls" and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == [
+        (c.function.name, c.function.arguments) for c in message.tool_calls
+    ]
+
+
+def token_ids(tiny_model, text: str) -> list[int]:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tiny_model / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+
+
+def test_parallel_calls_get_distinct_indexes(client, tiny_model):
+    # With end-of-sequence forbidden, the model must go on with more calls after the first.
+    no_end = {str(i): -100 for i in token_ids(tiny_model, "<|im_end|><|endoftext|>")}
+    kw = {"tools": TOOLS, "tool_choice": "required", "max_tokens": 130, "logit_bias": no_end}
+    calls = create(client, **kw).choices[0].message.tool_calls
+    assert len(calls) >= 2 and len({c.id for c in calls}) == len(calls)
+    check_calls(calls)
+    _, streamed_calls, finish = streamed(client, **kw)
+    assert finish == "length" and sorted(streamed_calls) == list(range(len(streamed_calls)))
+    assert [(c["name"], c["arguments"]) for c in streamed_calls.values()][: len(calls)] == [
+        (c.function.name, c.function.arguments) for c in calls
+    ]
+    single = create(client, **{**kw, "parallel_tool_calls": False})
+    assert len(single.choices[0].message.tool_calls) == 1
+
+
+def test_none_and_auto_never_return_a_malformed_call(client):
+    for choice in ("none", "auto"):
+        for question in ("Weather in Oslo?", "Tell me a story.", "Add 1 and 2."):
+            r = create(client, messages=[{"role": "user", "content": question}], tools=TOOLS, tool_choice=choice)
+            message = r.choices[0].message
+            if choice == "none":
+                assert not message.tool_calls and message.content
+            elif message.tool_calls:
+                check_calls(message.tool_calls)
+            assert "<tool_call>" not in (message.content or "") or r.choices[0].finish_reason == "length"
+
+
+def test_auto_constrains_a_call_once_the_model_opens_one(tiny_model):
+    """The auto grammar, driven token by token with the tiny model's tokenizer: free text is
+    free, but after `<tool_call>` only a valid call (and then nothing but more calls) is allowed."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model)
+    compiler = GrammarCompiler(tokenizer, 2048)
+    tools = [Tool("get_weather", "", WEATHER), Tool("add", "", ADD)]
+    grammar = compiler.grammar(Conversation([Message("user", "hi")], tools, ToolChoice("auto")), "tools", "response_format")
+
+    def accepts(text: str) -> bool:
+        matcher = compiler.matcher(grammar)
+        return all(matcher.consume_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+    assert accepts("Any text at all, {even} braces.")
+    assert accepts('Let me look.<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
+    assert not accepts('Let me look.<tool_call>\n{"name": "multiply"')
+    assert not accepts('<tool_call>\n{"name": "add", "arguments": {"a": 12')
+    assert not accepts('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> and more text')
+
+
+def test_json_object_and_json_schema_validate(client, tiny_model):
+    for question in ("Rate this.", "hi", "Give me a verdict."):
+        messages = [{"role": "user", "content": question}]
+        fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": ANSWER, "strict": True}}
+        r = create(client, messages=messages, response_format=fmt)
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), ANSWER)
+    # Any object: the tiny model's strings run long, so a bias helps it close them; the
+    # grammar alone decides that what it writes is JSON.
+    closers = {str(i): 5 for i in token_ids(tiny_model, '"}')}
+    r = create(client, response_format={"type": "json_object"}, max_tokens=300, logit_bias=closers)
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_a_three_turn_tool_conversation_reuses_each_previous_turn(client):
+    messages = list(QUESTION)
+    previous = None
+    for turn, choice in enumerate(["required", "required", "none"]):
+        r = create(
+            client,
+            messages=messages,
+            tools=TOOLS,
+            tool_choice=choice,
+            parallel_tool_calls=False,
+            max_tokens=40,
+            extra_body={"prompt_cache_key": "tool-user"},
+        )
+        usage = r.usage
+        if previous is not None:
+            assert usage.prompt_tokens_details.cached_tokens >= previous - 4, (turn, usage)
+        previous = usage.prompt_tokens + usage.completion_tokens
+        message = r.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"forecast": "sunny"})})
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+
+
+def test_eight_concurrent_constrained_and_free_requests_equal_their_solo_runs(server, client):
+    kinds = [
+        {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "v", "schema": ANSWER}}},
+        {},
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "add"}}},
+    ]
+    requests = [
+        (kinds[i % 4], [{"role": "user", "content": f"Question number {i}: what now?"}]) for i in range(8)
+    ]
+
+    def answer(r):
+        m = r.choices[0].message
+        return m.content, [(c.function.name, c.function.arguments) for c in m.tool_calls or []]
+
+    solo = [answer(create(client, messages=msgs, max_tokens=40, **kw)) for kw, msgs in requests]
+
+    async def together():
+        aclient = server.async_client()
+        rs = await asyncio.gather(
+            *(
+                aclient.chat.completions.create(model="tiny", messages=msgs, temperature=0, max_tokens=40, **kw)
+                for kw, msgs in requests
+            )
+        )
+        return [answer(r) for r in rs]
+
+    assert asyncio.run(together()) == solo
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}]}, "tools.0.parameters"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {"type": "string"}}}}},
+            "response_format",
+        ),
+    ],
+)
+def test_bad_tools_and_schemas_are_400_naming_the_field(server, body, param):
+    r = httpx.post(
+        server.base_url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body},
+        timeout=60,
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"] or "").startswith(param), error
+    if "not" in json.dumps(body.get("response_format", {})):
+        assert "not" in error["message"]
+
+
+def test_the_openai_agents_sdk_runs_an_agent_with_a_tool(server):
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    seen = []
+
+    @function_tool
+    def get_weather(city: Literal["Paris", "Oslo", "Lima"]) -> str:
+        """The forecast for a city."""
+        seen.append(city)
+        return f"Sunny in {city}."
+
+    agent = Agent(
+        name="forecaster",
+        instructions="Answer weather questions with the get_weather tool.",
+        tools=[get_weather],
+        model=OpenAIChatCompletionsModel(model="tiny", openai_client=server.async_client()),
+        model_settings=ModelSettings(tool_choice="required", max_tokens=40, temperature=0),
+    )
+    result = asyncio.run(Runner.run(agent, "What is the weather in Oslo?", max_turns=4))
+    assert seen and seen[0] in ("Paris", "Oslo", "Lima")
+    assert isinstance(result.final_output, str)
+
+
+def test_a_model_whose_template_knows_tools_gets_them_natively(tiny_model, tmp_path):
+    """A copy of the tiny model whose chat template renders `tools` itself (as Qwen's does):
+    the tools reach the template, not the built-in system text."""
+    import shutil
+
+    native = tmp_path / "tiny-native-tools"
+    shutil.copytree(tiny_model, native)
+    config_path = native / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = (
+        "{% if tools %}<|im_start|>system\nTOOLS:{% for t in tools %} {{ t.function.name }}{% endfor %}<|im_end|>\n{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    config_path.write_text(json.dumps(config))
+    with Server(native, tmp_path / "cache") as s:
+        r = create(s.client(), tools=TOOLS, tool_choice="auto", max_tokens=4)
+        plain = create(s.client(), max_tokens=4)
+        # The template's own short tool list, not the built-in instructions, went into the prompt.
+        assert 0 < r.usage.prompt_tokens - plain.usage.prompt_tokens < 20
+        # It names no call format mlx-lm knows: required calls use the built-in JSON one.
+        check_calls(create(s.client(), tools=TOOLS, tool_choice="required", parallel_tool_calls=False).choices[0].message.tool_calls)
