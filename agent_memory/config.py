@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -66,6 +67,10 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(
         None, description="Require this key (Bearer or x-api-key) on every route but /health."
     )
+    api_keys_file: Path | None = Field(
+        None,
+        description="A file of 'name key' lines: each key a tenant with its own agents and cached blocks.",
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -92,16 +97,30 @@ class Settings(BaseSettings):
     def api_key_value(self) -> str | None:
         return self.api_key.get_secret_value() if self.api_key else None
 
+    def tenant_keys(self) -> dict[str, str]:
+        """Every accepted key -> its tenant ("" for --api-key: the shared namespace)."""
+        keys = read_api_keys(self.api_keys_file) if self.api_keys_file else {}
+        if self.api_key:
+            keys[self.api_key_value] = ""
+        return keys
+
+    def key_of(self, tenant: str) -> str | None:
+        """A key of the tenant, for commands that talk to the running server for it."""
+        return next((key for key, name in self.tenant_keys().items() if name == tenant), None)
+
     def describe(self) -> str:
         """Every effective setting on one line, for the start-up log (the key only as set/none)."""
         shown = {name: getattr(self, name) for name in type(self).model_fields}
         shown["api_key"] = "set" if self.api_key else "none"
+        if self.api_keys_file:
+            shown["api_keys_file"] = f"{self.api_keys_file} ({len(set(self.tenant_keys().values()))} tenants)"
         return " ".join(f"{name}={value}" for name, value in shown.items())
 
     def check_serve(self) -> None:
         """Combinations no single setting can refuse."""
-        if not is_loopback(self.host) and not self.api_key:
+        if not is_loopback(self.host) and not (self.api_key or self.api_keys_file):
             raise ConfigError(f"--host {self.host} is reachable from other machines: set --api-key too")
+        self.tenant_keys()  # a broken keys file stops the start, with its line named
 
 
 def load_settings(**flags) -> Settings:
@@ -125,6 +144,32 @@ def _explain(error: ValidationError) -> str:
             msg = err["msg"].removeprefix("Value error, ")
             lines.append(f"{flag} (env {ENV_PREFIX}{name.upper()}, or '{name}' in the config file): {msg}")
     return "; ".join(lines)
+
+
+TENANT_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def read_api_keys(path: Path) -> dict[str, str]:
+    """An --api-keys-file: one `name key` per line (blank lines and # comments skipped)."""
+    try:
+        lines = path.expanduser().read_text().splitlines()
+    except (OSError, UnicodeError) as e:
+        raise ConfigError(f"cannot read --api-keys-file {path}: {e}") from e
+    keys: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not TENANT_NAME.match(parts[0]):
+            raise ConfigError(f"{path}:{number}: expected 'name key' (name: letters, digits, . _ -)")
+        name, key = parts
+        if key in keys:
+            raise ConfigError(f"{path}:{number}: this key is already given to '{keys[key]}'")
+        keys[key] = name
+    if not keys:
+        raise ConfigError(f"{path}: no keys")
+    return keys
 
 
 def is_loopback(host: str) -> bool:

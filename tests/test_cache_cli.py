@@ -141,6 +141,7 @@ def test_ls_json_has_stable_fields(cache):
     bob = agents["bob"]
     assert set(bob) == {
         "id",
+        "tenant",
         "model",
         "folder",
         "tokens",

@@ -25,7 +25,8 @@ from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError
 from agent_memory.memory.blocks import Tier
 from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.folder import Folder, Manifest
+from agent_memory.memory.folder import AgentKey, Folder, Manifest
+from agent_memory.memory.hashing import namespace
 from agent_memory.memory.store import AgentCacheStore
 
 FINGERPRINT = "f" * 32
@@ -67,8 +68,11 @@ def make_store(root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=
 
 
 def commit(store, agent, tokens):
-    """What the engine does at the end of a request: commit, then write what the store asks."""
-    persist = store.commit(agent, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN))
+    """What the engine does at the end of a request: commit, then write what the store asks.
+    `agent`: an id in the shared namespace, an AgentKey, or None."""
+    key = AgentKey(agent) if isinstance(agent, str) else agent
+    root = store.names.root(namespace(key.tenant, "")) if key else None
+    persist = store.commit(key, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN), root)
     if store.disk is not None:
         persist.write(store.disk, encode)
 
@@ -185,8 +189,8 @@ def test_restart_restores_agents_and_removes_orphans_and_temp_files(tmp_path):
 
     store2, disk2 = make_store(tmp_path)
     disk2.flush()
-    assert sorted(store2.agents) == ["a", "b"]
-    assert store2.agents["a"].tokens == list(range(10))
+    assert sorted(store2.agents) == [AgentKey("a"), AgentKey("b")]
+    assert store2.agents[AgentKey("a")].tokens == list(range(10))
     assert all(b.tier is Tier.WARM for b in store2.pool.blocks.values())
     assert not orphan.exists() and not tmp.exists()
     assert any(p.name.endswith("nonsense.json") for p in (tmp_path / "quarantine").iterdir())
@@ -204,7 +208,7 @@ def test_a_damaged_block_is_quarantined_and_becomes_a_miss(tmp_path):
     commit(store, "a", list(range(9)))
     disk.close()
     store2, disk2 = make_store(tmp_path)
-    victim = Folder(tmp_path).block_path(store2.agents["a"].blocks[1])
+    victim = Folder(tmp_path).block_path(store2.agents[AgentKey("a")].blocks[1])
     data = bytearray(victim.read_bytes())
     data[-2] ^= 0xFF
     victim.write_bytes(bytes(data))
@@ -304,7 +308,7 @@ def test_a_bad_manifest_is_quarantined_and_the_others_still_load(tmp_path):
     write_manifest(tmp_path, "huge-id", tokens=[1, 2**32])
     write_manifest(tmp_path, "deep", raw="[" * 100_000 + "]" * 100_000)
     store2, disk2 = make_store(tmp_path)
-    assert sorted(store2.agents) == ["good"] and store2.agents["good"].tokens == list(range(7))
+    assert sorted(store2.agents) == [AgentKey("good")] and store2.agents[AgentKey("good")].tokens == list(range(7))
     quarantined = sorted(p.name.split("-", 2)[2] for p in (tmp_path / "quarantine").iterdir())
     names = sorted(Folder(tmp_path).agent_path(a).name for a in ("huge-id", "deep"))
     assert quarantined == sorted([*names, *(n + ".why" for n in names)])
@@ -356,7 +360,7 @@ def test_a_block_with_a_hostile_header_is_quarantined_on_read(tmp_path):
     store, disk = make_store(tmp_path)
     commit(store, "a", [1, 2, 3])
     disk.flush()
-    block = store.pool.get(store.agents["a"].blocks[0])
+    block = store.pool.get(store.agents[AgentKey("a")].blocks[0])
     rewrite_header(disk.folder.block_path(block.hash), _entry(shape=[True, 3]))
     with pytest.raises(BlockFileError):
         disk.read_block(block).result()
@@ -400,7 +404,7 @@ def test_listing_survives_folders_pruned_meanwhile(tmp_path):
 
 # -- the state machine, with disk, crashes and restarts -----------------------------------------
 
-AGENTS = st.sampled_from(["a", "b", "c", None])
+AGENTS = st.sampled_from([AgentKey("a"), AgentKey("b"), AgentKey("a", "t2"), None])
 TOKENS = st.lists(st.integers(0, 3), max_size=12)
 
 
@@ -454,7 +458,7 @@ class DiskStoreMachine(RuleBasedStateMachine):
         if tokens + extra:
             self._commit(agent, tokens + extra)
 
-    @rule(agent=st.sampled_from(["a", "b", "c"]))
+    @rule(agent=AGENTS.filter(lambda a: a is not None))
     def end_agent(self, agent):
         self.store.end_agent(agent)
 
@@ -486,7 +490,7 @@ class DiskStoreMachine(RuleBasedStateMachine):
         files = {p.stem: p.stat().st_size for p in (self.root / "blocks").rglob("*.safetensors")}
         on_disk = {b.hash: b.disk_bytes for b in self.store.pool.blocks.values() if b.disk_bytes}
         assert files == on_disk
-        manifests = {Manifest.read(p).agent for p in (self.root / "agents").glob("*.json")}
+        manifests = {Manifest.read(p).key for p in (self.root / "agents").glob("*.json")}
         assert manifests == set(self.store.agents)
 
     @invariant()

@@ -28,6 +28,7 @@ VALUES = {
     "decode_quantized": (True, False, True),
     "max_batch": (3, 4, 5),
     "api_key": ("k-file", "k-env", "k-flag"),
+    "api_keys_file": ("/tmp/keys-file", "/tmp/keys-env", "/tmp/keys-flag"),
 }
 
 

@@ -1,5 +1,6 @@
-"""The store's invariants (ARCHITECTURE.md) under random commits, lookups, branches, evictions,
-agent ends and concurrent running sequences, checked after every step."""
+"""The store's invariants (docs/architecture.md) under random commits, lookups, branches,
+evictions, agent ends and concurrent running sequences, in several namespaces (tenants, cache
+salts), checked after every step."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from agent_memory.memory.blocks import Tier
+from agent_memory.memory.folder import AgentKey
+from agent_memory.memory.hashing import namespace
 from agent_memory.memory.prefix import common_prefix
 from agent_memory.memory.store import AgentCacheStore
 
 BYTES_PER_TOKEN = 10
-AGENTS = st.sampled_from(["a", "b", "c", None])
+AGENTS = st.sampled_from([AgentKey("a"), AgentKey("b"), AgentKey("a", "t2"), AgentKey("c", "t2"), None])
+SALTS = st.sampled_from(["", "salt"])  # an anonymous request's namespace: its cache_salt
 TOKENS = st.lists(st.integers(0, 3), max_size=14)  # a small alphabet makes shared prefixes
 
 
@@ -30,6 +34,8 @@ class Running:
     tokens: list[int]
     lease: object
     hot_at_lookup: list
+    agent: AgentKey | None  # a request looks up and commits in one namespace
+    salt: str
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -43,13 +49,19 @@ class StoreMachine(RuleBasedStateMachine):
         )
         self.seen: list[list[int]] = []
         self.running: list[Running] = []
-        self.ended: set[str] = set()
+        self.ended: set[AgentKey] = set()
+        self.namespace_of: dict[str, str | None] = {}  # block hash -> the root it was named under
 
-    def _commit(self, agent, tokens):
+    def _root(self, agent, salt: str = "") -> str | None:
+        return self.store.names.root(namespace(agent.tenant if agent else "", salt))
+
+    def _commit(self, agent, tokens, salt=""):
         def cut(start, end):
             return FakeKV(tuple(tokens[start:end])), (end - start) * BYTES_PER_TOKEN
 
-        self.store.commit(agent, tokens, cut)
+        root = self._root(agent, salt)
+        self.store.commit(agent, tokens, cut, root)
+        self.namespace_of.update({h: root for h, *_ in self.store.names.chain(tokens, root)})
         self.seen.append(tokens)
         if agent is not None:
             self.ended.discard(agent)
@@ -59,16 +71,19 @@ class StoreMachine(RuleBasedStateMachine):
         keep = data.draw(st.integers(0, len(base)))
         return base[:keep] + data.draw(TOKENS)
 
-    @rule(agent=AGENTS, data=st.data())
-    def commit(self, agent, data):
+    @rule(agent=AGENTS, salt=SALTS, data=st.data())
+    def commit(self, agent, salt, data):
         tokens = self._draw_tokens(data)
         if tokens:
-            self._commit(agent, tokens)
+            self._commit(agent, tokens, salt if agent is None else "")
 
-    @rule(data=st.data())
-    def lookup(self, data):
+    @rule(agent=AGENTS, salt=SALTS, data=st.data())
+    def lookup(self, agent, salt, data):
         tokens = self._draw_tokens(data)
-        lease = self.store.lookup(tokens)
+        root = self._root(agent, salt)
+        lease = self.store.lookup(tokens, root)
+        # Isolation: a lookup only ever finds blocks named in its own namespace.
+        assert all(self.namespace_of[b.hash] == root for b in lease.blocks)
         pos = 0
         for seg in lease.segments:
             assert seg.start == pos and seg.end > seg.start
@@ -79,17 +94,17 @@ class StoreMachine(RuleBasedStateMachine):
             pos = seg.end
         assert lease.segments == [] or lease.segments[-1].block is not None
         hot = [s.block for s in lease.segments if s.block is not None and s.block.tier is Tier.HOT]
-        self.running.append(Running(tokens, lease, hot))
+        self.running.append(Running(tokens, lease, hot, agent, salt))
 
     @precondition(lambda self: self.running)
-    @rule(agent=AGENTS, data=st.data(), extra=TOKENS)
-    def finish(self, agent, data, extra):
+    @rule(data=st.data(), extra=TOKENS)
+    def finish(self, data, extra):
         """A running sequence ends: its pins go, then its prompt and reply are committed."""
         run = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
         tokens = run.tokens + extra
         self.store.release(run.lease)  # as the engine does: release, then commit
         if tokens:
-            self._commit(agent, tokens)
+            self._commit(run.agent, tokens, run.salt if run.agent is None else "")
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())
@@ -97,7 +112,7 @@ class StoreMachine(RuleBasedStateMachine):
         run = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
         self.store.release(run.lease)
 
-    @rule(agent=st.sampled_from(["a", "b", "c"]))
+    @rule(agent=AGENTS.filter(lambda a: a is not None))
     def end_agent(self, agent):
         record = self.store.agents.get(agent)
         ended = self.store.end_agent(agent)
@@ -124,7 +139,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         _, record = data.draw(st.sampled_from(hot_agents))
         prompt = record.tokens[: data.draw(st.integers(0, len(record.tokens)))] + data.draw(TOKENS)
-        lease = self.store.lookup(prompt)
+        lease = self.store.lookup(prompt, record.root)
         assert lease.end >= common_prefix(record.tokens, prompt)
         self.store.release(lease)
 

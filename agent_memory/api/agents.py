@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
 from agent_memory.api.errors import APIError
+from agent_memory.api.pipeline import tenant
 from agent_memory.api.state import ServerState, ready_state
+from agent_memory.memory.folder import AgentKey
 from agent_memory.memory.store import AgentInfo
 
 router = APIRouter()
@@ -25,25 +27,28 @@ def agent_dict(info: AgentInfo) -> dict:
 
 
 @router.get("/v1/agents")
-async def list_agents(state: ServerState = Depends(ready_state)) -> dict:
+async def list_agents(request: Request, state: ServerState = Depends(ready_state)) -> dict:
+    """The caller's tenant's agents (with one key or none: every agent)."""
     store = state.engine.store
-    agents = await asyncio.to_thread(store.all_agents)
-    totals = await asyncio.to_thread(store.totals)
+    own = tenant(request)
+    agents = await asyncio.to_thread(store.all_agents, own)
+    # The server's totals are the shared namespace's to see, not a tenant's.
+    totals = await asyncio.to_thread(store.totals) if not own else {}
     return {"object": "list", "data": [agent_dict(a) for a in agents], **totals}
 
 
 @router.get("/v1/agents/{agent_id:path}")
-async def get_agent(agent_id: str, state: ServerState = Depends(ready_state)) -> dict:
-    info = await asyncio.to_thread(state.engine.store.agent_info, agent_id)
+async def get_agent(agent_id: str, request: Request, state: ServerState = Depends(ready_state)) -> dict:
+    info = await asyncio.to_thread(state.engine.store.agent_info, AgentKey(agent_id, tenant(request)))
     if info is None:
         raise APIError(404, f"no agent '{agent_id}'", param="agent_id", code="agent_not_found")
     return agent_dict(info)
 
 
 @router.delete("/v1/agents/{agent_id:path}")
-async def delete_agent(agent_id: str, state: ServerState = Depends(ready_state)) -> dict:
+async def delete_agent(agent_id: str, request: Request, state: ServerState = Depends(ready_state)) -> dict:
     # Freeing KV arrays is MLX work: it happens on the engine thread.
-    ended = await asyncio.wrap_future(state.engine.end_agent(agent_id))
+    ended = await asyncio.wrap_future(state.engine.end_agent(AgentKey(agent_id, tenant(request))))
     if not ended:
         raise APIError(404, f"no agent '{agent_id}'", param="agent_id", code="agent_not_found")
     return {"id": agent_id, "object": "agent.deleted", "deleted": True}

@@ -27,7 +27,7 @@ def create_app(
     model_name: str,
     host: str,
     port: int,
-    api_key: str | None,
+    api_keys: dict[str, str],
     on_load_failure: Callable[[], None],
 ) -> FastAPI:
     @asynccontextmanager
@@ -70,8 +70,8 @@ def create_app(
 
     # Added last runs first: request id, then Host, then key, then body size.
     app.add_middleware(BodyLimitMiddleware)
-    if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if api_keys:
+        app.add_middleware(APIKeyMiddleware, keys=api_keys)
     app.add_middleware(HostCheckMiddleware, bind_host=host)
     app.add_middleware(RequestIdMiddleware)
     return app

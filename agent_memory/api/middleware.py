@@ -78,19 +78,25 @@ class HostCheckMiddleware:
 
 
 class APIKeyMiddleware:
-    """Require the key as `Authorization: Bearer KEY` or `x-api-key: KEY` (not for /health)."""
+    """Require a key as `Authorization: Bearer KEY` or `x-api-key: KEY` (not for /health).
+    Each key belongs to a tenant, recorded for the routes: its own agents and blocks."""
 
-    def __init__(self, app, api_key: str) -> None:
+    def __init__(self, app, keys: dict[str, str]) -> None:
         self.app = app
-        self.api_key = api_key.encode()
+        self.keys = [(key.encode(), tenant) for key, tenant in keys.items()]
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         auth = _header(scope, b"authorization") or ""
-        given = auth[7:] if auth.lower().startswith("bearer ") else _header(scope, b"x-api-key") or ""
-        if not secrets.compare_digest(given.strip().encode(), self.api_key):
+        given = (auth[7:] if auth.lower().startswith("bearer ") else _header(scope, b"x-api-key") or "").strip()
+        tenant = None
+        for key, name in self.keys:  # every key compared, in constant time each
+            if secrets.compare_digest(given.encode("latin-1", "replace"), key):
+                tenant = name
+        if tenant is None:
             return await _reject(send, 401, "Invalid or missing API key", "invalid_api_key")
+        scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)
 
 

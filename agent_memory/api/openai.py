@@ -62,7 +62,9 @@ def _generation(
         "stop": body.stop_strings(),
         "logit_bias": body.logit_bias or {},
     }
-    return pipeline.generation_request(state, prompt, agent, body.token_limit(), sampling, request, prompt_param, grammar)
+    return pipeline.generation_request(
+        state, prompt, agent, body.token_limit(), sampling, request, prompt_param, grammar, body.cache_salt
+    )
 
 
 def conversation(body: ChatCompletionRequest) -> Conversation:

@@ -30,6 +30,11 @@ def utf8_header(request: Request, name: str) -> str | None:
         raise APIError(400, f"{name} is not valid UTF-8", param=name, code="invalid_unicode") from e
 
 
+def tenant(request: Request) -> str:
+    """The tenant of the request's API key; "" when keys are not per tenant."""
+    return request.scope.get("state", {}).get("tenant", "")
+
+
 def agent_id(candidates: list[tuple[str, object]]) -> str | None:
     """The first non-empty string of (param, value) candidates, in the wire format's order."""
     for param, value in candidates:
@@ -89,6 +94,7 @@ def generation_request(
     request: Request,
     prompt_param: str,
     grammar: Any = None,
+    cache_salt: str | None = None,
 ) -> GenerationRequest:
     """Check the prompt and the tokens to generate against the context, then build the
     engine's request. `sampling`: SamplingParams' fields but max_tokens."""
@@ -113,6 +119,8 @@ def generation_request(
         agent=agent,
         request_id=request.scope.get("state", {}).get("request_id", ""),
         grammar=grammar,
+        tenant=tenant(request),
+        cache_salt=cache_salt or "",
     )
 
 

@@ -113,6 +113,7 @@ class SamplingFields(RequestBody):
     n: int = 1
     user: str | None = None
     prompt_cache_key: str | None = None
+    cache_salt: str | None = None  # vLLM's field: requests with different salts share no cached block
     metadata: dict[str, Any] | None = None
     logit_bias: dict[int, float] | None = None
 

@@ -121,7 +121,7 @@ def _serve(settings: Settings) -> int:
         model_name=model_path.name,
         host=settings.host,
         port=settings.port,
-        api_key=settings.api_key_value,
+        api_keys=settings.tenant_keys(),
         on_load_failure=stop_server,
     )
     server.run()

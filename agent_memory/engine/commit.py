@@ -12,6 +12,7 @@ import mlx.core as mx
 from agent_memory.engine import kv
 from agent_memory.engine.sequence import Sequence, canonical_reply
 from agent_memory.memory.disk import DiskTier
+from agent_memory.memory.folder import AgentKey
 from agent_memory.memory.store import AgentCacheStore
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class Committer:
         self.commit(seq, seq.agent, cache, tokens)
         return follow_up
 
-    def commit(self, seq: Sequence, agent: str | None, cache: list, tokens: list[int]) -> None:
+    def commit(self, seq: Sequence, agent: AgentKey | None, cache: list, tokens: list[int]) -> None:
         """Store tokens' KV (for `agent`, or anonymously); a failure costs only reuse."""
         p = self.precisions
         payloads = []
@@ -47,7 +48,7 @@ class Committer:
             return payload, kv.payload_nbytes(payload)
 
         try:
-            persist = self.store.commit(agent, tokens, cut)
+            persist = self.store.commit(agent, tokens, cut, seq.root)
             mx.eval(payloads)
             if self.disk is not None:
                 persist.write(self.disk, lambda payload: kv.to_numpy(kv.convert(payload, p.hot, p.disk)))

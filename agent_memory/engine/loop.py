@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 import agent_memory.blas  # noqa: F401
@@ -37,7 +38,8 @@ from agent_memory.engine.stops import StopMatcher
 from agent_memory.engine.warm import open_warm_tier
 from agent_memory.memory.blocks import Tier
 from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.folder import BLOCK_TOKENS
+from agent_memory.memory.folder import BLOCK_TOKENS, AgentKey
+from agent_memory.memory.hashing import namespace
 from agent_memory.memory.store import AgentCacheStore, Segment
 from agent_memory.metrics import Metrics
 
@@ -78,7 +80,7 @@ class BatchEngine:
     def cancel(self, seq_id: int) -> None:
         self._inbox.put(lambda: self._cancel(seq_id))
 
-    def end_agent(self, agent: str) -> Future:
+    def end_agent(self, agent: AgentKey) -> Future:
         """Forget an agent (future of whether it existed). Its running requests finish for their
         clients but no longer join its memory: a delete wins over a turn in flight."""
         return self.call(lambda: self._end_agent(agent))
@@ -225,10 +227,11 @@ class BatchEngine:
             processors=logits_processors(request, self.loaded.vocab_size, self.loaded.tokenizer.eos_token_ids),
             usage=Usage(prompt_tokens=len(request.prompt)),
             cache=kv.new_cache(self.loaded.num_layers, self.precisions.working),
-            agent=request.agent,
+            agent=AgentKey(request.agent, request.tenant) if request.agent is not None else None,
+            root=self.store.names.root(namespace(request.tenant, request.cache_salt)),
             prefill_only=prefill_only,
         )
-        seq.new_tokens = len(request.prompt) - self.store.known_prefix(request.agent, request.prompt)
+        seq.new_tokens = len(request.prompt) - self.store.known_prefix(seq.agent, request.prompt)
         return seq
 
     def _next_prefill(self) -> Sequence | None:
@@ -248,7 +251,7 @@ class BatchEngine:
         agents that arrive together then reuse the shared prefix the first of them computed.
         The lookup pins the blocks it names; warm ones start being read from disk."""
         prompt = seq.prompt
-        seq.lease = self.store.lookup(prompt[: seq.prefill_end])
+        seq.lease = self.store.lookup(prompt[: seq.prefill_end], seq.root)
         seq.plan.extend(seq.lease.segments)
         if seq.lease.end < seq.prefill_end:
             seq.plan.append(Segment(seq.lease.end, seq.prefill_end, None))
@@ -315,7 +318,7 @@ class BatchEngine:
         if cache is not None and tokens:
             follow_up = self._committer.commit_turn(seq, reason, cache, tokens)
             if follow_up is not None:
-                self._follow_up(seq.agent, follow_up, seq.request.request_id)
+                self._follow_up(seq, follow_up)
         if seq.prefill_only:
             return
         self.metrics.finished.labels(reason).inc()
@@ -326,10 +329,11 @@ class BatchEngine:
         self.metrics.cached_tokens.labels("warm").inc(seq.usage.warm_tokens)
         seq.sink(Finished(reason, seq.usage))
 
-    def _follow_up(self, agent: str, tokens: list[int], request_id: str) -> None:
-        """Queue the KV of `tokens` for `agent` as a prefill with no decoding: done now, at the
-        engine's leisure, rather than in the agent's next turn."""
-        request = GenerationRequest(tokens, SamplingParams(max_tokens=0, temperature=0.0), agent, request_id)
+    def _follow_up(self, seq: Sequence, tokens: list[int]) -> None:
+        """Queue the KV of `tokens` for the sequence's agent as a prefill with no decoding: done
+        now, at the engine's leisure, rather than in the agent's next turn."""
+        params = SamplingParams(max_tokens=0, temperature=0.0)
+        request = replace(seq.request, prompt=tokens, params=params, agent=seq.agent.id, grammar=None)
         seq = self._new_sequence(next(self._ids), request, lambda event: None, time.perf_counter(), prefill_only=True)
         self._seqs[seq.id] = seq
 
@@ -342,7 +346,7 @@ class BatchEngine:
         else:  # waiting or prefilling: keep what was computed
             self._end(seq, "cancelled", seq.cache, seq.prompt[: seq.pos])
 
-    def _end_agent(self, agent: str) -> bool:
+    def _end_agent(self, agent: AgentKey) -> bool:
         for seq in self._seqs.values():
             if seq.agent == agent:
                 seq.agent = None

@@ -12,6 +12,7 @@ from agent_memory.engine.detokenizer import Detokenizer
 from agent_memory.engine.kv import StoredRun
 from agent_memory.engine.requests import GenerationRequest, Sink, TextDelta, Usage
 from agent_memory.engine.stops import StopMatcher
+from agent_memory.memory.folder import AgentKey
 from agent_memory.memory.store import Lease, Segment
 
 
@@ -34,7 +35,8 @@ class Sequence:
     processors: list  # mlx-lm logits processors (logit_bias)
     usage: Usage
     cache: list | None  # the working cache while prefilling; the decode batch holds it after
-    agent: str | None  # whose memory the result joins; None once that agent was deleted
+    agent: AgentKey | None  # whose memory the result joins; None once that agent was deleted
+    root: str | None  # the namespace (tenant, cache salt) its blocks are named in
     status: Status = Status.WAITING
     new_tokens: int = 0  # prompt tokens its agent's last turn does not cover: a guess at the work
     lease: Lease | None = None  # what the store lent it, from planning until it finishes

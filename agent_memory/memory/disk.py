@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError, Layout, Tensors
-from agent_memory.memory.folder import BlockRecord, Folder, FolderScan, Manifest, tokens_text, unlink_regular
+from agent_memory.memory.folder import AgentKey, BlockRecord, Folder, FolderScan, Manifest, tokens_text, unlink_regular
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +85,13 @@ class DiskTier:
         self._jobs.put(("save_block", block, tensors))
 
     def save_agent(self, manifest: Manifest) -> None:
-        self._jobs.put(("save_agent", manifest.agent, manifest.to_bytes()))
+        self._jobs.put(("save_agent", manifest.key, manifest.to_bytes()))
 
     def delete_block(self, block_hash: str) -> None:
         self._jobs.put(("delete_block", block_hash, None))
 
-    def delete_agent(self, agent: str) -> None:
-        self._jobs.put(("delete_agent", agent, None))
+    def delete_agent(self, key: AgentKey) -> None:
+        self._jobs.put(("delete_agent", key, None))
 
     def flush(self) -> None:
         """Wait until every queued write and delete is done."""

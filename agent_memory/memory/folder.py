@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from agent_memory.memory import blockfile
 
@@ -49,9 +50,20 @@ def folder_name(model_name: str, fingerprint: str, precision_tag: str) -> str:
     return f"{safe}-{fingerprint[:12]}-{precision_tag}"
 
 
-def agent_file_stem(agent: str) -> str:
+class AgentKey(NamedTuple):
+    """An agent: its id within its tenant (an API key's name; "" with one key or none)."""
+
+    id: str
+    tenant: str = ""
+
+
+def agent_file_stem(key: AgentKey | str) -> str:
+    key = AgentKey(key) if isinstance(key, str) else key
     # surrogatepass: total over every Python string, though the API admits only valid Unicode.
-    return hashlib.blake2b(agent.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    raw = key.id.encode("utf-8", "surrogatepass")
+    if key.tenant:
+        raw = key.tenant.encode("utf-8", "surrogatepass") + b"\0" + raw
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 def tokens_text(tokens) -> str:
@@ -128,19 +140,27 @@ class Manifest:
     blocks: list[str]
     last_used: float  # wall clock
     path: Path | None = None
+    tenant: str = ""
+    root: str | None = None  # where its hash chain starts: its namespace (hashing.py)
+
+    @property
+    def key(self) -> AgentKey:
+        return AgentKey(self.agent, self.tenant)
 
     def to_bytes(self) -> bytes:
-        return json.dumps(
-            {
-                "version": MANIFEST_VERSION,
-                "agent": self.agent,
-                "fingerprint": self.fingerprint,
-                "last_used": self.last_used,
-                "blocks": self.blocks,
-                "tokens": self.tokens,
-            },
-            separators=(",", ":"),
-        ).encode()
+        data = {
+            "version": MANIFEST_VERSION,
+            "agent": self.agent,
+            "fingerprint": self.fingerprint,
+            "last_used": self.last_used,
+            "blocks": self.blocks,
+            "tokens": self.tokens,
+        }
+        if self.tenant:
+            data["tenant"] = self.tenant
+        if self.root:
+            data["root"] = self.root
+        return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
     def read(cls, path: Path) -> Manifest:
@@ -156,7 +176,10 @@ class Manifest:
         if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
             raise ValueError("not a manifest of this version")
         agent, tokens, blocks = data.get("agent"), data.get("tokens"), data.get("blocks")
-        if not isinstance(agent, str) or agent_file_stem(agent) != path.stem:
+        tenant, root = data.get("tenant", ""), data.get("root")
+        if not isinstance(tenant, str) or not (root is None or (isinstance(root, str) and HASH_RE.match(root))):
+            raise ValueError("tenant must be a string and root a block hash")
+        if not isinstance(agent, str) or agent_file_stem(AgentKey(agent, tenant)) != path.stem:
             raise ValueError("agent id does not match the file name")
         # Out-of-range ids would raise OverflowError later, in the hash chain.
         if not valid_tokens(tokens):
@@ -168,7 +191,7 @@ class Manifest:
             raise ValueError("missing fingerprint or last_used")
         if not abs(last_used) < 1e15:  # also false for NaN and inf; float(10**400) would overflow
             raise ValueError("last_used is not a time")
-        return cls(agent, data["fingerprint"], tokens, blocks, float(last_used), path)
+        return cls(agent, data["fingerprint"], tokens, blocks, float(last_used), path, tenant, root)
 
 
 @dataclass(frozen=True)
@@ -240,8 +263,8 @@ class Folder:
     def block_path(self, block_hash: str) -> Path:
         return self.blocks / block_hash[:2] / f"{block_hash}.safetensors"
 
-    def agent_path(self, agent: str) -> Path:
-        return self.agents / f"{agent_file_stem(agent)}.json"
+    def agent_path(self, key: AgentKey | str) -> Path:
+        return self.agents / f"{agent_file_stem(key)}.json"
 
     def make(self) -> None:
         """Create the folders, private to this user (existing ones are made private too)."""

@@ -10,11 +10,17 @@ named like a block of another. No MLX and no pool here: the `cache` commands use
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 
 import numpy as np
 
 ROOT = b"\0" * 16
+
+
+def namespace(tenant: str, cache_salt: str) -> str:
+    """One string for a (tenant, cache salt) pair; "" for the shared namespace."""
+    return json.dumps([tenant, cache_salt]) if tenant or cache_salt else ""
 
 
 class BlockNames:

@@ -32,6 +32,7 @@ class PrefixMatcher:
         """(block or None for a gap, tokens used) from position 0, ending on a block with KV."""
         size = self.names.block_tokens
         out: list[tuple[Block | None, int]] = []
+        parents = [root]  # parents[i]: the chain's name before out[i]
         parent, pos = root, 0
         while pos + size <= len(tokens):
             h = self.names.block_hash(parent, tokens[pos : pos + size])
@@ -40,11 +41,19 @@ class PrefixMatcher:
                 break
             out.append((block, size))
             parent, pos = h, pos + size
+            parents.append(parent)
         partial = self._best_child(parent, tokens[pos:])
         if partial is not None:
             out.append(partial)
+            return out
+        trimmed = False
         while out and (out[-1][0] is None or out[-1][0].tier is Tier.COLD):
             out.pop()
+            trimmed = True
+        if trimmed:  # the chain ended in blocks without KV: another branch may cover part of the next
+            partial = self._best_child(parents[len(out)], tokens[len(out) * size :])
+            if partial is not None:
+                out.append(partial)
         return out
 
     def _best_child(self, parent: str | None, rest: Sequence[int]) -> tuple[Block, int] | None:

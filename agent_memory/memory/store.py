@@ -18,7 +18,7 @@ from typing import Any
 from agent_memory.memory.blockfile import Tensors
 from agent_memory.memory.blocks import Block, BlockPool, Tier
 from agent_memory.memory.disk import BlockRecord, DiskTier
-from agent_memory.memory.folder import FolderScan, Manifest
+from agent_memory.memory.folder import AgentKey, FolderScan, Manifest
 from agent_memory.memory.hashing import BlockNames
 from agent_memory.memory.prefix import PrefixMatcher
 
@@ -33,6 +33,7 @@ DISK_RELOAD_COST = 0.05
 class AgentRecord:
     tokens: list[int]
     blocks: list[str]  # hashes, in order
+    root: str | None = None  # the namespace its hash chain starts from (hashing.py)
     last_used: float = field(default_factory=time.time)  # wall clock, for people
 
 
@@ -98,7 +99,7 @@ class AgentCacheStore:
         self.pool = BlockPool()
         self.names = BlockNames(salt, block_tokens)
         self.prefix = PrefixMatcher(self.pool, self.names)
-        self.agents: dict[str, AgentRecord] = {}
+        self.agents: dict[AgentKey, AgentRecord] = {}
         self.hot_budget_bytes = hot_budget_bytes
         # Context length at which a token's attention costs as much as its matmuls.
         self.attention_tokens = attention_tokens
@@ -109,7 +110,7 @@ class AgentCacheStore:
 
     # -- the request path ---------------------------------------------------------------
 
-    def known_prefix(self, agent: str | None, tokens: Sequence[int]) -> int:
+    def known_prefix(self, agent: AgentKey | None, tokens: Sequence[int]) -> int:
         """How much of `tokens` the agent's own last sequence covers: a cheap guess at what is
         cached, for ordering work (the lookup proper comes later, when the work starts)."""
         with self.lock:
@@ -122,11 +123,11 @@ class AgentCacheStore:
                 n += 1
             return n
 
-    def lookup(self, tokens: Sequence[int]) -> Lease:
-        """Plan the longest reusable prefix of `tokens` and pin its blocks."""
+    def lookup(self, tokens: Sequence[int], root: str | None = None) -> Lease:
+        """Plan the longest reusable prefix of `tokens` in a namespace and pin its blocks."""
         with self.lock:
             segments, blocks, pos = [], [], 0
-            for block, n in self.prefix.match(tokens):
+            for block, n in self.prefix.match(tokens, root):
                 usable = block is not None and block.tier is not Tier.COLD
                 if usable:
                     block.pins += 1
@@ -147,13 +148,13 @@ class AgentCacheStore:
             lease.blocks = []
             self._evict_hot()
 
-    def commit(self, agent: str | None, tokens: Sequence[int], cut: KVCutter) -> Persist:
+    def commit(self, agent: AgentKey | None, tokens: Sequence[int], cut: KVCutter, root: str | None = None) -> Persist:
         """Store a finished sequence (after releasing its lease): its blocks become hot and the
         agent points at it. Returns what the caller should write to the disk tier."""
         with self.lock:
             now = time.monotonic()
             blocks = []
-            for h, parent, start, end in self.names.chain(tokens):
+            for h, parent, start, end in self.names.chain(tokens, root):
                 block = self.pool.get(h) or self.pool.add(
                     Block(h, parent, tuple(tokens[start:end]), start)
                 )
@@ -165,7 +166,7 @@ class AgentCacheStore:
                 blocks.append(block)
             persist = Persist()
             if agent is not None:
-                self._point_agent(agent, list(tokens), blocks)
+                self._point_agent(agent, list(tokens), blocks, root)
                 if self.disk is not None:
                     persist.blocks = [
                         (BlockRecord(b.hash, b.parent, b.start, b.tokens), b.payload)
@@ -174,16 +175,22 @@ class AgentCacheStore:
                     ]
                     record = self.agents[agent]
                     persist.manifest = Manifest(
-                        agent, self.disk.fingerprint, record.tokens, record.blocks, record.last_used
+                        agent.id,
+                        self.disk.fingerprint,
+                        record.tokens,
+                        record.blocks,
+                        record.last_used,
+                        tenant=agent.tenant,
+                        root=root,
                     )
             self._evict_hot()
             return persist
 
-    def _point_agent(self, agent: str, tokens: list[int], blocks: list[Block]) -> None:
+    def _point_agent(self, agent: AgentKey, tokens: list[int], blocks: list[Block], root: str | None) -> None:
         for block in blocks:
             block.refs += 1
         old = self.agents.get(agent)
-        self.agents[agent] = AgentRecord(tokens, [b.hash for b in blocks])
+        self.agents[agent] = AgentRecord(tokens, [b.hash for b in blocks], root)
         if old is not None:
             self._unref(old.blocks)
 
@@ -214,7 +221,7 @@ class AgentCacheStore:
                 # Every check comes before the first change to the pool, so a bad manifest is
                 # quarantined whole and the others still load (Manifest.read has already
                 # refused token ids the hash chain cannot pack).
-                chain = self.names.chain(manifest.tokens)
+                chain = self.names.chain(manifest.tokens, manifest.root)
                 if [h for h, *_ in chain] != manifest.blocks:
                     self.disk.quarantine_manifest(manifest, "its block hashes do not match its tokens")
                     continue
@@ -228,8 +235,8 @@ class AgentCacheStore:
                     if h in scan.blocks and not block.disk_bytes:
                         self.pool.set_disk(block, scan.blocks[h].size)
                     blocks.append(block)
-                self._point_agent(manifest.agent, manifest.tokens, blocks)
-                self.agents[manifest.agent].last_used = manifest.last_used
+                self._point_agent(manifest.key, manifest.tokens, blocks, manifest.root)
+                self.agents[manifest.key].last_used = manifest.last_used
             for h in scan.blocks:
                 if h not in self.pool:
                     self.disk.delete_block(h)
@@ -237,7 +244,7 @@ class AgentCacheStore:
 
     # -- agents -------------------------------------------------------------------------
 
-    def end_agent(self, agent: str) -> bool:
+    def end_agent(self, agent: AgentKey) -> bool:
         """Forget an agent: every block only it held leaves every tier."""
         with self.lock:
             record = self.agents.pop(agent, None)
@@ -248,7 +255,7 @@ class AgentCacheStore:
                 self.disk.delete_agent(agent)
             return True
 
-    def agent_info(self, agent: str) -> AgentInfo | None:
+    def agent_info(self, agent: AgentKey) -> AgentInfo | None:
         with self.lock:
             record = self.agents.get(agent)
             if record is None:
@@ -258,7 +265,7 @@ class AgentCacheStore:
             for b in blocks:
                 by_tier[b.tier.value] += 1
             return AgentInfo(
-                id=agent,
+                id=agent.id,
                 tokens=len(record.tokens),
                 blocks=by_tier,
                 hot_bytes=sum(b.hot_bytes for b in blocks),
@@ -266,9 +273,10 @@ class AgentCacheStore:
                 last_used=record.last_used,
             )
 
-    def all_agents(self) -> list[AgentInfo]:
+    def all_agents(self, tenant: str | None = "") -> list[AgentInfo]:
+        """A tenant's agents (None: every tenant's)."""
         with self.lock:
-            return [self.agent_info(a) for a in sorted(self.agents)]
+            return [self.agent_info(a) for a in sorted(self.agents) if tenant is None or a.tenant == tenant]
 
     def totals(self) -> dict[str, int]:
         with self.lock:

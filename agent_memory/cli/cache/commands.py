@@ -49,6 +49,7 @@ ModelOption = typer.Option(
     None, "--model", help="Only this model folder: its folder name, or the model name the folder starts with."
 )
 YesOption = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation.")
+TenantOption = typer.Option(None, "--tenant", help="The agent's tenant (a name of --api-keys-file), when ids repeat.")
 AgentArgument = typer.Argument(..., metavar="ID", help="The agent id (as sent in prompt_cache_key, X-Agent-Id, ...).")
 SortOption = typer.Option(Sort.last_used, "--sort", help="Newest, most tokens, most bytes first; ids A to Z.")
 ReverseOption = typer.Option(False, "--reverse", help="Reverse the order.")
@@ -82,11 +83,12 @@ def ls_command(
 def show_command(
     agent_id: str = AgentArgument,
     model: str | None = ModelOption,
+    tenant: str | None = TenantOption,
     cache_dir: Path | None = CacheDirOption,
     fmt: Format = FormatOption,
 ) -> None:
     """Show one agent: its manifest and each of its blocks, on disk or cold, and what it shares."""
-    folder, manifest = find_agent(scan_cache(settings(cache_dir).cache_dir, model), agent_id)
+    folder, manifest = find_agent(scan_cache(settings(cache_dir).cache_dir, model), agent_id, tenant)
     doc = describe_agent(folder, manifest)
     if fmt is Format.json:
         render.emit_json(doc)
@@ -128,6 +130,7 @@ def verify_command(
 def rm_command(
     agent_id: str = AgentArgument,
     model: str | None = ModelOption,
+    tenant: str | None = TenantOption,
     yes: bool = YesOption,
     cache_dir: Path | None = CacheDirOption,
     fmt: Format = FormatOption,
@@ -137,7 +140,7 @@ def rm_command(
     While a server runs on the agent's folder, the agent is ended through it
     (DELETE /v1/agents/ID, with the configured API key), never by deleting files it holds."""
     config = settings(cache_dir)
-    folder, manifest = find_agent(scan_cache(config.cache_dir, model), agent_id)
+    folder, manifest = find_agent(scan_cache(config.cache_dir, model), agent_id, tenant)
     private = folder.private_blocks(manifest)
     shared = [h for h in dict.fromkeys(manifest.blocks) if h in folder.files.blocks and h not in private]
     if not yes:
@@ -147,7 +150,7 @@ def rm_command(
             abort=True,
             err=True,
         )
-    removed, freed, server = remove_agent(folder, manifest, config.api_key_value)
+    removed, freed, server = remove_agent(folder, manifest, config.key_of)
     if fmt is Format.json:
         render.emit_json(
             {
@@ -197,7 +200,7 @@ def prune_command(
         )
     if not dry_run:
         for plan in plans:
-            plan.connect(config.api_key_value)  # every server answers before anything is deleted
+            plan.connect(config.key_of)  # every server answers before anything is deleted
         freed = sum(execute_prune(plan, max_age, now) for plan in plans)
     render.prune(config.cache_dir, planned, freed, dry_run, max_age, fmt)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from agent_memory.cli.cache.scan import ModelFolder
 from agent_memory.cli.cache.server import LiveServer
 from agent_memory.memory import blockfile
-from agent_memory.memory.folder import BLOCK_META_KEYS, FOLDER_RE, BlockRecord, FileInfo, Manifest, unlink_regular
+from agent_memory.memory.folder import BLOCK_META_KEYS, FOLDER_RE, AgentKey, BlockRecord, FileInfo, Manifest, unlink_regular
 from agent_memory.memory.hashing import BlockNames
 
 GRACE_S = 600.0  # younger orphans and temp files may belong to a write the server is making
@@ -66,7 +66,7 @@ def check_manifest(folder: ModelFolder, manifest: Manifest) -> str | None:
     checks at start before trusting a single block of it)."""
     size = folder.block_tokens(manifest)
     try:
-        chain = [h for h, *_ in BlockNames(manifest.fingerprint, size).chain(manifest.tokens)]
+        chain = [h for h, *_ in BlockNames(manifest.fingerprint, size).chain(manifest.tokens, manifest.root)]
     except (ValueError, OverflowError) as e:
         return f"token ids out of range: {e}"
     if chain != manifest.blocks:
@@ -146,14 +146,16 @@ def ended_by_server(folder: ModelFolder, manifests: list[Manifest], blocks: Iter
     return removed, freed + folder.bytes_of(removed)
 
 
-def remove_agent(folder: ModelFolder, manifest: Manifest, api_key: str | None) -> tuple[list[str], int, str | None]:
+def remove_agent(
+    folder: ModelFolder, manifest: Manifest, key_of: Callable[[str], str | None]
+) -> tuple[list[str], int, str | None]:
     """Remove one agent and the block files only it used: through the folder's live server
     if there is one, else on disk. Returns the blocks removed, bytes freed and the server's URL."""
     private = folder.private_blocks(manifest)
     record = folder.layout.read_server_json()
     if record is not None:
-        server = LiveServer(record, api_key)
-        if server.end_agent(manifest.agent):
+        server = LiveServer(record, key_of)
+        if server.end_agent(manifest.key):
             return *ended_by_server(folder, [manifest], private), server.url
     return *delete_in_order(folder, [manifest], private), None
 
@@ -169,7 +171,7 @@ class PrunePlan:
     temp_files: list[FileInfo]
     quarantined: list[FileInfo]
     server: LiveServer | None = None
-    held: dict[str, float] = field(default_factory=dict)  # agents the server holds -> last use
+    held: dict[AgentKey, float] = field(default_factory=dict)  # agents the server holds -> last use
 
     def items(self) -> list[tuple[str, str, int]]:
         """(kind, what, bytes) of everything the plan removes."""
@@ -180,13 +182,14 @@ class PrunePlan:
             *(("quarantine", str(q.path), q.size) for q in self.quarantined),
         ]
 
-    def connect(self, api_key: str | None) -> None:
+    def connect(self, key_of: Callable[[str], str | None]) -> None:
         """Ask the folder's live server, if any, which agents it holds: before anything is
         deleted anywhere, so that a server that does not answer stops the whole prune."""
         record = self.folder.layout.read_server_json() if self.agents else None
         if record is not None:
-            self.server = LiveServer(record, api_key)
-            self.held = self.server.agents()
+            self.server = LiveServer(record, key_of)
+            for tenant in sorted({m.tenant for m in self.agents}):
+                self.held.update({AgentKey(a, tenant): t for a, t in self.server.agents(tenant).items()})
 
 
 def plan_prune(folder: ModelFolder, max_age: float | None, quarantine: bool, now: float) -> PrunePlan:
@@ -204,8 +207,8 @@ def plan_prune(folder: ModelFolder, max_age: float | None, quarantine: bool, now
 
 def _still_unused(plan: PrunePlan, manifest: Manifest, max_age: float, now: float) -> bool:
     """Asked again before deleting: the running server may have just used the agent."""
-    if manifest.agent in plan.held:
-        return now - plan.held[manifest.agent] > max_age
+    if manifest.key in plan.held:
+        return now - plan.held[manifest.key] > max_age
     try:
         return now - Manifest.read(manifest.path).last_used > max_age
     except FileNotFoundError:
@@ -217,7 +220,7 @@ def _still_unused(plan: PrunePlan, manifest: Manifest, max_age: float, now: floa
 def execute_prune(plan: PrunePlan, max_age: float | None, now: float) -> int:
     """Carry the plan out (after `connect`); the bytes freed."""
     old = [m for m in plan.agents if _still_unused(plan, m, max_age, now)] if max_age is not None else []
-    ended = [m for m in old if plan.server and m.agent in plan.held and plan.server.end_agent(m.agent)]
+    ended = [m for m in old if plan.server and m.key in plan.held and plan.server.end_agent(m.key)]
     theirs = {h for m in ended for h in m.blocks}
     freed = ended_by_server(plan.folder, ended, [h for h in plan.blocks if h in theirs])[1] if ended else 0
     mine = [m for m in old if m not in ended]

@@ -21,6 +21,7 @@ from agent_memory.memory.folder import (
     Folder,
     FolderScan,
     Manifest,
+    AgentKey,
     agent_file_stem,
     model_folders,
 )
@@ -141,15 +142,20 @@ def _matches(layout: Folder, model: str) -> bool:
     return model in (layout.name, parsed and parsed["model"], layout.read_model_json()[0].get("name"))
 
 
-def find_agent(folders: list[ModelFolder], agent: str) -> tuple[ModelFolder, Manifest]:
-    """The one folder holding the agent's manifest; exit 1 if none or several (then --model)."""
-    found = [(f, m) for f in folders for m in f.files.manifests if m.agent == agent]
+def find_agent(folders: list[ModelFolder], agent: str, tenant: str | None = None) -> tuple[ModelFolder, Manifest]:
+    """The one manifest of the agent (of `tenant`, if given); exit 1 if none or several."""
+    found = [
+        (f, m) for f in folders for m in f.files.manifests if m.agent == agent and tenant in (None, m.tenant)
+    ]
     if len(found) == 1:
         return found[0]
+    if found and len({m.tenant for _, m in found}) > 1:
+        tenants = ", ".join(sorted(repr(m.tenant) for _, m in found))
+        fail(f"agent {printable(agent)} exists for several tenants ({tenants}): pass --tenant")
     if found:
         where = ", ".join(f.folder for f, _ in found)
         fail(f"agent {printable(agent)} is cached for several models ({where}): pass --model")
-    stem = agent_file_stem(agent)
+    stem = agent_file_stem(AgentKey(agent, tenant or ""))
     damaged = [(f, why) for f in folders for p, why in f.files.bad_manifests if p.stem == stem]
     if damaged:
         fail(f"agent {printable(agent)}: its manifest in {damaged[0][0].folder} is unusable ({damaged[0][1]})")
@@ -205,6 +211,7 @@ class AgentRow:
     bytes: int
     last_used: float
     manifest: str
+    tenant: str = ""
 
     @classmethod
     def of(cls, folder: ModelFolder, manifest: Manifest) -> AgentRow:
@@ -220,6 +227,7 @@ class AgentRow:
             bytes=folder.bytes_of(on_disk),
             last_used=manifest.last_used,
             manifest=str(manifest.path),
+            tenant=manifest.tenant,
         )
 
 

@@ -11,12 +11,13 @@ before anything is deleted. httpx is imported only when a server is found.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from agent_memory.cli.common import fail
 from agent_memory.config import ENV_PREFIX, config_file_path
-from agent_memory.memory.folder import ServerRecord
+from agent_memory.memory.folder import AgentKey, ServerRecord
 
 if TYPE_CHECKING:
     import httpx
@@ -25,37 +26,39 @@ TIMEOUT_S = 30.0
 
 
 class LiveServer:
-    def __init__(self, record: ServerRecord, api_key: str | None) -> None:
+    def __init__(self, record: ServerRecord, key_of: Callable[[str], str | None]) -> None:
+        """key_of(tenant): the API key to speak for a tenant (the settings' keys)."""
         self.record = record
-        self.api_key = api_key
+        self.key_of = key_of
 
     @property
     def url(self) -> str:
         return self.record.url
 
-    def agents(self) -> dict[str, float]:
-        """Every agent the server holds -> its last use (wall clock). Also proves, before
-        anything is deleted, that the server answers and takes the key."""
-        response = self._request("GET", "/v1/agents")
+    def agents(self, tenant: str = "") -> dict[str, float]:
+        """Every agent the server holds for a tenant -> its last use (wall clock). Also proves,
+        before anything is deleted, that the server answers and takes the key."""
+        response = self._request("GET", "/v1/agents", tenant)
         try:
             return {a["id"]: float(a["last_used"]) for a in response.json()["data"]}
         except (ValueError, KeyError, TypeError) as e:
             fail(f"the server at {self.url} sent an agent list this command cannot read ({e})")
 
-    def end_agent(self, agent: str) -> bool:
+    def end_agent(self, agent: AgentKey) -> bool:
         """End the agent; False when the server does not hold it (then its files are not the
         server's: the caller deletes them itself)."""
         try:
             # Dots too: a client would resolve an id of ".." as a path segment.
-            path = "/v1/agents/" + quote(agent, safe="").replace(".", "%2E")
+            path = "/v1/agents/" + quote(agent.id, safe="").replace(".", "%2E")
         except UnicodeEncodeError:
             return False  # not valid Unicode: no request could have made this agent
-        return self._request("DELETE", path, missing_ok=True).status_code != 404
+        return self._request("DELETE", path, agent.tenant, missing_ok=True).status_code != 404
 
-    def _request(self, method: str, path: str, missing_ok: bool = False) -> httpx.Response:
+    def _request(self, method: str, path: str, tenant: str, missing_ok: bool = False) -> httpx.Response:
         import httpx
 
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        key = self.key_of(tenant)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
             response = httpx.request(method, self.url + path, headers=headers, timeout=TIMEOUT_S)
         except httpx.HTTPError as e:
@@ -65,7 +68,7 @@ class LiveServer:
                 f"any more, remove {self.record.path} and try again"
             )
         if response.status_code == 401:
-            given = "the API key" if self.api_key else "a missing API key"
+            given = "the API key" if key else "a missing API key"
             fail(
                 f"the server at {self.url} refused {given}: set {ENV_PREFIX}API_KEY or api_key in "
                 f"{config_file_path()} to the server's key"
