@@ -64,6 +64,14 @@ class Settings(BaseSettings):
         False, description="Running requests attend to quantized KV too (least memory; lower quality, slower on CPU)."
     )
     max_batch: int = Field(32, ge=1, description="Most sequences decoded together (more wait to start).")
+    max_waiting: int = Field(
+        128, ge=1, description="Most requests waiting for their first token; more are answered 503 with Retry-After."
+    )
+    memory_limit_mb: int | None = Field(
+        None,
+        ge=256,
+        description="Memory for the model, cached KV and running requests, in MiB (default: 3/4 of RAM).",
+    )
     api_key: SecretStr | None = Field(
         None, description="Require this key (Bearer or x-api-key) on every route but /health."
     )
@@ -92,6 +100,12 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return self.cache_dir / "models"
+
+    @property
+    def memory_limit_bytes(self) -> int:
+        if self.memory_limit_mb is not None:
+            return self.memory_limit_mb << 20
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
 
     @property
     def api_key_value(self) -> str | None:

@@ -27,6 +27,8 @@ VALUES = {
     "disk_kv_bits": (8, 16, 4),
     "decode_quantized": (True, False, True),
     "max_batch": (3, 4, 5),
+    "max_waiting": (6, 7, 8),
+    "memory_limit_mb": (1000, 2000, 3000),
     "api_key": ("k-file", "k-env", "k-flag"),
     "api_keys_file": ("/tmp/keys-file", "/tmp/keys-env", "/tmp/keys-flag"),
 }

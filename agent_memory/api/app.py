@@ -28,6 +28,7 @@ def create_app(
     host: str,
     port: int,
     api_keys: dict[str, str],
+    max_waiting: int,
     on_load_failure: Callable[[], None],
 ) -> FastAPI:
     @asynccontextmanager
@@ -42,7 +43,7 @@ def create_app(
         app.state.server.tokenizer_pool.shutdown()
 
     app = FastAPI(title="agent-memory", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.server = ServerState(engine=engine, model_name=model_name)
+    app.state.server = ServerState(engine=engine, model_name=model_name, max_waiting=max_waiting)
     errors.install(app)
     app.include_router(openai.router)
     app.include_router(agents.router)

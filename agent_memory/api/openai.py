@@ -147,6 +147,7 @@ async def chat_completions(
 async def completions(body: CompletionRequest, request: Request, state: ServerState = Depends(ready_state)):
     if isinstance(body.prompt, str):
         text_prompt = body.prompt
+        pipeline.check_length(state, len(text_prompt), "prompt")
         prompt = await state.tokenize(lambda tok: tok.encode(text_prompt))
     else:
         prompt = list(body.prompt)

@@ -58,6 +58,8 @@ async def prepare_chat(
     natively or in the built-in format) and tokenized, and the grammar its output must follow.
     `params`: the wire format's names of the messages, the tools and the output format."""
     messages_param, tools_param, format_param = params
+    chars = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in conversation.messages)
+    check_length(state, chars, messages_param)
 
     def prepare(tokenizer) -> Prepared:
         messages, tools = state.tool_format.template_input(conversation)
@@ -85,6 +87,20 @@ async def prepare_chat(
     return await state.tokenize(prepare)
 
 
+def check_length(state: ServerState, chars: int, param: str) -> None:
+    """Refuse a prompt that cannot fit before tokenizing it: n characters are at least
+    n / (the longest token's characters) tokens. A 10 MB message costs nothing this way."""
+    at_least = -(-chars // state.engine.loaded.max_token_chars)
+    if at_least >= state.context_length:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {state.context_length} tokens, but the prompt "
+            f"is at least {at_least} tokens ({chars} characters).",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
 def generation_request(
     state: ServerState,
     prompt: list[int],
@@ -100,6 +116,13 @@ def generation_request(
     engine's request. `sampling`: SamplingParams' fields but max_tokens."""
     if not prompt:
         raise APIError(400, "the prompt is empty", param=prompt_param)
+    if state.waiting >= state.max_waiting:
+        raise APIError(
+            503,
+            f"{state.waiting} requests are waiting to start; retry shortly",
+            code="server_busy",
+            headers={"Retry-After": str(1 + state.waiting // state.engine.config.max_batch)},
+        )
     room = state.context_length - len(prompt)
     if room < 1 or (limit is not None and limit > room):
         wanted = len(prompt) + (limit or 1)
@@ -136,13 +159,19 @@ async def events(state: ServerState, generation: GenerationRequest) -> AsyncIter
             pass
 
     seq_id = state.engine.submit(generation, sink)
-    done = False
+    state.waiting += 1
+    started = done = False
     try:
         while not done:
             event = await queue.get()
+            if not started:
+                started = True
+                state.waiting -= 1
             done = isinstance(event, (Finished, Failed))
             yield event
     finally:
+        if not started:
+            state.waiting -= 1
         if not done:
             state.engine.cancel(seq_id)
 

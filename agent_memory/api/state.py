@@ -24,6 +24,8 @@ T = TypeVar("T")
 class ServerState:
     engine: BatchEngine
     model_name: str
+    max_waiting: int = 128  # requests waiting for their first token before 503s begin
+    waiting: int = 0  # requests submitted and not yet answering (read and written on the event loop)
     started: int = field(default_factory=lambda: int(time.time()))
     # Tokenizing a long prompt is CPU work: one worker keeps it off the event loop and
     # never runs the tokenizer from two threads at once.

@@ -108,6 +108,7 @@ def _serve(settings: Settings) -> int:
             disk_budget_bytes=settings.disk_budget_mb << 20,
             disk_precision=KVPrecision(settings.disk_kv_bits, settings.kv_group_size) if settings.disk_kv_bits else None,
             decode_quantized=settings.decode_quantized,
+            memory_limit_bytes=settings.memory_limit_bytes,
         )
     )
     config = uvicorn.Config(None, host=settings.host, port=settings.port, log_config=None, timeout_graceful_shutdown=30)
@@ -122,6 +123,7 @@ def _serve(settings: Settings) -> int:
         host=settings.host,
         port=settings.port,
         api_keys=settings.tenant_keys(),
+        max_waiting=settings.max_waiting,
         on_load_failure=stop_server,
     )
     server.run()

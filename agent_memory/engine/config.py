@@ -21,6 +21,8 @@ class EngineConfig:
     # once, its own new tokens never quantized) and only blocks at rest are quantized.
     # True: it attends to quantized KV too (least memory; +10 % perplexity at Q4, slower on CPU).
     decode_quantized: bool = False
+    # Memory for weights, hot KV and running requests' working caches; None: no limit.
+    memory_limit_bytes: int | None = None
 
     @property
     def precisions(self) -> kv.Precisions:

@@ -9,6 +9,7 @@ along the token axis exactly. The same names are the tensors of a block file on 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import agent_memory.blas  # noqa: F401
@@ -198,6 +199,13 @@ def from_numpy(arrays: dict, shape: KVShape) -> Payload:
             arr = arr.view(shape.dtype)
         payload[name] = arr
     return payload
+
+
+def bytes_per_token(shape: KVShape, precision: KVPrecision) -> int:
+    """One token's KV, all layers, at this precision."""
+    itemsize = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4}
+    sizes = block_layout(1, shape, precision).values()
+    return sum(itemsize[dtype] * math.prod(dims) for dtype, dims in sizes)
 
 
 def block_layout(n: int, shape: KVShape, precision: KVPrecision) -> dict:

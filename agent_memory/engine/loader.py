@@ -33,6 +33,9 @@ class LoadedModel:
     decoder: Tokenizer  # an independent copy, for the engine thread's detokenizing
     context_length: int
     vocab_size: int  # the width of the model's logits (may exceed the tokenizer's vocabulary)
+    # The most characters one token can stand for: a text of n characters is at least
+    # n / max_token_chars tokens, a bound known before tokenizing it.
+    max_token_chars: int
     num_layers: int
     fingerprint: str
     # Context length at which a token's attention costs as much as its matmuls:
@@ -76,6 +79,7 @@ def load_model(path: Path) -> LoadedModel:
         decoder=Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()),
         context_length=int(context),
         vocab_size=int(config["vocab_size"]),
+        max_token_chars=max(len(t) for t in tokenizer.get_vocab()),
         num_layers=layers,
         fingerprint=fingerprint(path),
         # Matmuls cost ~2 FLOP per weight per token; attention ~4 per query head dim per

@@ -23,6 +23,7 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
 from agent_memory.engine import kv
+from agent_memory.engine.budget import working_budget
 from agent_memory.engine.commit import Committer
 from agent_memory.engine.constraint import logits_processors
 from agent_memory.engine.config import EngineConfig
@@ -65,6 +66,8 @@ class BatchEngine:
         self._batch: DecodeBatch | None = None
         self._prefiller: Prefiller | None = None
         self._committer: Committer | None = None
+        self._working_budget: int | None = None
+        self._bytes_per_token = 0
 
     # -- called from other threads ------------------------------------------------------
 
@@ -134,7 +137,7 @@ class BatchEngine:
             if self.decoding:
                 self._guard(self._decode, [self._seqs[i] for i in self._batch.seq_ids])
             seq = self._next_prefill()
-            if seq is not None and self.scheduler.may_prefill(self.decoding):
+            if seq is not None and self.scheduler.may_prefill(self.decoding) and self._fits(seq):
                 self._guard(lambda: self._prefill(seq), [seq])
         self._shutdown()
 
@@ -163,6 +166,8 @@ class BatchEngine:
         self._batch = DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids, p.working.quantized)
         self._prefiller = Prefiller(loaded.model, shape, p, self.store)
         self._committer = Committer(self.store, self.disk, p, loaded.decoder)
+        self._working_budget = working_budget(cfg.memory_limit_bytes, loaded.model, cfg.hot_budget_bytes)
+        self._bytes_per_token = kv.bytes_per_token(shape, p.working)
         self.metrics.watch(self)
         log.info(
             "loaded %s: %d layers, context %d; KV cached as %s, attended as %s",
@@ -173,8 +178,22 @@ class BatchEngine:
             p.working.tag,
         )
 
+    def _fits(self, seq: Sequence) -> bool:
+        """Whether the sequence's working cache fits the memory left for running requests."""
+        if seq.pos:  # started: it already holds its memory
+            return True
+        running = [
+            len(s.prompt) + s.usage.completion_tokens
+            for s in self._seqs.values()
+            if s.status is Status.DECODING or (s.status is Status.PREFILLING and s.pos)
+        ]
+        return self.scheduler.fits(running, len(seq.prompt), self._bytes_per_token, self._working_budget)
+
     def _drain(self, block: bool) -> bool:
-        """Run queued calls; False once stop was asked."""
+        """Run queued calls; False once stop was asked. Before waiting idle, MLX's cache of
+        freed buffers is emptied: the memory of a burst goes back."""
+        if block:
+            mx.clear_cache()
         try:
             item = self._inbox.get(block=block)
         except queue.Empty:

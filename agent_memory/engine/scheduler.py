@@ -36,3 +36,12 @@ class Scheduler:
 
     def chunk(self, decoding: int) -> int:
         return self.chunk_shared if decoding else self.chunk_alone
+
+    @staticmethod
+    def fits(running: list[int], candidate: int, bytes_per_token: int, budget: int | None) -> bool:
+        """Whether running requests' working caches stay within `budget` bytes with one more
+        of `candidate` tokens. A batch pads every row to the longest, so it holds rows × longest
+        tokens. A request alone always fits: nothing else could make room."""
+        if budget is None or not running:
+            return True
+        return (len(running) + 1) * max(*running, candidate) * bytes_per_token <= budget

@@ -1,0 +1,40 @@
+"""The memory limit, split: the model's weights, the hot tier's budget, and what is left for
+running requests' working caches. MLX is told the limit, and keeps at most a tenth of it as
+its cache of freed buffers, which the engine empties whenever it goes idle, so that the
+process shrinks back after a burst."""
+
+from __future__ import annotations
+
+import logging
+
+import agent_memory.blas  # noqa: F401
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+
+
+def weights_bytes(model) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def working_budget(limit: int | None, model, hot_budget: int) -> int | None:
+    """Bytes running requests may hold (None: unlimited), after telling MLX the limit."""
+    if limit is None:
+        return None
+    mx.set_memory_limit(limit)
+    mx.set_cache_limit(limit // 10)
+    weights = weights_bytes(model)
+    working = limit - weights - hot_budget
+    log.info(
+        "memory limit %d MiB: weights %d MiB, hot KV budget %d MiB, running requests %d MiB",
+        limit // MIB,
+        weights // MIB,
+        hot_budget // MIB,
+        max(working, 0) // MIB,
+    )
+    if working <= 0:
+        log.warning("the memory limit leaves nothing for running requests: they will run one at a time")
+    return max(working, 0)
