@@ -16,7 +16,7 @@ from agent_memory.api.errors import APIError, error_body
 from agent_memory.api.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
 from agent_memory.api.state import ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice
-from agent_memory.chat.toolcalls import CallArguments, CallStart, ContentDelta, ToolCallParser
+from agent_memory.chat.toolcalls import CallStart, ContentDelta, ToolCallParser
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta, Usage
 
 router = APIRouter()

@@ -23,20 +23,19 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
 from agent_memory.engine import kv
-from agent_memory.engine.budget import working_budget
 from agent_memory.engine.commit import Committer
 from agent_memory.engine.constraint import logits_processors
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.decode_batch import DecodeBatch
 from agent_memory.engine.detokenizer import Detokenizer
-from agent_memory.engine.loader import LoadedModel, load_model
+from agent_memory.engine.loader import LoadedModel
+from agent_memory.engine.parts import build
 from agent_memory.engine.prefill import Prefiller
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, Sink, Usage
 from agent_memory.engine.sampling import make_sampler
 from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status
 from agent_memory.engine.stops import StopMatcher
-from agent_memory.engine.warm import open_warm_tier
 from agent_memory.memory.blocks import Tier
 from agent_memory.memory.disk import DiskTier
 from agent_memory.memory.folder import BLOCK_TOKENS, AgentKey
@@ -142,52 +141,15 @@ class BatchEngine:
         self._shutdown()
 
     def _load(self) -> None:
-        cfg, p = self.config, self.precisions
-        self.loaded = loaded = load_model(cfg.model_path)
-        shape = kv.probe_shape(loaded.model, loaded.num_layers)
-        self.disk, scan, self.warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, shape, p)
-        self.store = AgentCacheStore(
-            block_tokens=BLOCK_TOKENS,
-            salt=loaded.fingerprint,
-            hot_budget_bytes=cfg.hot_budget_bytes,
-            attention_tokens=loaded.attention_tokens,
-            disk=self.disk,
-            disk_budget_bytes=cfg.disk_budget_bytes,
-        )
-        if scan is not None:
-            self.store.restore(scan)
-            log.info(
-                "warm tier %s: %d agents, %d block files (%.1f MiB)",
-                self.disk.folder.root,
-                len(self.store.agents),
-                len(scan.blocks),
-                self.store.pool.disk_bytes / (1 << 20),
-            )
-        self._batch = DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids, p.working.quantized)
-        self._prefiller = Prefiller(loaded.model, shape, p, self.store)
-        self._committer = Committer(self.store, self.disk, p, loaded.decoder)
-        self._working_budget = working_budget(cfg.memory_limit_bytes, loaded.model, cfg.hot_budget_bytes)
-        self._bytes_per_token = kv.bytes_per_token(shape, p.working)
+        parts = build(self.config)
+        self.loaded, self.store, self.disk, self.warm_error = parts.loaded, parts.store, parts.disk, parts.warm_error
+        self._batch, self._prefiller, self._committer = parts.batch, parts.prefiller, parts.committer
+        self._working_budget, self._bytes_per_token = parts.working_budget, parts.bytes_per_token
         self.metrics.watch(self)
-        log.info(
-            "loaded %s: %d layers, context %d; KV cached as %s, attended as %s",
-            loaded.name,
-            loaded.num_layers,
-            loaded.context_length,
-            p.hot.tag,
-            p.working.tag,
-        )
 
     def _fits(self, seq: Sequence) -> bool:
         """Whether the sequence's working cache fits the memory left for running requests."""
-        if seq.pos:  # started: it already holds its memory
-            return True
-        running = [
-            len(s.prompt) + s.usage.completion_tokens
-            for s in self._seqs.values()
-            if s.status is Status.DECODING or (s.status is Status.PREFILLING and s.pos)
-        ]
-        return self.scheduler.fits(running, len(seq.prompt), self._bytes_per_token, self._working_budget)
+        return self.scheduler.fits(self._seqs.values(), seq, self._bytes_per_token, self._working_budget)
 
     def _drain(self, block: bool) -> bool:
         """Run queued calls; False once stop was asked. Before waiting idle, MLX's cache of

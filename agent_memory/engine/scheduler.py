@@ -38,10 +38,18 @@ class Scheduler:
         return self.chunk_shared if decoding else self.chunk_alone
 
     @staticmethod
-    def fits(running: list[int], candidate: int, bytes_per_token: int, budget: int | None) -> bool:
-        """Whether running requests' working caches stay within `budget` bytes with one more
-        of `candidate` tokens. A batch pads every row to the longest, so it holds rows × longest
-        tokens. A request alone always fits: nothing else could make room."""
-        if budget is None or not running:
+    def fits(seqs: Iterable[Sequence], seq: Sequence, bytes_per_token: int, budget: int | None) -> bool:
+        """Whether running sequences' working caches stay within `budget` bytes once `seq`
+        starts. A batch pads every row to the longest, so it holds rows × longest tokens. A
+        sequence alone always fits (nothing else could make room), and one that has started
+        already holds its memory."""
+        if budget is None or seq.pos:
             return True
-        return (len(running) + 1) * max(*running, candidate) * bytes_per_token <= budget
+        running = [
+            len(s.prompt) + s.usage.completion_tokens
+            for s in seqs
+            if s.status is Status.DECODING or (s.status is Status.PREFILLING and s.pos)
+        ]
+        if not running:
+            return True
+        return (len(running) + 1) * max(*running, len(seq.prompt)) * bytes_per_token <= budget

@@ -1,0 +1,79 @@
+"""Everything the engine thread works with, built once at start from its config: the model,
+the warm tier, the store (restored from disk), the decode batch, the prefiller, the committer
+and the memory left for running requests."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from agent_memory.engine import kv
+from agent_memory.engine.budget import working_budget
+from agent_memory.engine.commit import Committer
+from agent_memory.engine.config import EngineConfig
+from agent_memory.engine.decode_batch import DecodeBatch
+from agent_memory.engine.loader import LoadedModel, load_model
+from agent_memory.engine.prefill import Prefiller
+from agent_memory.engine.warm import open_warm_tier
+from agent_memory.memory.disk import DiskTier
+from agent_memory.memory.folder import BLOCK_TOKENS
+from agent_memory.memory.store import AgentCacheStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Parts:
+    loaded: LoadedModel
+    store: AgentCacheStore
+    disk: DiskTier | None
+    warm_error: str | None  # why there is no warm tier, when one was asked for
+    batch: DecodeBatch
+    prefiller: Prefiller
+    committer: Committer
+    working_budget: int | None  # bytes running requests' working caches may hold
+    bytes_per_token: int  # of a working cache
+
+
+def build(cfg: EngineConfig) -> Parts:
+    """Load the model and open the tiers (on the engine thread: it makes MLX arrays)."""
+    p = cfg.precisions
+    loaded = load_model(cfg.model_path)
+    shape = kv.probe_shape(loaded.model, loaded.num_layers)
+    disk, scan, warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, shape, p)
+    store = AgentCacheStore(
+        block_tokens=BLOCK_TOKENS,
+        salt=loaded.fingerprint,
+        hot_budget_bytes=cfg.hot_budget_bytes,
+        attention_tokens=loaded.attention_tokens,
+        disk=disk,
+        disk_budget_bytes=cfg.disk_budget_bytes,
+    )
+    if scan is not None:
+        store.restore(scan)
+        log.info(
+            "warm tier %s: %d agents, %d block files (%.1f MiB)",
+            disk.folder.root,
+            len(store.agents),
+            len(scan.blocks),
+            store.pool.disk_bytes / (1 << 20),
+        )
+    log.info(
+        "loaded %s: %d layers, context %d; KV cached as %s, attended as %s",
+        loaded.name,
+        loaded.num_layers,
+        loaded.context_length,
+        p.hot.tag,
+        p.working.tag,
+    )
+    return Parts(
+        loaded=loaded,
+        store=store,
+        disk=disk,
+        warm_error=warm_error,
+        batch=DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids, p.working.quantized),
+        prefiller=Prefiller(loaded.model, shape, p, store),
+        committer=Committer(store, disk, p, loaded.decoder),
+        working_budget=working_budget(cfg.memory_limit_bytes, loaded.model, cfg.hot_budget_bytes),
+        bytes_per_token=kv.bytes_per_token(shape, p.working),
+    )
