@@ -13,9 +13,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent_memory import __version__
 from agent_memory.api import agents, errors, openai
+from agent_memory.api import responses as responses_api
+from agent_memory.api.responses_store import ResponseStore
 from agent_memory.api.middleware import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware, RequestIdMiddleware
 from agent_memory.api.state import ServerState
 from agent_memory.engine.loop import BatchEngine
+from agent_memory.engine.warm import warm_health
 from agent_memory.memory.folder import Folder
 
 log = logging.getLogger(__name__)
@@ -29,11 +32,13 @@ def create_app(
     port: int,
     api_keys: dict[str, str],
     max_waiting: int,
+    responses: ResponseStore,
     on_load_failure: Callable[[], None],
 ) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
+        await asyncio.to_thread(responses.load)
         watcher = asyncio.create_task(_watch_load(engine, on_load_failure, base_url(host, port)))
         yield
         watcher.cancel()
@@ -41,12 +46,14 @@ def create_app(
         if engine.disk is not None:  # only now: the writer has flushed and touches nothing more
             await asyncio.to_thread(_unrecord, engine.disk.folder)
         app.state.server.tokenizer_pool.shutdown()
+        responses.close()
 
     app = FastAPI(title="agent-memory", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.server = ServerState(engine=engine, model_name=model_name, max_waiting=max_waiting)
+    app.state.server = ServerState(engine=engine, model_name=model_name, max_waiting=max_waiting, responses=responses)
     errors.install(app)
     app.include_router(openai.router)
     app.include_router(agents.router)
+    app.include_router(responses_api.router)
 
     @app.get("/health")
     async def health(request: Request):
@@ -58,11 +65,8 @@ def create_app(
         if problem := engine.problem():
             return JSONResponse({"status": "error", "message": problem}, status_code=503)
         p = engine.precisions
-        warm = (
-            {"status": "on", "folder": str(engine.disk.folder.root)}
-            if engine.disk is not None
-            else {"status": "off", "reason": engine.warm_error or "no disk budget or cache folder"}
-        )
+        budget = engine.store.disk_budget_bytes if engine.store is not None else 0
+        warm = warm_health(engine.disk, engine.warm_error, budget)
         return {"status": "ok", "kv": {"hot": p.hot.tag, "working": p.working.tag, "disk": p.disk.tag}, "warm_tier": warm}
 
     @app.get("/metrics")

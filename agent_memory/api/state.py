@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from agent_memory.api.errors import APIError
+from agent_memory.api.responses_store import ResponseStore
 from agent_memory.chat.grammar import GrammarCompiler
 from agent_memory.chat.render import ToolFormat
 from agent_memory.engine.loop import BatchEngine
@@ -24,6 +25,7 @@ T = TypeVar("T")
 class ServerState:
     engine: BatchEngine
     model_name: str
+    responses: ResponseStore
     max_waiting: int = 128  # requests waiting for their first token before 503s begin
     waiting: int = 0  # requests submitted and not yet answering (read and written on the event loop)
     started: int = field(default_factory=lambda: int(time.time()))

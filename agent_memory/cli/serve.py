@@ -88,6 +88,7 @@ def _serve(settings: Settings) -> int:
     import uvicorn
 
     from agent_memory.api.app import create_app
+    from agent_memory.api.responses_store import ResponseStore
     from agent_memory.engine.config import EngineConfig
     from agent_memory.engine.kv import KVPrecision
     from agent_memory.engine.loop import BatchEngine
@@ -124,6 +125,11 @@ def _serve(settings: Settings) -> int:
         port=settings.port,
         api_keys=settings.tenant_keys(),
         max_waiting=settings.max_waiting,
+        responses=ResponseStore(
+            settings.cache_dir / "responses" if settings.disk_budget_mb else None,
+            max(settings.disk_budget_mb << 20, 160 << 20) // 10,
+            engine.end_agent,
+        ),
         on_load_failure=stop_server,
     )
     server.run()

@@ -208,7 +208,7 @@ class BatchEngine:
             processors=logits_processors(request, self.loaded.vocab_size, self.loaded.tokenizer.eos_token_ids),
             usage=Usage(prompt_tokens=len(request.prompt)),
             cache=kv.new_cache(self.loaded.num_layers, self.precisions.working),
-            agent=AgentKey(request.agent, request.tenant) if request.agent is not None else None,
+            agent=AgentKey(request.agent, request.tenant, request.agent_kind) if request.agent is not None else None,
             root=self.store.names.root(namespace(request.tenant, request.cache_salt)),
             prefill_only=prefill_only,
         )

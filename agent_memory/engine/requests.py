@@ -24,6 +24,7 @@ class GenerationRequest:
     agent: str | None = None
     request_id: str = ""  # the X-Request-Id, for logs
     tenant: str = ""  # the API key's name when keys are per tenant: a namespace of its own
+    agent_kind: str = "agent"  # "response": `agent` is a stored Responses-API response's id
     cache_salt: str = ""  # requests with different salts share no cached block (vLLM's field)
     # An llguidance matcher the output must follow (constrained decoding), made by the API.
     grammar: Any = None

@@ -10,12 +10,17 @@ tier (disk.py) and the `cache` commands alike. No MLX here.
 
 Agent ids never become file names: a manifest is named by a hash of the id and holds the id.
 Nothing here follows a symbolic link inside a model folder or opens anything but a regular
-file: a link or a FIFO planted in the folder is listed as stray and otherwise left alone.
-Folders are made 0700 and files 0600: they hold every conversation's tokens.
+file: a link or a FIFO planted in the folder is listed as stray and otherwise left alone, and
+files are written, moved and deleted through their folder's descriptor, opened without
+following a link (blockfile.open_dir), so a link planted as blocks/xx/ or quarantine/ leads
+nowhere. The model folder itself and `kv` may be links the user placed; they are followed.
+Folders are made 0700 and files 0600: they hold every conversation's tokens. A start makes
+those it finds readable by others private again (`FolderScan.loose`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -51,18 +56,20 @@ def folder_name(model_name: str, fingerprint: str, precision_tag: str) -> str:
 
 
 class AgentKey(NamedTuple):
-    """An agent: its id within its tenant (an API key's name; "" with one key or none)."""
+    """An agent: its id within its tenant (an API key's name; "" with one key or none). A
+    stored Responses-API response is agent-like: kind "response", its id the response id."""
 
     id: str
     tenant: str = ""
+    kind: str = "agent"
 
 
 def agent_file_stem(key: AgentKey | str) -> str:
     key = AgentKey(key) if isinstance(key, str) else key
     # surrogatepass: total over every Python string, though the API admits only valid Unicode.
     raw = key.id.encode("utf-8", "surrogatepass")
-    if key.tenant:
-        raw = key.tenant.encode("utf-8", "surrogatepass") + b"\0" + raw
+    if key.tenant or key.kind != "agent":
+        raw = b"\0".join([key.tenant.encode("utf-8", "surrogatepass"), raw, key.kind.encode()])
     return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
@@ -142,10 +149,11 @@ class Manifest:
     path: Path | None = None
     tenant: str = ""
     root: str | None = None  # where its hash chain starts: its namespace (hashing.py)
+    kind: str = "agent"
 
     @property
     def key(self) -> AgentKey:
-        return AgentKey(self.agent, self.tenant)
+        return AgentKey(self.agent, self.tenant, self.kind)
 
     def to_bytes(self) -> bytes:
         data = {
@@ -158,6 +166,8 @@ class Manifest:
         }
         if self.tenant:
             data["tenant"] = self.tenant
+        if self.kind != "agent":
+            data["kind"] = self.kind
         if self.root:
             data["root"] = self.root
         return json.dumps(data, separators=(",", ":")).encode()
@@ -176,10 +186,12 @@ class Manifest:
         if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
             raise ValueError("not a manifest of this version")
         agent, tokens, blocks = data.get("agent"), data.get("tokens"), data.get("blocks")
-        tenant, root = data.get("tenant", ""), data.get("root")
+        tenant, root, kind = data.get("tenant", ""), data.get("root"), data.get("kind", "agent")
         if not isinstance(tenant, str) or not (root is None or (isinstance(root, str) and HASH_RE.match(root))):
             raise ValueError("tenant must be a string and root a block hash")
-        if not isinstance(agent, str) or agent_file_stem(AgentKey(agent, tenant)) != path.stem:
+        if kind not in ("agent", "response"):
+            raise ValueError("kind must be agent or response")
+        if not isinstance(agent, str) or agent_file_stem(AgentKey(agent, tenant, kind)) != path.stem:
             raise ValueError("agent id does not match the file name")
         # Out-of-range ids would raise OverflowError later, in the hash chain.
         if not valid_tokens(tokens):
@@ -191,7 +203,7 @@ class Manifest:
             raise ValueError("missing fingerprint or last_used")
         if not abs(last_used) < 1e15:  # also false for NaN and inf; float(10**400) would overflow
             raise ValueError("last_used is not a time")
-        return cls(agent, data["fingerprint"], tokens, blocks, float(last_used), path, tenant, root)
+        return cls(agent, data["fingerprint"], tokens, blocks, float(last_used), path, tenant, root, kind)
 
 
 @dataclass(frozen=True)
@@ -211,6 +223,14 @@ class FolderScan:
     temp_files: list[FileInfo] = field(default_factory=list)  # leftovers of interrupted writes
     stray_files: list[FileInfo] = field(default_factory=list)  # anything the server did not write
     quarantined: list[FileInfo] = field(default_factory=list)
+    # Real folders and regular files (never links) that others may read: (path, the mode they
+    # should have). The scan only reports them; the server's start makes them private.
+    loose: list[tuple[Path, int]] = field(default_factory=list)
+
+    def note_mode(self, path: Path, st: os.stat_result) -> None:
+        want = 0o700 if stat.S_ISDIR(st.st_mode) else 0o600
+        if (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) and stat.S_IMODE(st.st_mode) != want:
+            self.loose.append((path, want))
 
 
 def entries(folder: Path) -> list[tuple[os.DirEntry, os.stat_result]]:
@@ -267,14 +287,67 @@ class Folder:
         return self.agents / f"{agent_file_stem(key)}.json"
 
     def make(self) -> None:
-        """Create the folders, private to this user (existing ones are made private too)."""
+        """Create the folders, private to this user (existing ones are made private too). The
+        model folder and `kv` may be links the user placed; `blocks` and `agents` must be real
+        folders (OSError otherwise: the server then runs without its warm tier)."""
         self.root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for d in (self.root.parent, self.root, self.blocks, self.agents):
+        for d in (self.root.parent, self.root):
             d.mkdir(mode=0o700, exist_ok=True)
-            os.chmod(d, 0o700)
+            _make_private(d, os.stat(d), 0o700)
+        for d in (self.blocks, self.agents):
+            self.make_subfolder(d)
+
+    def make_subfolder(self, d: Path) -> None:
+        """A real, private folder in the model folder (or in blocks/): never a link's target.
+        OSError (ENOTDIR) when something else already has its name."""
+        parent_fd = self._dir_fd(d.parent)
+        try:
+            try:
+                os.mkdir(d.name, 0o700, dir_fd=parent_fd)
+            except FileExistsError:
+                pass
+            st = os.stat(d.name, dir_fd=parent_fd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                kind = "a link" if stat.S_ISLNK(st.st_mode) else "not a folder"
+                raise NotADirectoryError(errno.ENOTDIR, f"{kind}, where the cache keeps a folder", str(d))
+        finally:
+            os.close(parent_fd)
+        _make_private(d, st, 0o700)
+
+    def _dir_fd(self, d: Path) -> int:
+        """A folder of this model folder, opened for *at() calls: links the user placed are
+        followed only as the model folder itself."""
+        return blockfile.open_dir(d, follow=d == self.root)
+
+    def write(self, path: Path, chunks) -> int:
+        """Write one of the folder's files atomically (never through a planted link)."""
+        return blockfile.write_atomic(path, chunks, follow_parent=path.parent == self.root)
+
+    def unlink(self, path: Path) -> bool:
+        """Delete one of the folder's regular files (see unlink_regular)."""
+        return unlink_regular(path, follow_parent=path.parent == self.root)
+
+    def make_private(self, loose: list[tuple[Path, int]]) -> None:
+        """chmod what a scan found readable by others; a failure is said once, not fatal."""
+        for path, mode in loose:
+            try:
+                fd = self._dir_fd(path.parent)
+                try:
+                    st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):  # still what the scan saw
+                        os.chmod(path.name, mode, dir_fd=fd)
+                finally:
+                    os.close(fd)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                log.warning("could not make %s private (%s): others may read cached tokens", path, e.strerror or e)
+                return
+        if loose:
+            log.info("made %d files and folders of %s private (0600/0700)", len(loose), self.root)
 
     def write_model_json(self, info: dict) -> None:
-        blockfile.write_atomic(self.root / MODEL_JSON, [json.dumps(info, indent=1).encode()])
+        self.write(self.root / MODEL_JSON, [json.dumps(info, indent=1).encode()])
 
     def read_model_json(self) -> tuple[dict, str | None]:
         """model.json as a dict ({} if absent) and what is wrong with it, if anything."""
@@ -301,7 +374,7 @@ class Folder:
     def write_server_json(self, url: str) -> None:
         """Record this process as the folder's server, once it serves (atomic, 0600)."""
         record = {"pid": os.getpid(), "url": url, "started": time.time()}
-        blockfile.write_atomic(self.server_json, [json.dumps(record, indent=1).encode()])
+        self.write(self.server_json, [json.dumps(record, indent=1).encode()])
 
     def read_server_json(self) -> ServerRecord | None:
         """The server serving this folder; None when there is no record, it is unreadable, or
@@ -316,7 +389,7 @@ class Folder:
         """At a clean shutdown: only this process's own record (another server may have
         recorded itself since)."""
         if self._read_json(SERVER_JSON)[0].get("pid") == os.getpid():
-            unlink_regular(self.server_json)
+            self.unlink(self.server_json)
 
     def scan(self, owns: Callable[[str], bool]) -> FolderScan:
         """List every file; read and check manifests (those `owns` refuses are bad ones)."""
@@ -326,13 +399,18 @@ class Folder:
                 if not sub.name.startswith("."):
                     scan.stray_files.append(_info(sub, sub_st))
                 continue
+            scan.note_mode(Path(sub.path), sub_st)
             for entry, st in entries(Path(sub.path)):
+                scan.note_mode(Path(entry.path), st)
                 self._sort_block_entry(scan, sub.name, entry, st)
         for entry, st in entries(self.root):
+            if entry.name in (MODEL_JSON, SERVER_JSON, "quarantine"):
+                scan.note_mode(Path(entry.path), st)
             if stat.S_ISREG(st.st_mode) and entry.name.endswith(blockfile.TEMP_SUFFIX):
                 scan.temp_files.append(_info(entry, st))  # an interrupted model.json write
         for entry, st in entries(self.agents):
             path = Path(entry.path)
+            scan.note_mode(path, st)
             if not stat.S_ISREG(st.st_mode):
                 scan.stray_files.append(_info(entry, st))
             elif entry.name.endswith(blockfile.TEMP_SUFFIX):
@@ -349,7 +427,10 @@ class Folder:
                     scan.bad_manifests.append((path, str(e) or type(e).__name__))
             elif not entry.name.startswith("."):
                 scan.stray_files.append(_info(entry, st))
-        scan.quarantined = [_info(e, st) for e, st in entries(self.quarantine_dir) if stat.S_ISREG(st.st_mode)]
+        for entry, st in entries(self.quarantine_dir):
+            if stat.S_ISREG(st.st_mode):
+                scan.quarantined.append(_info(entry, st))
+                scan.note_mode(Path(entry.path), st)
         return scan
 
     @staticmethod
@@ -366,29 +447,51 @@ class Folder:
 
     def quarantine(self, path: Path, reason: str) -> None:
         """Move a file that failed a check out of the way, with a note saying why. The random
-        part keeps two files of one name quarantined in the same second apart."""
-        target = self.quarantine_dir / f"{int(time.time())}-{secrets.token_hex(4)}-{path.name}"
+        part keeps two files of one name quarantined in the same second apart. Both ends are
+        folders opened without following a link: a quarantine/ planted as a link is refused,
+        and the file stays where it is (the caller treats it as bad anyway)."""
+        name = f"{int(time.time())}-{secrets.token_hex(4)}-{path.name}"
         try:
-            if not stat.S_ISREG(os.lstat(path).st_mode):
-                return  # never move what we did not write
-            self.quarantine_dir.mkdir(mode=0o700, exist_ok=True)
-            os.replace(path, target)
-            blockfile.write_atomic(target.with_name(target.name + ".why"), [(reason + "\n").encode()])
+            self.make_subfolder(self.quarantine_dir)
+            src_fd, dst_fd = self._dir_fd(path.parent), self._dir_fd(self.quarantine_dir)
+            try:
+                if not stat.S_ISREG(os.stat(path.name, dir_fd=src_fd, follow_symlinks=False).st_mode):
+                    return  # never move what we did not write
+                os.replace(path.name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            finally:
+                os.close(src_fd)
+                os.close(dst_fd)
+            self.write(self.quarantine_dir / (name + ".why"), [(reason + "\n").encode()])
         except FileNotFoundError:
             return
-        except OSError as e:  # a read-only folder, say: the caller treats the file as bad anyway
-            log.warning("could not quarantine %s (%s): %s", path.name, e, reason)
+        except OSError as e:  # a read-only folder, a planted link: the caller treats the file as bad anyway
+            log.warning("could not quarantine %s (%s): %s", path.name, e.strerror or e, reason)
             return
         log.warning("quarantined %s: %s", path.name, reason)
 
 
-def unlink_regular(path: Path) -> bool:
-    """Delete a file we wrote; never a link's target, never a folder or a FIFO. False if it
-    was not there (or not ours)."""
+def _make_private(path: Path, st: os.stat_result, mode: int) -> None:
+    if stat.S_IMODE(st.st_mode) != mode:  # only when needed: a read-only disk is not an error here
+        os.chmod(path, mode)
+
+
+def unlink_regular(path: Path, *, follow_parent: bool = False) -> bool:
+    """Delete a file we wrote; never a link's target, never a folder or a FIFO, never through
+    a link planted as its folder (unless follow_parent). False if it was not there (or not ours)."""
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
+        dir_fd = blockfile.open_dir(path.parent, follow=follow_parent)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # the folder is a link
             return False
-        os.unlink(path)
+        raise
+    try:
+        if not stat.S_ISREG(os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            return False
+        os.unlink(path.name, dir_fd=dir_fd)
     except FileNotFoundError:
         return False
+    finally:
+        os.close(dir_fd)
     return True

@@ -107,6 +107,8 @@ class AgentCacheStore:
         self.disk_budget_bytes = disk_budget_bytes
         if disk is not None:
             disk.on_saved = self._block_saved
+            if disk.budget_bytes is not None:  # what its disk can hold (engine/warm.py)
+                self.disk_budget_bytes = min(disk_budget_bytes, disk.budget_bytes)
 
     # -- the request path ---------------------------------------------------------------
 
@@ -182,6 +184,7 @@ class AgentCacheStore:
                         record.last_used,
                         tenant=agent.tenant,
                         root=root,
+                        kind=agent.kind,
                     )
             self._evict_hot()
             return persist
@@ -274,9 +277,13 @@ class AgentCacheStore:
             )
 
     def all_agents(self, tenant: str | None = "") -> list[AgentInfo]:
-        """A tenant's agents (None: every tenant's)."""
+        """A tenant's agents (None: every tenant's); stored responses are not agents."""
         with self.lock:
-            return [self.agent_info(a) for a in sorted(self.agents) if tenant is None or a.tenant == tenant]
+            return [
+                self.agent_info(a)
+                for a in sorted(self.agents)
+                if (tenant is None or a.tenant == tenant) and a.kind == "agent"
+            ]
 
     def totals(self) -> dict[str, int]:
         with self.lock:
@@ -287,6 +294,7 @@ class AgentCacheStore:
                 "hot_bytes": self.pool.hot_bytes,
                 "hot_budget_bytes": self.hot_budget_bytes,
                 "disk_bytes": self.pool.disk_bytes,
+                "disk_budget_bytes": self.disk_budget_bytes if self.disk is not None else 0,
                 **{f"{t.value}_blocks": n for t, n in by_tier.items()},
             }
 

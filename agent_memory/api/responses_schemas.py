@@ -1,0 +1,126 @@
+"""OpenAI Responses request bodies, and their input items as one internal conversation."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent_memory.api.errors import APIError
+from agent_memory.api.schemas import TOOL_NAME, RequestBody
+from agent_memory.chat.conversation import Message, OutputFormat, Tool, ToolCall, ToolChoice
+
+
+class FunctionTool(BaseModel):
+    """Responses' function tools are flat: no nested `function` object."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    format: TextFormat = Field(default_factory=TextFormat)
+
+
+class ResponsesRequest(RequestBody):
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[FunctionTool] = Field(default_factory=list)
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction = "auto"
+    parallel_tool_calls: bool = True
+    text: TextOptions = Field(default_factory=TextOptions)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None
+    user: str | None = None
+    cache_salt: str | None = None
+
+    def conversation_tools(self) -> tuple[list[Tool], ToolChoice, OutputFormat]:
+        tools = [Tool(t.name, t.description or "", t.parameters or {}) for t in self.tools]
+        names = {t.name for t in tools}
+        choice = self.tool_choice
+        if isinstance(choice, NamedFunction):
+            if choice.name not in names:
+                raise APIError(400, f"tool_choice names '{choice.name}', which is not in tools", param="tool_choice")
+            choice = ToolChoice("named", choice.name)
+        elif choice == "required" and not tools:
+            raise APIError(400, "tool_choice 'required' needs tools", param="tool_choice")
+        else:
+            choice = ToolChoice(choice if tools else "none")
+        fmt = self.text.format
+        if fmt.type == "json_schema" and fmt.schema_ is None:
+            raise APIError(400, "text.format json_schema needs a schema", param="text.format.schema")
+        return tools, choice, OutputFormat(fmt.type, fmt.schema_)
+
+
+def _text(content: Any, param: str) -> str:
+    """A message's content: a string, or input_text / output_text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise APIError(400, f"{param} must be a string or a list of text parts", param=param)
+    parts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
+            raise APIError(400, f"{param}.{i} has type '{kind}': only text parts are supported", param=f"{param}.{i}")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
+    """Input items as messages: message items by role, function calls as an assistant turn's
+    tool calls, function outputs as tool results (reasoning items carry nothing here)."""
+    if isinstance(items, str):
+        return [Message("user", items)]
+    out: list[Message] = []
+    for i, item in enumerate(items):
+        param = f"input.{i}"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise APIError(400, f"{param}.role must be user, system, developer or assistant", param=f"{param}.role")
+            out.append(Message("system" if role == "developer" else role, _text(item.get("content", ""), f"{param}.content")))
+        elif kind == "function_call":
+            try:
+                call = ToolCall(str(item["call_id"]), str(item["name"]), str(item.get("arguments", "{}")))
+            except KeyError as e:
+                raise APIError(400, f"{param}: a function_call needs {e.args[0]}", param=f"{param}.{e.args[0]}") from e
+            if out and out[-1].role == "assistant":
+                out[-1].tool_calls.append(call)  # the calls of one turn (after its text, if any)
+            else:
+                out.append(Message("assistant", "", [call]))
+        elif kind == "function_call_output":
+            if "call_id" not in item:
+                raise APIError(400, f"{param}: a function_call_output needs call_id", param=f"{param}.call_id")
+            output = item.get("output", "")
+            out.append(Message("tool", _text(output, f"{param}.output"), tool_call_id=str(item["call_id"])))
+        elif kind != "reasoning":
+            raise APIError(400, f"{param} has type '{kind}', which this server does not take", param=f"{param}.type")
+    return out
