@@ -5,6 +5,8 @@ Nothing here imports MLX at module level: `cache` commands must work without it.
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from agent_memory.cli.cache.commands import cache_app
@@ -23,4 +25,7 @@ app.command()(serve)
 
 
 def main() -> None:
+    # transformers (under mlx-lm's tokenizers) advises installing PyTorch on import: we never
+    # need it, and an operator should not read that at every start.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     app()
