@@ -72,7 +72,7 @@ def commit(store, agent, tokens):
     `agent`: an id in the shared namespace, an AgentKey, or None."""
     key = AgentKey(agent) if isinstance(agent, str) else agent
     root = store.names.root(namespace(key.tenant, "")) if key else None
-    persist = store.commit(key, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN), root)
+    persist = store.commit(key, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN, False), root)
     if store.disk is not None:
         persist.write(store.disk, encode)
 

@@ -27,6 +27,12 @@ class FakeKV:
     """Stands in for the engine's KV: it remembers which tokens it was cut for."""
 
     tokens: tuple[int, ...]
+    exact: bool = False
+
+
+def demote(kv: FakeKV) -> tuple[FakeKV, int]:
+    assert kv.exact, "only exact KV is demoted"
+    return FakeKV(kv.tokens), len(kv.tokens) * BYTES_PER_TOKEN
 
 
 @dataclass
@@ -46,6 +52,7 @@ class StoreMachine(RuleBasedStateMachine):
             salt="fingerprint",
             hot_budget_bytes=budget_tokens * BYTES_PER_TOKEN,
             attention_tokens=50.0,
+            demote=demote,
         )
         self.seen: list[list[int]] = []
         self.running: list[Running] = []
@@ -56,8 +63,8 @@ class StoreMachine(RuleBasedStateMachine):
         return self.store.names.root(namespace(agent.tenant if agent else "", salt))
 
     def _commit(self, agent, tokens, salt=""):
-        def cut(start, end):
-            return FakeKV(tuple(tokens[start:end])), (end - start) * BYTES_PER_TOKEN
+        def cut(start, end):  # computed KV is exact, at twice the bytes of its cooled form
+            return FakeKV(tuple(tokens[start:end]), exact=True), 2 * (end - start) * BYTES_PER_TOKEN, True
 
         root = self._root(agent, salt)
         self.store.commit(agent, tokens, cut, root)
@@ -152,6 +159,10 @@ class StoreMachine(RuleBasedStateMachine):
         assert all(h == b.hash for h, b in pool.blocks.items())
         hot = [b for b in pool.blocks.values() if b.tier is Tier.HOT]
         assert pool.hot_bytes == sum(b.hot_bytes for b in hot)
+        # Both kinds of hot bytes are counted, each exactly, against one budget.
+        assert pool.exact_bytes == sum(b.hot_bytes for b in hot if b.exact)
+        assert all(b.exact == b.payload.exact for b in hot)
+        assert all(b.hot_bytes == len(b.tokens) * BYTES_PER_TOKEN * (2 if b.exact else 1) for b in hot)
         assert all(b.hot_bytes == 0 for b in pool.blocks.values() if b.tier is not Tier.HOT)
         assert pool.hot_bytes <= store.hot_budget_bytes
         assert pool.disk_bytes == sum(b.disk_bytes for b in pool.blocks.values()) == 0

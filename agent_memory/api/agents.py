@@ -21,7 +21,12 @@ def agent_dict(info: AgentInfo) -> dict:
         "object": "agent",
         "tokens": info.tokens,
         "blocks": info.blocks,
-        "bytes": {"hot": info.hot_bytes, "disk": info.disk_bytes},
+        "bytes": {
+            "hot": info.hot_bytes,
+            "hot_exact": info.exact_bytes,
+            "hot_quantized": info.hot_bytes - info.exact_bytes,
+            "disk": info.disk_bytes,
+        },
         "last_used": round(info.last_used, 3),
     }
 

@@ -5,9 +5,10 @@ for the client to leave. Wire formats (openai.py, …) only parse their bodies a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 
@@ -17,6 +18,8 @@ from agent_memory.api.state import ServerState
 from agent_memory.chat.conversation import Conversation
 from agent_memory.chat.grammar import GrammarError
 from agent_memory.engine.requests import Event, Failed, Finished, GenerationRequest, SamplingParams
+
+T = TypeVar("T")
 
 
 def utf8_header(request: Request, name: str) -> str | None:
@@ -116,12 +119,12 @@ def generation_request(
     engine's request. `sampling`: SamplingParams' fields but max_tokens."""
     if not prompt:
         raise APIError(400, "the prompt is empty", param=prompt_param)
-    if state.waiting >= state.max_waiting:
+    if len(state.waiting) >= state.max_waiting:
         raise APIError(
             503,
-            f"{state.waiting} requests are waiting to start; retry shortly",
+            f"{len(state.waiting)} requests are waiting to start; retry shortly",
             code="server_busy",
-            headers={"Retry-After": str(1 + state.waiting // state.engine.config.max_batch)},
+            headers={"Retry-After": str(1 + len(state.waiting) // state.engine.config.max_batch)},
         )
     room = state.context_length - len(prompt)
     if room < 1 or (limit is not None and limit > room):
@@ -136,7 +139,7 @@ def generation_request(
     bias = sampling.get("logit_bias") or {}
     if any(not 0 <= t < state.vocab_size for t in bias):
         raise APIError(400, f"logit_bias token ids must be in [0, {state.vocab_size})", param="logit_bias")
-    return GenerationRequest(
+    generation = GenerationRequest(
         prompt=prompt,
         params=SamplingParams(max_tokens=limit or room, **sampling),
         agent=agent,
@@ -145,6 +148,8 @@ def generation_request(
         tenant=tenant(request),
         cache_salt=cache_salt or "",
     )
+    state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
+    return generation
 
 
 async def events(state: ServerState, generation: GenerationRequest) -> AsyncIterator[Event]:
@@ -159,19 +164,15 @@ async def events(state: ServerState, generation: GenerationRequest) -> AsyncIter
             pass
 
     seq_id = state.engine.submit(generation, sink)
-    state.waiting += 1
-    started = done = False
+    done = False
     try:
         while not done:
             event = await queue.get()
-            if not started:
-                started = True
-                state.waiting -= 1
+            state.waiting.discard(generation)
             done = isinstance(event, (Finished, Failed))
             yield event
     finally:
-        if not started:
-            state.waiting -= 1
+        state.waiting.discard(generation)
         if not done:
             state.engine.cancel(seq_id)
 
@@ -200,3 +201,32 @@ async def collect(state: ServerState, generation: GenerationRequest, request: Re
         return work.result()
     work.cancel()
     return None
+
+
+async def with_keepalive(source: AsyncIterator[T], seconds: float) -> AsyncIterator[T | None]:
+    """`source`'s items, and None each time `seconds` pass without one: a stream's cue to send
+    something (a ping, a comment) so that clients with idle timeouts wait through a long
+    prefill or a queue. Waiting never cancels `source`; leaving early closes it."""
+    items = aiter(source)
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(items))
+            done, _ = await asyncio.wait({pending}, timeout=seconds)
+            if not done:
+                yield None
+                continue
+            finished, pending = pending, None
+            try:
+                item = finished.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        if hasattr(items, "aclose"):
+            await items.aclose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,7 +28,9 @@ class ServerState:
     model_name: str
     responses: ResponseStore
     max_waiting: int = 128  # requests waiting for their first token before 503s begin
-    waiting: int = 0  # requests submitted and not yet answering (read and written on the event loop)
+    # Requests admitted and not yet answering, as weak references: one that is dropped before
+    # it reaches the engine (its client left first) leaves the count by itself.
+    waiting: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     started: int = field(default_factory=lambda: int(time.time()))
     # Tokenizing a long prompt is CPU work: one worker keeps it off the event loop and
     # never runs the tokenizer from two threads at once.

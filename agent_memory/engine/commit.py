@@ -1,6 +1,7 @@
-"""The commit path, in one place: a sequence's KV cut into blocks at the store's request (runs
-it restored keep their stored bits, see kv.cut_at), made hot in the store, and what the store
-says is new turned into numpy once and queued for the disk tier's writer."""
+"""The commit path, in one place: a sequence's KV cut into blocks at the store's request (exact,
+as computed; runs it restored keep their stored bits, see kv.cut_at), made hot in the store,
+and what the store says is new turned into numpy at the disk's precision once and queued for
+the disk tier's writer."""
 
 from __future__ import annotations
 
@@ -43,14 +44,14 @@ class Committer:
         payloads = []
 
         def cut(start: int, end: int):
-            payload = kv.cut_at(cache, start, end, seq.stored, p.working, p.hot)
-            payloads.append(payload)
-            return payload, kv.payload_nbytes(payload)
+            block = kv.cut_at(cache, start, end, seq.stored, p.working)
+            payloads.append(block.arrays)
+            return block, block.nbytes, block.precision != p.hot
 
         try:
             persist = self.store.commit(agent, tokens, cut, seq.root)
             mx.eval(payloads)
             if self.disk is not None:
-                persist.write(self.disk, lambda payload: kv.to_numpy(kv.convert(payload, p.hot, p.disk)))
+                persist.write(self.disk, lambda block: kv.to_numpy(block.at(p.disk)))
         except Exception:
             log.exception("could not cache the KV of request %s", seq.request.request_id)

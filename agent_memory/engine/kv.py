@@ -63,6 +63,22 @@ def payload_nbytes(payload: Payload) -> int:
     return sum(a.nbytes for a in payload.values())
 
 
+@dataclass(frozen=True)
+class BlockKV:
+    """A hot block's KV and the precision it is held at: the working precision it was computed
+    at while its agent is active (exact), the hot tier's --kv-bits once it cooled (quantized)."""
+
+    arrays: Payload
+    precision: KVPrecision
+
+    @property
+    def nbytes(self) -> int:
+        return payload_nbytes(self.arrays)
+
+    def at(self, precision: KVPrecision) -> Payload:
+        return convert(self.arrays, self.precision, precision)
+
+
 def cut(cache: list, start: int, end: int) -> Payload:
     """Copy tokens [start, end) of a single-sequence cache out as a block payload."""
     if isinstance(cache[0], QuantizedKVCache):
@@ -79,47 +95,52 @@ def cut(cache: list, start: int, end: int) -> Payload:
 
 @dataclass(frozen=True)
 class StoredRun:
-    """Tokens [start, end) of a running sequence, as the cached block payload they came from."""
+    """Tokens [start, end) of a running sequence, as the cached block KV they came from."""
 
     start: int
     end: int
-    payload: Payload
+    kv: BlockKV
 
 
-def cut_at(cache: list, start: int, end: int, stored: list[StoredRun], working: KVPrecision, precision: KVPrecision) -> Payload:
-    """Tokens [start, end) of a sequence's cache as a payload at `precision`. Runs that came
-    from stored blocks keep their stored bits: MLX's quantize of dequantized values changes
-    about a sixth of the codes, so quantizing them again would drift a little every turn."""
-    if working == precision:
-        return cut(cache, start, end)
-    pieces, pos = [], start
-    for run in stored:  # in position order, as the sequence restored them
-        if run.end <= pos or run.start >= end:
-            continue
-        if run.start > pos:
-            pieces.append(convert(cut(cache, pos, run.start), working, precision))
-            pos = run.start
-        stop = min(run.end, end)
-        pieces.append({name: a[:, :, pos - run.start : stop - run.start] for name, a in run.payload.items()})
-        pos = stop
-    if pos < end:
-        pieces.append(convert(cut(cache, pos, end), working, precision))
-    if len(pieces) == 1:
-        return {name: mx.contiguous(a) for name, a in pieces[0].items()}
-    return {name: mx.concatenate([p[name] for p in pieces], axis=2) for name in pieces[0]}
+def cut_at(cache: list, start: int, end: int, stored: list[StoredRun], working: KVPrecision) -> BlockKV:
+    """Tokens [start, end) of a sequence's cache as a block. Within one restored run, the
+    block keeps that run's stored KV (its bits, its precision: quantizing dequantized values
+    again would drift); anything else is cut from the working cache exactly as the sequence
+    attended to it, so that a repeat of the request, reading it back, attends to the same."""
+    for run in stored:
+        if run.start <= start and end <= run.end:
+            kept = {name: mx.contiguous(a[:, :, start - run.start : end - run.start]) for name, a in run.kv.arrays.items()}
+            return BlockKV(kept, run.kv.precision)
+    return BlockKV(cut(cache, start, end), working)
 
 
-def append(cache: list, parts: list[tuple[Payload, int]], stored: KVPrecision, working: KVPrecision) -> None:
-    """Append the first n tokens of each payload (at `stored` precision), in order, to a
-    single-sequence cache at `working` precision. The parts are joined before they are
-    converted, so the concatenation copies the small quantized tensors, not dequantized ones."""
+def demote(block: BlockKV, precision: KVPrecision) -> BlockKV:
+    """The block at the hot tier's rest precision, evaluated (its exact arrays can go)."""
+    cooled = BlockKV(block.at(precision), precision)
+    mx.eval(cooled.arrays)
+    return cooled
+
+
+def append(cache: list, parts: list[tuple[BlockKV, int]], working: KVPrecision) -> None:
+    """Append the first n tokens of each block, in order, to a single-sequence cache at
+    `working` precision. Runs of one precision are joined before they are converted, so the
+    concatenation copies the small quantized tensors, not dequantized ones."""
     if not parts:
         return
-    joined = convert(
-        {name: mx.concatenate([p[name][:, :, :n] for p, n in parts], axis=2) for name in parts[0][0]},
-        stored,
-        working,
-    )
+    runs: list[tuple[KVPrecision, list[Payload]]] = []
+    for block, n in parts:
+        piece = {name: a[:, :, :n] for name, a in block.arrays.items()}
+        if runs and runs[-1][0] == block.precision:
+            runs[-1][1].append(piece)
+        else:
+            runs.append((block.precision, [piece]))
+    converted = [
+        convert({name: mx.concatenate([p[name] for p in pieces], axis=2) for name in pieces[0]}, precision, working)
+        for precision, pieces in runs
+    ]
+    joined = converted[0] if len(converted) == 1 else {
+        name: mx.concatenate([c[name] for c in converted], axis=2) for name in converted[0]
+    }
     added = sum(n for _, n in parts)
     for layer, c in enumerate(cache):
         if isinstance(c, QuantizedKVCache):

@@ -35,6 +35,18 @@ class Parts:
     bytes_per_token: int  # of a working cache
 
 
+def demoter(p: kv.Precisions):
+    """How an exact hot block cools to --kv-bits; None when computed KV already is at it."""
+    if p.working == p.hot:
+        return None
+
+    def demote(block: kv.BlockKV) -> tuple[kv.BlockKV, int]:
+        cooled = kv.demote(block, p.hot)
+        return cooled, cooled.nbytes
+
+    return demote
+
+
 def build(cfg: EngineConfig) -> Parts:
     """Load the model and open the tiers (on the engine thread: it makes MLX arrays)."""
     p = cfg.precisions
@@ -48,6 +60,7 @@ def build(cfg: EngineConfig) -> Parts:
         attention_tokens=loaded.attention_tokens,
         disk=disk,
         disk_budget_bytes=cfg.disk_budget_bytes,
+        demote=demoter(p),
     )
     if scan is not None:
         store.restore(scan)

@@ -54,7 +54,7 @@ class Prefiller:
                 stored = block.payload
                 seq.usage.hot_tokens += n
             elif read.exception() is None:
-                stored = kv.convert(kv.from_numpy(read.result(), self.shape), p.disk, p.hot)
+                stored = kv.BlockKV(kv.convert(kv.from_numpy(read.result(), self.shape), p.disk, p.hot), p.hot)
                 seq.usage.warm_tokens += n
             else:
                 log.info("block %s unreadable (%s): recomputing it", block.hash[:12], read.exception())
@@ -64,4 +64,4 @@ class Prefiller:
             parts.append((stored, n))
             seq.stored.append(kv.StoredRun(seq.pos, seq.pos + n, stored))
             seq.pos += n
-        kv.append(seq.cache, parts, p.hot, p.working)
+        kv.append(seq.cache, parts, p.working)

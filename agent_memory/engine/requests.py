@@ -13,11 +13,12 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    top_k: int = 0  # 0: no top-k cut
     stop: list[str] = field(default_factory=list)
     logit_bias: dict[int, float] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: the API counts requests in flight in a weak set
 class GenerationRequest:
     prompt: list[int]
     params: SamplingParams
@@ -51,6 +52,7 @@ class TextDelta:
 class Finished:
     reason: str  # "stop" | "length" | "cancelled"
     usage: Usage
+    stop_sequence: str | None = None  # reason "stop" by a stop string: which one (None: end of sequence)
 
 
 @dataclass

@@ -25,8 +25,9 @@ class Block:
     parent: str | None
     tokens: tuple[int, ...]
     start: int  # position of the block's first token in its sequence
-    payload: Any = None  # engine-owned KV at hot precision; None unless HOT
+    payload: Any = None  # engine-owned KV; None unless HOT
     hot_bytes: int = 0
+    exact: bool = False  # HOT at the precision it was computed at, not yet quantized
     disk_bytes: int = 0  # size of its durable file; 0 when none
     refs: int = 0  # agents whose latest sequence uses the block
     pins: int = 0  # running sequences using it: never evicted while > 0
@@ -49,7 +50,8 @@ class BlockPool:
     def __init__(self) -> None:
         self.blocks: dict[str, Block] = {}
         self.children: dict[str | None, set[str]] = {}
-        self.hot_bytes = 0
+        self.hot_bytes = 0  # exact and quantized together: what the hot budget bounds
+        self.exact_bytes = 0
         self.disk_bytes = 0
 
     def __contains__(self, block_hash: str) -> bool:
@@ -77,14 +79,16 @@ class BlockPool:
         if not siblings:
             del self.children[block.parent]
 
-    def set_payload(self, block: Block, payload: Any, nbytes: int) -> None:
+    def set_payload(self, block: Block, payload: Any, nbytes: int, exact: bool = False) -> None:
         self.drop_payload(block)
-        block.payload, block.hot_bytes = payload, nbytes
+        block.payload, block.hot_bytes, block.exact = payload, nbytes, exact
         self.hot_bytes += nbytes
+        self.exact_bytes += nbytes if exact else 0
 
     def drop_payload(self, block: Block) -> None:
         self.hot_bytes -= block.hot_bytes
-        block.payload, block.hot_bytes = None, 0
+        self.exact_bytes -= block.hot_bytes if block.exact else 0
+        block.payload, block.hot_bytes, block.exact = None, 0, False
 
     def set_disk(self, block: Block, nbytes: int) -> None:
         self.disk_bytes += nbytes - block.disk_bytes

@@ -22,8 +22,10 @@ from agent_memory.memory.folder import AgentKey, FolderScan, Manifest
 from agent_memory.memory.hashing import BlockNames
 from agent_memory.memory.prefix import PrefixMatcher
 
-# Cut one block's KV out of a finished sequence: (start, end) -> (payload, nbytes).
-KVCutter = Callable[[int, int], tuple[Any, int]]
+# Cut one block's KV out of a finished sequence: (start, end) -> (payload, nbytes, exact).
+KVCutter = Callable[[int, int], tuple[Any, int, bool]]
+# Quantize an exact block's KV to the hot tier's rest precision: payload -> (payload, nbytes).
+KVDemoter = Callable[[Any], tuple[Any, int]]
 
 # Reloading a block from disk costs this fraction of recomputing it.
 DISK_RELOAD_COST = 0.05
@@ -80,6 +82,7 @@ class AgentInfo:
     tokens: int
     blocks: dict[str, int]  # by tier
     hot_bytes: int
+    exact_bytes: int  # the part of hot_bytes at the precision it was computed at
     disk_bytes: int
     last_used: float
 
@@ -94,8 +97,12 @@ class AgentCacheStore:
         attention_tokens: float,
         disk: DiskTier | None = None,
         disk_budget_bytes: int = 0,
+        demote: KVDemoter | None = None,
     ) -> None:
+        """demote: how an exact hot block cools to the rest precision (None: hot blocks have
+        one precision and leave memory when they cool)."""
         self.lock = threading.RLock()
+        self.demote = demote
         self.pool = BlockPool()
         self.names = BlockNames(salt, block_tokens)
         self.prefix = PrefixMatcher(self.pool, self.names)
@@ -272,6 +279,7 @@ class AgentCacheStore:
                 tokens=len(record.tokens),
                 blocks=by_tier,
                 hot_bytes=sum(b.hot_bytes for b in blocks),
+                exact_bytes=sum(b.hot_bytes for b in blocks if b.exact),
                 disk_bytes=sum(b.disk_bytes for b in blocks),
                 last_used=record.last_used,
             )
@@ -292,6 +300,8 @@ class AgentCacheStore:
                 by_tier[block.tier] += 1
             return {
                 "hot_bytes": self.pool.hot_bytes,
+                "hot_exact_bytes": self.pool.exact_bytes,
+                "hot_quantized_bytes": self.pool.hot_bytes - self.pool.exact_bytes,
                 "hot_budget_bytes": self.hot_budget_bytes,
                 "disk_bytes": self.pool.disk_bytes,
                 "disk_budget_bytes": self.disk_budget_bytes if self.disk is not None else 0,
@@ -314,16 +324,26 @@ class AgentCacheStore:
         return cost * (1 + block.refs) / (max(nbytes, 1) * idle)
 
     def _evict_hot(self) -> None:
+        """Over the hot budget, the blocks worth least per byte cool a step each: an exact
+        block is quantized (it stays hot, several times smaller), a quantized one leaves
+        memory (WARM with a file, else COLD)."""
         if self.pool.hot_bytes <= self.hot_budget_bytes:
             return
         now = time.monotonic()
         candidates = [b for b in self.pool.in_tier(Tier.HOT) if b.pins == 0]
         candidates.sort(key=lambda b: self.retention_value(b, now, b.hot_bytes, bool(b.disk_bytes)))
+        demoted = False
         for block in candidates:
             if self.pool.hot_bytes <= self.hot_budget_bytes:
                 break
+            if block.exact and self.demote is not None:
+                self.pool.set_payload(block, *self.demote(block.payload))
+                demoted = True
+                continue
             self.pool.drop_payload(block)
             self._drop_if_unused(block)
+        if demoted and self.pool.hot_bytes > self.hot_budget_bytes:  # not enough: a second pass
+            self._evict_hot()
 
     def _evict_disk(self) -> None:
         if self.pool.disk_bytes <= self.disk_budget_bytes:
