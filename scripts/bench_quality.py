@@ -6,12 +6,13 @@
 
 Text: the GPL-3 and Apache-2.0 licences Debian ships in /usr/share/common-licenses. Perplexity
 runs over --windows windows of 1,024 tokens, each fed through the cache in 128-token steps,
-the way an agent's conversation grows. Two ways to use a precision, as the server does:
+the way an agent's conversation grows. How the server uses a precision:
 
-- at rest (the default): what is cached is quantized; a running request attends to its cached
-  prefix dequantized and to its own new tokens at full precision. Here each 128-token step is
-  a request: the steps before it come back from quantized blocks (engine/kv.py, as the engine
-  stores and restores them), its own tokens stay float.
+- exact while hot (the default): an agent active recently gets its KV back as computed: the
+  float row. Once its blocks cooled (the hot budget's pressure, or a restart: the disk holds
+  --kv-bits), a returning request attends to its prefix dequantized and to its own new tokens
+  at full precision: here each 128-token step is a request, the steps before it come back from
+  64-token blocks cooled to the precision (engine/kv.py, as the engine stores and restores them).
 - decode-quantized (`--decode-quantized`): everything attended to is quantized, through
   mlx-lm's QuantizedKVCache (the batched cache decodes the same tokens, tests/test_quantized.py).
 
@@ -40,6 +41,7 @@ from mlx_lm.models.cache import BatchKVCache
 from agent_memory.config import default_cache_dir
 from agent_memory.engine import kv
 from agent_memory.engine.quantized import BatchQuantizedKVCache
+from agent_memory.memory.folder import BLOCK_TOKENS
 from agent_memory.models.registry import resolve_model
 
 TEXTS = [Path("/usr/share/common-licenses/GPL-3"), Path("/usr/share/common-licenses/Apache-2.0")]
@@ -55,8 +57,8 @@ class Scheme:
     @property
     def name(self) -> str:
         if not self.precision.quantized:
-            return "16-bit (float)"
-        mode = "decode-quantized" if self.decode_quantized else "at rest"
+            return "exact (float, as computed): while hot"
+        mode = "decode-quantized" if self.decode_quantized else "once cooled"
         return f"Q{self.precision.bits} g{self.precision.group_size}, {mode}"
 
 
@@ -77,21 +79,27 @@ class Runner:
         self.layers = len(model.layers)
         working = scheme.precision if scheme.decode_quantized else FULL
         self.cache = kv.new_cache(self.layers, working)
-        self.stored: kv.Payload | None = None  # everything before the current request, at rest
+        self.runs: list[kv.StoredRun] = []  # what the current request restored, block by block
         self.length = 0
 
     def at_rest(self) -> bool:
         return self.scheme.precision.quantized and not self.scheme.decode_quantized
 
     def new_request(self) -> None:
-        """Commit what the cache holds and restore it, as a returning agent's request does."""
+        """Commit what the cache holds in blocks, let them cool to the scheme's precision, and
+        restore them, as a returning agent's request does after its KV was quantized."""
         if not self.at_rest() or self.length == 0:
             return
-        start = 0 if self.stored is None else self.stored["k.q"].shape[2]
-        runs = [] if self.stored is None else [kv.StoredRun(0, start, self.stored)]
-        self.stored = kv.cut_at(self.cache, 0, self.length, runs, FULL, self.scheme.precision)
+        blocks = []
+        for start in range(0, self.length, BLOCK_TOKENS):
+            end = min(start + BLOCK_TOKENS, self.length)
+            block = kv.cut_at(self.cache, start, end, self.runs, FULL)
+            if block.precision != self.scheme.precision:
+                block = kv.demote(block, self.scheme.precision)
+            blocks.append((start, end, block))
+        self.runs = [kv.StoredRun(start, end, block) for start, end, block in blocks]
         self.cache = kv.new_cache(self.layers, FULL)
-        kv.append(self.cache, [(self.stored, self.length)], self.scheme.precision, FULL)
+        kv.append(self.cache, [(block, end - start) for start, end, block in blocks], FULL)
 
     def forward(self, tokens: list[int]) -> mx.array:
         logits = self.model(mx.array(tokens)[None], cache=self.cache)

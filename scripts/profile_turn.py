@@ -7,8 +7,8 @@
 Times, on one thread and with nothing else running, each step the server takes for a turn of
 an agent whose earlier conversation is cached: rendering and tokenizing the chat, hashing the
 prompt into blocks, reading the blocks from disk (warm) or taking them from memory (hot),
-assembling the working cache (dequantize + concatenate), prefilling the new message, one
-decode step. Then the same turn end to end through the real server (HTTP, streaming), so the
+assembling the working cache (from exact hot blocks: concatenate; from cooled ones: dequantize
+too), prefilling the new message, one decode step. Then the same turn end to end through the real server (HTTP, streaming), so the
 difference shows what the server adds. The cold prefill of the whole prompt is the yardstick.
 """
 
@@ -81,26 +81,27 @@ def engine_parts(loaded, messages: list[dict], precision: kv.KVPrecision, work: 
 
     t_cold, _ = timed(lambda: prefill(prompt[:-1]), repeats=2)
     cache = prefill(prompt[:cached])
-    blocks = [kv.convert(kv.cut(cache, s, s + BLOCK_TOKENS), full, precision) for s in range(0, cached, BLOCK_TOKENS)]
-    mx.eval(blocks)
+    exact = [kv.BlockKV(kv.cut(cache, s, s + BLOCK_TOKENS), full) for s in range(0, cached, BLOCK_TOKENS)]
+    blocks = [kv.demote(b, precision) for b in exact]  # cooled: what the disk and a full hot tier hold
     prefix = BlockNames(loaded.fingerprint, BLOCK_TOKENS)
     t_hash, _ = timed(lambda: prefix.chain(prompt[:-1]))
 
     # Warm: the blocks as files, read back with every check, as the kv-reader does.
     paths = []
-    for i, payload in enumerate(blocks):
+    for i, block in enumerate(blocks):
         path = work / f"{i}.safetensors"
-        blockfile.write_atomic(path, blockfile.encode({"hash": str(i)}, kv.to_numpy(payload)))
+        blockfile.write_atomic(path, blockfile.encode({"hash": str(i)}, kv.to_numpy(block.arrays)))
         paths.append(path)
     shape = kv.probe_shape(model, loaded.num_layers)
     layout = kv.block_layout(BLOCK_TOKENS, shape, precision)
     t_read, _ = timed(lambda: [blockfile.read(p, {"hash": str(i)}, layout) for i, p in enumerate(paths)])
 
-    def assemble():
+    def assemble(parts=blocks):
         working = kv.new_cache(loaded.num_layers, full)
-        kv.append(working, [(b, BLOCK_TOKENS) for b in blocks], precision, full)
+        kv.append(working, [(b, BLOCK_TOKENS) for b in parts], full)
         return working
 
+    t_exact, _ = timed(lambda: assemble(exact))
     t_assemble, working = timed(assemble)
     suffix = prompt[cached:-1]
     t_suffix, _ = timed(lambda: prefill(suffix, assemble()), repeats=3)
@@ -117,7 +118,8 @@ def engine_parts(loaded, messages: list[dict], precision: kv.KVPrecision, work: 
         "tokenize (chat template)": t_tok,
         "hash the prompt into blocks": t_hash,
         f"read {len(blocks)} block files (warm)": t_read,
-        "assemble the working cache (dequantize + concatenate)": t_assemble,
+        "assemble the working cache from exact blocks (hot: concatenate)": t_exact,
+        "assemble the working cache from cooled blocks (dequantize + concatenate)": t_assemble,
         f"prefill the {len(suffix)} new tokens": t_suffix,
         "one decode step": t_step,
         "cold prefill of the whole prompt": t_cold,
