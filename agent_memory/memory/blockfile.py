@@ -154,28 +154,46 @@ def read(path: Path, expect: dict[str, str], layout: Layout | None) -> tuple[dic
     return meta, arrays
 
 
-def write_atomic(path: Path, chunks: Iterable[bytes]) -> int:
-    """Temp file in the same folder, fsync, rename, fsync the folder: old or new, never partial."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
-    written = 0
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+def open_dir(path: Path, *, follow: bool = True) -> int:
+    """A folder's descriptor, for the *at() calls below. follow=False refuses a link as the
+    folder itself (ELOOP); anything but a folder, a FIFO included, is refused unopened (ENOTDIR)."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NONBLOCK", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    return os.open(path, flags)
+
+
+def write_atomic(path: Path, chunks: Iterable[bytes], *, follow_parent: bool = False) -> int:
+    """Temp file in the same folder, fsync, rename, fsync the folder: old or new, never partial.
+    The folder is opened once and everything happens in it: unless follow_parent, a link
+    planted as the folder is refused (ELOOP) rather than written through."""
+    dir_fd = open_dir(path.parent, follow=follow_parent)
     try:
+        tmp = f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        written = 0
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=dir_fd)
         try:
-            for chunk in chunks:
-                view = memoryview(chunk)
-                while view:
-                    n = os.write(fd, view)
-                    if n <= 0:
-                        raise OSError(errno.EIO, "short write")
-                    view, written = view[n:], written + n
-            _full_fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+            try:
+                for chunk in chunks:
+                    view = memoryview(chunk)
+                    while view:
+                        n = os.write(fd, view)
+                        if n <= 0:
+                            raise OSError(errno.EIO, "short write")
+                        view, written = view[n:], written + n
+                _full_fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            raise
+        _full_fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
     return written
 
 
@@ -187,10 +205,3 @@ def _full_fsync(fd: int) -> None:
     else:
         os.fsync(fd)
 
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        _full_fsync(fd)
-    finally:
-        os.close(fd)

@@ -4,18 +4,23 @@ written behind the request path by one thread and read back by another.
 Every write is atomic (blockfile.write_atomic); a crash leaves old or new files and temp files
 that the next start removes. Nothing here touches MLX: the engine hands over numpy arrays it
 made, and gets numpy arrays back. The writer thread does the copying, checksumming and I/O.
+A write that fails (a full disk, a folder planted as a link, a directory where a file should
+go) costs that file only: the writer says so once per kind of failure and goes on, and
+`write_error` says what failed last until a write succeeds again.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError, Layout, Tensors
-from agent_memory.memory.folder import AgentKey, BlockRecord, Folder, FolderScan, Manifest, tokens_text, unlink_regular
+from agent_memory.memory.folder import AgentKey, BlockRecord, Folder, FolderScan, Manifest, tokens_text
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +46,21 @@ class DiskTier:
         self.block_tokens = block_tokens
         self.block_layout = block_layout
         self.on_saved: Callable[[str, int], None] = lambda block_hash, nbytes: None
-        self._jobs: queue.Queue = queue.Queue()
+        # (priority, order, job): a block's deletion goes before queued writes, so that the
+        # disk holds at most one block over its budget while a commit's blocks are written
+        # (an eviction's deletions would otherwise wait behind them). Safe: a block is only
+        # deleted once its file is written, and a save queued later stays after the delete.
+        self._jobs: queue.PriorityQueue = queue.PriorityQueue()
+        self._order = itertools.count()
         self._pending: set[str] = set()
         self._logged_errors: set[tuple[str, object]] = set()
+        # What the folder may hold on its disk, when less than the configured budget (set at
+        # start by engine/warm.py; the store honours it), and why.
+        self.budget_bytes: int | None = None
+        self.budget_note: str | None = None
+        self.write_error: str | None = None  # the last failed job, until a write succeeds
+        self.write_error_since: float | None = None  # wall clock
+        self.failed_jobs = 0
         self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-reader")
 
@@ -64,8 +81,11 @@ class DiskTier:
         if self.folder.read_model_json()[0] != self.model_info():
             self.folder.write_model_json(self.model_info())
         scan = self.folder.scan(owns=lambda fingerprint: fingerprint == self.fingerprint)
+        # Files of an older version, or copied in, may be readable by others: they hold
+        # conversations. The scan has stat()ed every file already; only those need a chmod.
+        self.folder.make_private(scan.loose)
         for tmp in scan.temp_files:
-            unlink_regular(tmp.path)
+            self.folder.unlink(tmp.path)
         for path, reason in scan.bad_manifests:
             self.folder.quarantine(path, f"bad manifest: {reason}")
         self._writer.start()
@@ -82,16 +102,19 @@ class DiskTier:
         if block.hash in self._pending:
             return
         self._pending.add(block.hash)
-        self._jobs.put(("save_block", block, tensors))
+        self._put(("save_block", block, tensors))
 
     def save_agent(self, manifest: Manifest) -> None:
-        self._jobs.put(("save_agent", manifest.key, manifest.to_bytes()))
+        self._put(("save_agent", manifest.key, manifest.to_bytes()))
 
     def delete_block(self, block_hash: str) -> None:
-        self._jobs.put(("delete_block", block_hash, None))
+        self._put(("delete_block", block_hash, None), priority=0)
 
     def delete_agent(self, key: AgentKey) -> None:
-        self._jobs.put(("delete_agent", key, None))
+        self._put(("delete_agent", key, None))
+
+    def _put(self, job: tuple | None, priority: int = 1) -> None:
+        self._jobs.put((priority, next(self._order), job))
 
     def flush(self) -> None:
         """Wait until every queued write and delete is done."""
@@ -99,16 +122,22 @@ class DiskTier:
 
     def close(self) -> None:
         self.flush()
-        self._jobs.put(None)
+        self._put(None, priority=2)
         self._writer.join()
         self._reader.shutdown()
 
     def _write_loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while (job := self._jobs.get()[2]) is not None:
             kind, key, data = job
             try:
                 self._run_job(kind, key, data)
+                if kind.startswith("save"):
+                    self.write_error = self.write_error_since = None
             except Exception as e:  # one file's failure must not stop the writer
+                self.failed_jobs += 1
+                if self.write_error is None:
+                    self.write_error_since = time.time()
+                self.write_error = f"{kind.replace('_', ' ')} failed: {getattr(e, 'strerror', None) or e}"
                 self._log_once(kind, e)
             finally:
                 if kind == "save_block":
@@ -120,15 +149,15 @@ class DiskTier:
         if kind == "save_block":
             meta = {**self.meta, **key.meta()}
             path = self.folder.block_path(key.hash)
-            path.parent.mkdir(mode=0o700, exist_ok=True)
-            nbytes = blockfile.write_atomic(path, blockfile.encode(meta, data))
+            self.folder.make_subfolder(path.parent)  # a real folder: a planted link is refused
+            nbytes = self.folder.write(path, blockfile.encode(meta, data))
             self.on_saved(key.hash, nbytes)
         elif kind == "save_agent":
-            blockfile.write_atomic(self.folder.agent_path(key), [data])
+            self.folder.write(self.folder.agent_path(key), [data])
         elif kind == "delete_block":
-            unlink_regular(self.folder.block_path(key))
+            self.folder.unlink(self.folder.block_path(key))
         elif kind == "delete_agent":
-            unlink_regular(self.folder.agent_path(key))
+            self.folder.unlink(self.folder.agent_path(key))
 
     def _log_once(self, kind: str, e: Exception) -> None:
         """Say once per kind of failure what happened and what it means; then stay quiet."""
@@ -137,9 +166,10 @@ class DiskTier:
         self._logged_errors.add(key)
         log.log(
             level,
-            "disk tier: %s failed (%s); blocks stay in memory or are recomputed",
+            "disk tier: %s failed (%s); blocks stay in memory or are recomputed%s",
             kind,
             e,
+            "" if level == logging.DEBUG else " (said once for this kind of failure)",
             exc_info=not isinstance(e, OSError),
         )
 

@@ -1,12 +1,13 @@
 """What the `cache` commands check and change: verify's checks, rm, prune's plan and deletions.
 
 The server may be running: nothing here takes a lock, a file that vanishes mid-scan is
-skipped, and every deletion is one `unlink_regular` (never a link's target, never anything
-but a regular file) made in the one safe order: a manifest first, then only block files that
-no manifest still on disk names. The server writes a block before the manifest naming it, so a
-block no manifest names (an orphan) or a temp file younger than GRACE_S may be a write still
-under way; those are left alone until they are older. Agents of a folder with a live server
-(server.json) are ended through the server (server.py), never by deleting its files.
+skipped, and every deletion is one `Folder.unlink` (never a link's target, never through a
+link planted as a folder, never anything but a regular file) made in the one safe order: a
+manifest first, then only block files that no manifest still on disk names. The server
+writes a block before the manifest naming it, so a block no manifest names (an orphan) or a
+temp file younger than GRACE_S may be a write still under way; those are left alone until
+they are older. Agents of a folder with a live server (server.json) are ended through the
+server (server.py), never by deleting its files.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from agent_memory.cli.cache.scan import ModelFolder
 from agent_memory.cli.cache.server import LiveServer
 from agent_memory.memory import blockfile
-from agent_memory.memory.folder import BLOCK_META_KEYS, FOLDER_RE, AgentKey, BlockRecord, FileInfo, Manifest, unlink_regular
+from agent_memory.memory.folder import BLOCK_META_KEYS, FOLDER_RE, AgentKey, BlockRecord, FileInfo, Manifest
 from agent_memory.memory.hashing import BlockNames
 
 GRACE_S = 600.0  # younger orphans and temp files may belong to a write the server is making
@@ -122,13 +123,13 @@ def delete_in_order(folder: ModelFolder, manifests: Iterable[Manifest], blocks: 
     freed = 0
     for manifest in manifests:
         size = file_size(manifest.path)
-        if unlink_regular(manifest.path):
+        if folder.layout.unlink(manifest.path):
             freed += size
     named = folder.rescan().users
     removed = []
     for h in dict.fromkeys(blocks):
         info = folder.files.blocks.get(h)
-        if h not in named and info is not None and unlink_regular(info.path):
+        if h not in named and info is not None and folder.layout.unlink(info.path):
             removed.append(h)
             freed += info.size
     return removed, freed
@@ -226,6 +227,6 @@ def execute_prune(plan: PrunePlan, max_age: float | None, now: float) -> int:
     mine = [m for m in old if m not in ended]
     freed += delete_in_order(plan.folder, mine, [h for h in plan.blocks if h not in theirs])[1]
     for info in [*plan.temp_files, *plan.quarantined]:
-        if unlink_regular(info.path):
+        if plan.folder.layout.unlink(info.path):
             freed += info.size
     return freed
