@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent_memory import __version__
-from agent_memory.api import agents, errors, openai
+from agent_memory.api import agents, anthropic, errors, openai
 from agent_memory.api import responses as responses_api
 from agent_memory.api.responses_store import ResponseStore
 from agent_memory.api.middleware import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware, RequestIdMiddleware
@@ -52,6 +52,7 @@ def create_app(
     app.state.server = ServerState(engine=engine, model_name=model_name, max_waiting=max_waiting, responses=responses)
     errors.install(app)
     app.include_router(openai.router)
+    app.include_router(anthropic.router)
     app.include_router(agents.router)
     app.include_router(responses_api.router)
 

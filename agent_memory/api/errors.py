@@ -1,8 +1,10 @@
-"""Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}}."""
+"""Every error leaves the server in OpenAI's shape, {"error": {message, type, param, code}},
+but on the routes another wire format claims (ERROR_SHAPES): there, in that format's shape."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -47,8 +49,27 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     }
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status)
+# A wire format's errors: (status, message, param, code) -> (the status it answers, the body).
+ErrorShape = Callable[[int, str, str | None, str | None], tuple[int, dict]]
+# Path prefixes whose routes (and the paths under them) answer errors in another shape.
+ERROR_SHAPES: dict[str, ErrorShape] = {}
+
+
+def shaped_error(
+    path: str, status: int, message: str, param: str | None = None, code: str | None = None
+) -> tuple[int, dict]:
+    """(status, body) of an error on `path`, in the shape of the wire format that path is."""
+    for prefix, shape in ERROR_SHAPES.items():
+        if path == prefix or path.startswith(prefix + "/"):
+            return shape(status, message, param, code)
+    return status, error_body(status, message, param, code)
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, code: str | None = None, path: str = ""
+) -> JSONResponse:
+    status, body = shaped_error(path, status, message, param, code)
+    return JSONResponse(body, status_code=status)
 
 
 def _describe(err: dict) -> tuple[str, str | None]:
@@ -67,23 +88,24 @@ def _describe(err: dict) -> tuple[str, str | None]:
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError):
-        response = error_response(exc.status, exc.message, exc.param, exc.code)
+    async def api_error(request: Request, exc: APIError):
+        response = error_response(exc.status, exc.message, exc.param, exc.code, request.scope["path"])
         response.headers.update(exc.headers)
         return response
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError):
+    async def validation_error(request: Request, exc: RequestValidationError):
         errors = exc.errors()
         message, param = _describe(errors[0]) if errors else ("invalid request", None)
         code = "invalid_unicode" if errors and errors[0].get("type") == "invalid_unicode" else None
-        return error_response(400, message, param, code or ("invalid_value" if param else "invalid_json"))
+        code = code or ("invalid_value" if param else "invalid_json")
+        return error_response(400, message, param, code, request.scope["path"])
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException):
-        return error_response(exc.status_code, str(exc.detail))
+    async def http_error(request: Request, exc: HTTPException):
+        return error_response(exc.status_code, str(exc.detail), path=request.scope["path"])
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception):
+    async def unexpected(request: Request, exc: Exception):
         log.exception("unhandled error")
-        return error_response(500, "internal server error")
+        return error_response(500, "internal server error", path=request.scope["path"])

@@ -12,15 +12,16 @@ import uuid
 
 from starlette.exceptions import HTTPException
 
-from agent_memory.api.errors import error_body
+from agent_memory.api.errors import shaped_error
 
 MAX_BODY_BYTES = 16 << 20
 OPEN_PATHS = {"/health"}
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
-async def _reject(send, status: int, message: str, code: str | None = None) -> None:
-    body = json.dumps(error_body(status, message, code=code)).encode()
+async def _reject(scope, send, status: int, message: str, code: str | None = None) -> None:
+    status, shaped = shaped_error(scope.get("path", ""), status, message, code=code)
+    body = json.dumps(shaped).encode()
     await send(
         {
             "type": "http.response.start",
@@ -73,7 +74,7 @@ class HostCheckMiddleware:
         host = _header(scope, b"host") or ""
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         if name not in self.allowed:
-            return await _reject(send, 400, f"Host '{host}' is not allowed", "invalid_host")
+            return await _reject(scope, send, 400, f"Host '{host}' is not allowed", "invalid_host")
         await self.app(scope, receive, send)
 
 
@@ -95,7 +96,7 @@ class APIKeyMiddleware:
             if secrets.compare_digest(given.encode("latin-1", "replace"), key):
                 tenant = name
         if tenant is None:
-            return await _reject(send, 401, "Invalid or missing API key", "invalid_api_key")
+            return await _reject(scope, send, 401, "Invalid or missing API key", "invalid_api_key")
         scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)
 
@@ -112,7 +113,7 @@ class BodyLimitMiddleware:
             return await self.app(scope, receive, send)
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            return await _reject(send, 413, f"request body over {self.limit} bytes", "body_too_large")
+            return await _reject(scope, send, 413, f"request body over {self.limit} bytes", "body_too_large")
         received = 0
 
         async def limited_receive():

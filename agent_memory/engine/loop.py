@@ -204,7 +204,7 @@ class BatchEngine:
             submitted=submitted,
             detokenizer=Detokenizer(self.loaded.decoder),
             stops=StopMatcher(params.stop),
-            sampler=make_sampler(params.temperature, params.top_p, params.seed),
+            sampler=make_sampler(params.temperature, params.top_p, params.seed, params.top_k),
             processors=logits_processors(request, self.loaded.vocab_size, self.loaded.tokenizer.eos_token_ids),
             usage=Usage(prompt_tokens=len(request.prompt)),
             cache=kv.new_cache(self.loaded.num_layers, self.precisions.working),
@@ -308,7 +308,7 @@ class BatchEngine:
             return
         self.metrics.cached_tokens.labels("hot").inc(seq.usage.hot_tokens)
         self.metrics.cached_tokens.labels("warm").inc(seq.usage.warm_tokens)
-        seq.sink(Finished(reason, seq.usage))
+        seq.sink(Finished(reason, seq.usage, seq.stops.matched))
 
     def _follow_up(self, seq: Sequence, tokens: list[int]) -> None:
         """Queue the KV of `tokens` for the sequence's agent as a prefill with no decoding: done

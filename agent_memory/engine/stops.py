@@ -6,14 +6,16 @@ class StopMatcher:
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
         self.pending = ""
+        self.matched: str | None = None  # the stop string reached, once one is
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Return (text safe to emit, whether a stop string was reached)."""
         buf = self.pending + text
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
         if hits:
+            at, self.matched = min(hits, key=lambda hit: hit[0])  # the earliest; the first listed on a tie
             self.pending = ""
-            return buf[: min(hits)], True
+            return buf[:at], True
         hold = max((self._overlap(buf, s) for s in self.stops), default=0)
         self.pending = buf[len(buf) - hold :]
         return buf[: len(buf) - hold], False

@@ -1,0 +1,396 @@
+"""The Anthropic Messages wire format: `POST /v1/messages` (JSON or SSE) and
+`POST /v1/messages/count_tokens`, for Claude Code and the Anthropic SDK.
+
+Like openai.py it is built on pipeline.py: it maps a body into a Conversation (rendered and
+tokenized by pipeline.prepare_chat, tool calls constrained by the same grammar) and the engine's
+events into Anthropic's content blocks, SSE events and errors. Three things are particular to
+Claude Code (docs/usage.md, "Anthropic Messages"):
+
+- What changes on every request is left out of the prompt, so it does not cost the agent its
+  cache: the `x-anthropic-billing-header: …` line Claude Code puts first in `system` (its `cch`
+  changes per request before v2.1.181, its `cc_version` per conversation after), and
+  `<total_tokens>…</total_tokens>` markers in system content (a countdown in some builds).
+- Its `metadata.user_id` (JSON with a `session_id`, or `user_…_session_<uuid>` before) names an
+  agent per session *and system prompt* (and subagent, by `x-claude-code-agent-id`): the
+  title and other background requests it interleaves with the main loop, with system prompts of
+  their own, are then agents of their own and do not move the main agent off its conversation.
+- Usage: every prompt token a request computes is committed to the cache when it ends, so
+  `cache_creation_input_tokens` is the prompt less what was read from the cache, and
+  `input_tokens` (the part never cached) is 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import StreamingResponse
+
+from agent_memory.api import errors, pipeline
+from agent_memory.api.anthropic_schemas import (
+    CountTokensRequest,
+    MessageParam,
+    MessagesRequest,
+    PromptFields,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    joined,
+)
+from agent_memory.api.errors import APIError
+from agent_memory.api.openai import tool_parser
+from agent_memory.api.state import ServerState, ready_state
+from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice
+from agent_memory.chat.toolcalls import CallStart, ContentDelta, OutputEvent, ToolCallParser
+from agent_memory.engine.requests import Event, Failed, Finished, TextDelta, Usage
+
+router = APIRouter()
+
+PATH = "/v1/messages"
+PING_SECONDS = 10.0  # a ping after this long without an event (Claude Code gives up after 300 s of silence)
+BILLING_PREFIX = "x-anthropic-billing-header:"
+TOTAL_TOKENS = re.compile(r"<total_tokens>[^<]*</total_tokens>")
+SESSION_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+LEGACY_USER_ID = re.compile(r"^user_[0-9a-f]*_account_[0-9a-f-]*_session_([0-9a-f-]{1,64})$")
+
+# -- errors ------------------------------------------------------------------------------
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
+def error_shape(status: int, message: str, param: str | None = None, code: str | None = None) -> tuple[int, dict]:
+    """Anthropic's error: {"type": "error", "error": {type, message}}. A 503 (a full queue, a
+    model still loading, a shutdown) is Anthropic's 529 overloaded_error, which its clients retry."""
+    if status == 503:
+        status = 529
+    kind = ERROR_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+    return status, {"type": "error", "error": {"type": kind, "message": message}}
+
+
+errors.ERROR_SHAPES[PATH] = error_shape  # /v1/messages and every path under it
+
+# -- the request -------------------------------------------------------------------------
+
+
+def system_text(blocks: list[TextBlock] | None) -> str:
+    """The system prompt, blocks joined by a line break, less Claude Code's billing line (a
+    block, or the first line of one, starting `x-anthropic-billing-header:`) and any
+    `<total_tokens>` marker; a block left blank goes."""
+    parts = []
+    for block in blocks or []:
+        text = block.text
+        if text.startswith(BILLING_PREFIX):
+            text = text.partition("\n")[2]
+        text = TOTAL_TOKENS.sub("", text)
+        if text.strip():
+            parts.append(text)
+    return "\n".join(parts)
+
+
+def _messages(i: int, m: MessageParam) -> list[Message]:
+    """One Anthropic message as conversation messages: tool results are messages of their own
+    (role "tool"), in place among the user's text; thinking blocks are left out."""
+    if m.role == "system":  # in place, never hoisted: moving it would change the prompt's prefix
+        text = TOTAL_TOKENS.sub("", joined(m.content))
+        return [Message("system", text)] if text.strip() else []
+    out: list[Message] = []
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for j, block in enumerate(m.content):
+        wrong = (m.role == "user" and isinstance(block, ToolUseBlock)) or (
+            m.role == "assistant" and isinstance(block, ToolResultBlock)
+        )
+        if wrong:
+            raise APIError(400, f"a {block.type} block cannot be in a {m.role} message", param=f"messages.{i}.content.{j}")
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            # As the model wrote it (json.dumps' separators, keys in order): the prompt extends
+            # the cached turn token for token.
+            calls.append(ToolCall(block.id, block.name, json.dumps(block.input, ensure_ascii=False)))
+        elif isinstance(block, ToolResultBlock):
+            if texts:
+                out.append(Message("user", "\n".join(texts)))
+                texts = []
+            result = joined(block.content)
+            out.append(Message("tool", f"Error: {result}" if block.is_error else result, tool_call_id=block.tool_use_id))
+    if texts or calls or not out:
+        out.append(Message(m.role, "\n".join(texts), calls))
+    return out
+
+
+def conversation(body: PromptFields) -> Conversation:
+    last = next((m for m in reversed(body.messages) if m.role != "system"), None)
+    if last is not None and last.role == "assistant":
+        raise APIError(
+            400,
+            "the last message is the assistant's: continuing it (prefill) is not supported; end with a user message",
+            param=f"messages.{body.messages.index(last)}",
+        )
+    system = system_text(body.system)
+    messages = [Message("system", system)] if system else []
+    for i, m in enumerate(body.messages):
+        messages.extend(_messages(i, m))
+    tools = [Tool(t.name, t.description, t.input_schema) for t in body.tools or []]
+    choice = body.tool_choice
+    if not tools or (choice is not None and choice.type == "none"):
+        mode = ToolChoice("none")
+    elif choice is None or choice.type == "auto":
+        mode = ToolChoice("auto")
+    elif choice.type == "any":
+        mode = ToolChoice("required")
+    else:
+        mode = ToolChoice("named", choice.name)
+    parallel = not (choice is not None and choice.disable_parallel_tool_use)
+    fmt = body.output_config.format if body.output_config is not None else None
+    output = OutputFormat("json_schema", fmt.schema_) if fmt is not None else OutputFormat()
+    return Conversation(messages, tools, mode, parallel, output)
+
+
+async def prepare(state: ServerState, conv: Conversation) -> pipeline.Prepared:
+    """pipeline.prepare_chat, with a tool's schema named as this wire format names it."""
+    try:
+        return await pipeline.prepare_chat(state, conv, ("messages", "tools", "output_config.format"))
+    except APIError as e:
+        if e.param and e.param.endswith(".parameters"):
+            rename = lambda text: text.replace(e.param, e.param.removesuffix(".parameters") + ".input_schema")  # noqa: E731
+            raise APIError(e.status, rename(e.message), param=rename(e.param), code=e.code) from e
+        raise
+
+
+def claude_code_session(user_id: str) -> str | None:
+    """The session id in Claude Code's metadata.user_id: JSON with a `session_id` (v2.1.x), or
+    `user_<hex>_account_<uuid>_session_<uuid>` (earlier); None for any other user id."""
+    if user_id.startswith("{"):
+        try:
+            data = json.loads(user_id)
+        except ValueError:
+            return None
+        session = data.get("session_id") if isinstance(data, dict) else None
+        return session if isinstance(session, str) and SESSION_ID.match(session) else None
+    match = LEGACY_USER_ID.match(user_id)
+    return match.group(1) if match else None
+
+
+def agent(body: MessagesRequest, request: Request) -> str | None:
+    """metadata.user_id, else X-Agent-Id, else None (anonymous: the prefix match alone). A
+    Claude Code user id names `claude-code:<session>[:<subagent>]:<system prompt hash>`."""
+    user_id = body.metadata.user_id if body.metadata is not None else None
+    session = claude_code_session(user_id) if user_id else None
+    if session is not None:
+        parts = ["claude-code", session]
+        if subagent := pipeline.utf8_header(request, "x-claude-code-agent-id"):
+            parts.append(subagent[:64])
+        parts.append(hashlib.blake2b(system_text(body.system).encode(), digest_size=4).hexdigest())
+        user_id = ":".join(parts)
+    return pipeline.agent_id([("metadata.user_id", user_id), ("X-Agent-Id", pipeline.utf8_header(request, "X-Agent-Id"))])
+
+
+# -- the reply ---------------------------------------------------------------------------
+
+
+def usage_dict(usage: Usage, output_tokens: int) -> dict:
+    """The prompt is input_tokens + cache_read_input_tokens + cache_creation_input_tokens.
+    Read: the KV that came from the cache (hot: memory, warm: disk, also given apart). Created:
+    every other prompt token, computed now and committed to the cache when the request ends (an
+    agent's turn as its memory, an anonymous request's blocks for prefix sharing), kept as
+    long as the memory and disk budgets allow. None is left out of the cache: input_tokens 0."""
+    read = usage.cached_tokens
+    return {
+        "input_tokens": 0,
+        "cache_creation_input_tokens": usage.prompt_tokens - read,
+        "cache_read_input_tokens": read,
+        "output_tokens": output_tokens,
+        "cache_read_hot_input_tokens": usage.hot_tokens,
+        "cache_read_warm_input_tokens": usage.warm_tokens,
+    }
+
+
+def _input(arguments: str) -> dict:
+    """A tool_use block's input from its arguments text; {} for a call cut off by max_tokens."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class Reply:
+    """One reply, built from the engine's events: the SSE events a stream sends and the Message
+    a JSON reply is come from here, so they cannot differ. Blocks are numbered 0, 1, … in
+    order, each started (a tool_use with `input: {}`) before its deltas and stopped before the
+    next starts."""
+
+    def __init__(self, model: str, parser: ToolCallParser | None, clamped: bool, prewarm: bool) -> None:
+        self.id = "msg_" + uuid.uuid4().hex[:24]
+        self.model = model
+        self.parser = parser
+        self.clamped = clamped  # max_tokens was more than the context had room for
+        self.prewarm = prewarm  # max_tokens 0: the prompt is computed and cached, nothing written
+        self.content: list[dict] = []
+        self.open: dict | None = None  # the block being written
+        self.arguments = ""  # the open tool_use block's input so far, as JSON text
+        self.started_calls = 0
+
+    def feed(self, event: TextDelta | Finished) -> list[tuple[str, dict]]:
+        """The SSE events (name, data) for one engine event; after Finished, the reply is whole."""
+        if isinstance(event, TextDelta):
+            if self.prewarm:
+                return []
+            outs = self.parser.feed(event.text) if self.parser else [ContentDelta(event.text)]
+        else:
+            outs, unfinished = self.parser.finish() if self.parser else ([], "")
+            if unfinished and self.started_calls == len(self.parser.calls):
+                outs.append(ContentDelta(unfinished))  # cut off before its name was whole: text
+            # (cut off in its arguments, a call keeps its tool_use block: a stream has sent it)
+        frames = [frame for out in outs for frame in self._write(out)]
+        if isinstance(event, Finished):
+            frames += self._stop()
+            usage = self.message(event)["usage"]
+            delta = {"stop_reason": self.stop_reason(event), "stop_sequence": self.stop_sequence(event)}
+            frames.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
+            frames.append(("message_stop", {"type": "message_stop"}))
+        return frames
+
+    def message(self, finished: Finished | None) -> dict:
+        """The Message: whole once finished; before, as message_start sends it (no content,
+        usage all 0: message_delta's cumulative usage overwrites it, with the SDKs and Claude
+        Code alike, once the cache's part is known)."""
+        if finished is None:
+            usage = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0}
+            stop_reason = stop_sequence = None
+        else:
+            usage = usage_dict(finished.usage, 0 if self.prewarm else finished.usage.completion_tokens)
+            stop_reason, stop_sequence = self.stop_reason(finished), self.stop_sequence(finished)
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": self.content if finished is not None else [],
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": usage,
+        }
+
+    def stop_reason(self, finished: Finished) -> str:
+        if finished.reason == "length":
+            return "model_context_window_exceeded" if self.clamped else "max_tokens"
+        if self.parser is not None and self.parser.calls:
+            return "tool_use"
+        return "stop_sequence" if finished.stop_sequence is not None else "end_turn"
+
+    def stop_sequence(self, finished: Finished) -> str | None:
+        return finished.stop_sequence if self.stop_reason(finished) == "stop_sequence" else None
+
+    def _write(self, out: OutputEvent) -> list[tuple[str, dict]]:
+        if isinstance(out, ContentDelta):
+            if not out.text:
+                return []
+            frames = [] if self.open is not None and self.open["type"] == "text" else self._start({"type": "text", "text": ""})
+            self.open["text"] += out.text
+            return frames + [self._delta({"type": "text_delta", "text": out.text})]
+        if isinstance(out, CallStart):
+            self.started_calls += 1
+            call_id = "toolu_" + out.id.removeprefix("call_")
+            return self._start({"type": "tool_use", "id": call_id, "name": out.name, "input": {}})
+        self.arguments += out.text
+        return [self._delta({"type": "input_json_delta", "partial_json": out.text})]
+
+    def _start(self, block: dict) -> list[tuple[str, dict]]:
+        frames = self._stop()
+        start = {"type": "content_block_start", "index": len(self.content), "content_block": dict(block)}
+        self.content.append(block)
+        self.open, self.arguments = block, ""
+        return frames + [("content_block_start", start)]
+
+    def _delta(self, delta: dict) -> tuple[str, dict]:
+        return "content_block_delta", {"type": "content_block_delta", "index": len(self.content) - 1, "delta": delta}
+
+    def _stop(self) -> list[tuple[str, dict]]:
+        if self.open is None:
+            return []
+        if self.open["type"] == "tool_use":
+            self.open["input"] = _input(self.arguments)
+        self.open = None
+        return [("content_block_stop", {"type": "content_block_stop", "index": len(self.content) - 1})]
+
+
+def sse(name: str, data: dict) -> str:
+    """An SSE event with its `event:` line (Anthropic's clients skip events without one)."""
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+# -- routes ------------------------------------------------------------------------------
+
+
+@router.post(PATH)
+async def create_message(body: MessagesRequest, request: Request, state: ServerState = Depends(ready_state)):
+    conv = conversation(body)
+    prepared = await prepare(state, conv)
+    room = state.context_length - len(prepared.prompt)
+    if room < 1:  # Anthropic's wording, which Claude Code recognises (it offers to compact)
+        raise APIError(
+            400,
+            f"prompt is too long: {len(prepared.prompt)} tokens > {state.context_length - 1} maximum",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    # Claude Code asks for 32k-64k tokens: more than the room left is the room left, and a
+    # reply that fills it ends with stop_reason model_context_window_exceeded.
+    limit = max(1, min(body.max_tokens, room))
+    sampling = {
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "seed": None,
+        "stop": [s for s in body.stop_sequences or [] if s],
+    }
+    generation = pipeline.generation_request(
+        state, prepared.prompt, agent(body, request), limit, sampling, request, "messages", prepared.grammar
+    )
+    reply = Reply(body.model, tool_parser(state, conv), body.max_tokens > room, body.max_tokens == 0)
+    if body.stream:
+        return StreamingResponse(_stream(pipeline.events(state, generation), reply), media_type="text/event-stream")
+    events = await pipeline.collect(state, generation, request)
+    if events is None:
+        return Response(status_code=499)
+    for event in events:
+        reply.feed(event)
+    return reply.message(events[-1])
+
+
+async def _stream(events: AsyncIterator[Event], reply: Reply) -> AsyncIterator[str]:
+    """message_start at once; a ping whenever PING_SECONDS pass without an event (a long
+    prefill, a queue); the blocks; message_delta and message_stop. A failure after the start
+    is an `error` event."""
+    yield sse("message_start", {"type": "message_start", "message": reply.message(None)})
+    async for event in pipeline.with_keepalive(events, PING_SECONDS):
+        if event is None:
+            yield sse("ping", {"type": "ping"})
+        elif isinstance(event, Failed):
+            yield sse("error", error_shape(event.status, event.message)[1])
+            return
+        else:
+            for name, data in reply.feed(event):
+                yield sse(name, data)
+
+
+@router.post(PATH + "/count_tokens")
+async def count_tokens(body: CountTokensRequest, state: ServerState = Depends(ready_state)) -> dict:
+    """The prompt /v1/messages would run for the same body, tools included, in tokens."""
+    prepared = await prepare(state, conversation(body))
+    return {"input_tokens": len(prepared.prompt)}
