@@ -36,8 +36,10 @@ class ConfigError(ValueError):
     """A setting is wrong; the message names it and where settings come from."""
 
 
-def one_of(*allowed: int) -> AfterValidator:
-    def check(v: int) -> int:
+def one_of(*allowed) -> AfterValidator:
+    def check(v):
+        if isinstance(v, str):
+            v = v.lower()
         if v not in allowed:
             raise ValueError(f"takes {', '.join(map(str, allowed[:-1]))} or {allowed[-1]}, not {v}")
         return v
@@ -75,6 +77,13 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(
         None, description="Require this key (Bearer or x-api-key) on every route but /health."
     )
+    log_level: Annotated[str, one_of("debug", "info", "warning", "error")] = Field(
+        "info", description="Log level: debug, info, warning or error."
+    )
+    log_format: Annotated[str, one_of("text", "json")] = Field(
+        "text", description="Log lines as text, or as JSON objects for log collectors."
+    )
+    log_agent_ids: bool = Field(False, description="Show agent ids in request logs (hashed otherwise).")
     api_keys_file: Path | None = Field(
         None,
         description="A file of 'name key' lines: each key a tenant with its own agents and cached blocks.",

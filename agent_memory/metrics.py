@@ -1,27 +1,72 @@
-"""Prometheus metrics: what operators watch (throughput, cache hits, memory) and what tests
-observe instead of timing (cancellations, batch sizes)."""
+"""Prometheus metrics: what operators watch — requests and their latency, the memory this
+server exists for (bytes against budgets, blocks by tier, what cooled or left and why, disk
+loads), the process — and what tests observe instead of timing.
+
+One vocabulary for tiers everywhere: hot (memory; exact as computed, or quantized once
+cooled), warm (block files on disk; the warm tier's bytes are every block file, hot blocks'
+copies included), cold (tokens only, recomputed on demand). docs/grafana.json draws them.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily
+
+SECONDS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+class BlockMoves:
+    """The store's count of blocks that cooled or left, as one counter family at scrape time."""
+
+    def __init__(self, store_of) -> None:
+        self.store_of = store_of
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        family = CounterMetricFamily(
+            "agent_memory_block_moves",
+            "KV blocks that cooled (hot_exact -> hot_quantized) or left a tier, by reason",
+            labels=["from_tier", "to_tier", "reason"],
+        )
+        store = self.store_of()
+        if store is not None:
+            with store.lock:
+                moves = dict(store.moves)
+            for (src, dst, reason), n in sorted(moves.items()):
+                family.add_metric([src, dst, reason], n)
+        yield family
 
 
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.finished = Counter(
-            "agent_memory_requests_finished", "Requests ended, by reason", ["reason"], registry=r
-        )
+        ProcessCollector(registry=r)  # process_resident_memory_bytes and friends
+        self.finished = Counter("agent_memory_requests_finished", "Requests ended, by reason", ["reason"], registry=r)
         self.prompt_tokens = Counter("agent_memory_prompt_tokens", "Prompt tokens received", registry=r)
         self.cached_tokens = Counter(
             "agent_memory_cached_tokens", "Prompt tokens whose KV was reused, by tier", ["tier"], registry=r
         )
         self.generated_tokens = Counter("agent_memory_generated_tokens", "Tokens generated", registry=r)
         self.ttft = Histogram(
-            "agent_memory_time_to_first_token_seconds",
-            "From request to its first token",
-            buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            "agent_memory_time_to_first_token_seconds", "From request to its first token", buckets=SECONDS, registry=r
+        )
+        self.queue_time = Histogram(
+            "agent_memory_queue_time_seconds", "From request to the start of its prefill", buckets=SECONDS, registry=r
+        )
+        self.inter_token = Histogram(
+            "agent_memory_inter_token_latency_seconds",
+            "Between two tokens of one request",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=r,
+        )
+        self.prompt_length = Histogram(
+            "agent_memory_prompt_length_tokens", "Prompt tokens per request", buckets=TOKENS, registry=r
+        )
+        self.generation_length = Histogram(
+            "agent_memory_generation_length_tokens", "Tokens generated per request", buckets=TOKENS, registry=r
         )
         self.batch_size = Histogram(
             "agent_memory_decode_batch_size",
@@ -29,14 +74,32 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
+        self.disk_loads = Histogram(
+            "agent_memory_disk_load_seconds",
+            "Reading one warm block back (file read and checks), by outcome",
+            ["outcome"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            registry=r,
+        )
+        for outcome in ("ok", "refused"):  # exported from the start, at zero
+            self.disk_loads.labels(outcome)
         self.sequences = Gauge("agent_memory_sequences", "Sequences in the engine, by state", ["state"], registry=r)
         self.cache_bytes = Gauge("agent_memory_cache_bytes", "Bytes of cached KV, by tier", ["tier"], registry=r)
+        self.budget_bytes = Gauge("agent_memory_cache_budget_bytes", "The budget of a tier, in bytes", ["tier"], registry=r)
+        self.blocks = Gauge("agent_memory_blocks", "KV blocks, by tier", ["tier"], registry=r)
         self.agents = Gauge("agent_memory_agents", "Agents with cached KV", registry=r)
 
     def watch(self, engine) -> None:
         """Read engine and store state at scrape time rather than tracking every change."""
-        self.sequences.labels("prefilling").set_function(lambda: engine.waiting)
-        self.sequences.labels("decoding").set_function(lambda: engine.decoding)
-        self.cache_bytes.labels("hot").set_function(lambda: engine.store.pool.hot_bytes)
-        self.cache_bytes.labels("disk").set_function(lambda: engine.store.pool.disk_bytes)
+        pool = engine.store.pool
+        for state in ("waiting", "prefilling", "decoding"):
+            self.sequences.labels(state).set_function(lambda state=state: engine.count(state))
+        self.cache_bytes.labels("hot_exact").set_function(lambda: pool.exact_bytes)
+        self.cache_bytes.labels("hot_quantized").set_function(lambda: pool.hot_bytes - pool.exact_bytes)
+        self.cache_bytes.labels("warm").set_function(lambda: pool.disk_bytes)
+        self.budget_bytes.labels("hot").set_function(lambda: engine.store.hot_budget_bytes)
+        self.budget_bytes.labels("warm").set_function(lambda: engine.store.disk_budget_bytes if engine.disk else 0)
+        for tier in ("hot", "warm", "cold"):
+            self.blocks.labels(tier).set_function(lambda tier=tier: engine.store.count_blocks(tier))
         self.agents.set_function(lambda: len(engine.store.agents))
+        self.registry.register(BlockMoves(lambda: engine.store))

@@ -12,10 +12,11 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent_memory import __version__
-from agent_memory.api import agents, anthropic, errors, openai
+from agent_memory.api import agents, anthropic, dashboard, errors, openai
 from agent_memory.api import responses as responses_api
-from agent_memory.api.responses_store import ResponseStore
+from agent_memory.api.access_log import AccessLogMiddleware
 from agent_memory.api.middleware import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware, RequestIdMiddleware
+from agent_memory.api.responses_store import ResponseStore
 from agent_memory.api.state import ServerState
 from agent_memory.engine.loop import BatchEngine
 from agent_memory.engine.warm import warm_health
@@ -33,13 +34,15 @@ def create_app(
     api_keys: dict[str, str],
     max_waiting: int,
     responses: ResponseStore,
+    log_agent_ids: bool = False,
     on_load_failure: Callable[[], None],
 ) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
         await asyncio.to_thread(responses.load)
-        watcher = asyncio.create_task(_watch_load(engine, on_load_failure, base_url(host, port)))
+        auth = f"API keys: {len(api_keys)} ({len(set(api_keys.values()))} tenants)" if api_keys else "no API key"
+        watcher = asyncio.create_task(_watch_load(engine, on_load_failure, base_url(host, port), auth))
         yield
         watcher.cancel()
         await asyncio.to_thread(engine.stop)
@@ -49,12 +52,15 @@ def create_app(
         responses.close()
 
     app = FastAPI(title="agent-memory", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.server = ServerState(engine=engine, model_name=model_name, max_waiting=max_waiting, responses=responses)
+    app.state.server = ServerState(
+        engine=engine, model_name=model_name, max_waiting=max_waiting, responses=responses, log_agent_ids=log_agent_ids
+    )
     errors.install(app)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
     app.include_router(agents.router)
     app.include_router(responses_api.router)
+    app.include_router(dashboard.router)
 
     @app.get("/health")
     async def health(request: Request):
@@ -74,16 +80,17 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    # Added last runs first: request id, then Host, then key, then body size.
+    # Added last runs first: request id, access log, Host, key, body size.
     app.add_middleware(BodyLimitMiddleware)
     if api_keys:
         app.add_middleware(APIKeyMiddleware, keys=api_keys)
     app.add_middleware(HostCheckMiddleware, bind_host=host)
+    app.add_middleware(AccessLogMiddleware)
     app.add_middleware(RequestIdMiddleware)
     return app
 
 
-async def _watch_load(engine: BatchEngine, on_load_failure: Callable[[], None], url: str) -> None:
+async def _watch_load(engine: BatchEngine, on_load_failure: Callable[[], None], url: str, auth: str) -> None:
     await asyncio.to_thread(engine.ready.wait)
     if engine.load_error:
         log.error("the model could not be loaded: %s", engine.load_error)
@@ -91,7 +98,26 @@ async def _watch_load(engine: BatchEngine, on_load_failure: Callable[[], None], 
         return
     if engine.disk is not None:
         await asyncio.to_thread(_record, engine.disk.folder, url)
-    log.info("ready")
+    log.info("ready at %s/v1 — %s", url, summary(engine, auth))
+
+
+def summary(engine: BatchEngine, auth: str) -> str:
+    """What an operator wants to know at a glance: what is served, how memory is spent, where."""
+    from agent_memory import blas
+
+    loaded, p, store = engine.loaded, engine.precisions, engine.store
+    kv = f"KV exact while hot, {p.hot.tag} once cooled" if p.working != p.hot else f"KV {p.hot.tag}"
+    warm = (
+        f"warm tier {engine.disk.folder.root} ({len(store.agents)} agents, {store.pool.disk_bytes >> 20} MiB "
+        f"of {store.disk_budget_bytes >> 20} MiB at {p.disk.tag})"
+        if engine.disk is not None
+        else f"no warm tier ({engine.warm_error or 'disk budget 0'})"
+    )
+    return (
+        f"model {loaded.name} ({loaded.num_layers} layers, context {loaded.context_length}); {kv}; "
+        f"hot budget {store.hot_budget_bytes >> 20} MiB; {warm}; batch up to {engine.config.max_batch}; "
+        f"BLAS {'OpenBLAS' if blas.OPENBLAS_LOADED else 'MLX reference (slow on CPU)'}; {auth}"
+    )
 
 
 def base_url(host: str, port: int) -> str:

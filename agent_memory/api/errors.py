@@ -86,9 +86,15 @@ def _describe(err: dict) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
+def _note(request: Request, message: str) -> None:
+    """Why the request failed, for its access log line (api/access_log.py)."""
+    request.scope.setdefault("state", {})["error"] = message
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
+        _note(request, exc.message)
         response = error_response(exc.status, exc.message, exc.param, exc.code, request.scope["path"])
         response.headers.update(exc.headers)
         return response
@@ -99,13 +105,16 @@ def install(app: FastAPI) -> None:
         message, param = _describe(errors[0]) if errors else ("invalid request", None)
         code = "invalid_unicode" if errors and errors[0].get("type") == "invalid_unicode" else None
         code = code or ("invalid_value" if param else "invalid_json")
+        _note(request, message)
         return error_response(400, message, param, code, request.scope["path"])
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
+        _note(request, str(exc.detail))
         return error_response(exc.status_code, str(exc.detail), path=request.scope["path"])
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):
         log.exception("unhandled error")
+        _note(request, f"internal error: {type(exc).__name__}")
         return error_response(500, "internal server error", path=request.scope["path"])

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
 
+from agent_memory.api.access_log import shown_agent
 from agent_memory.api.errors import APIError
 from agent_memory.api.schemas import MAX_AGENT_ID
 from agent_memory.api.state import ServerState
@@ -149,6 +151,8 @@ def generation_request(
         cache_salt=cache_salt or "",
     )
     state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
+    trace = {"agent": shown_agent(agent, generation.tenant, state.log_agent_ids), "prompt_tokens": len(prompt)}
+    request.scope.setdefault("state", {})["trace"] = state.traces[generation] = trace
     return generation
 
 
@@ -164,11 +168,26 @@ async def events(state: ServerState, generation: GenerationRequest) -> AsyncIter
             pass
 
     seq_id = state.engine.submit(generation, sink)
+    trace = state.traces.get(generation, {})
+    started = time.perf_counter()
+    first: float | None = None
     done = False
     try:
         while not done:
             event = await queue.get()
             state.waiting.discard(generation)
+            now = time.perf_counter()
+            if first is None:
+                first = now
+                trace["ttft_ms"] = round((now - started) * 1000, 1)
+            if isinstance(event, Finished):
+                u = event.usage
+                trace.update(cached_tokens=u.cached_tokens, hot_tokens=u.hot_tokens, warm_tokens=u.warm_tokens)
+                trace.update(completion_tokens=u.completion_tokens, finish=event.reason)
+                if u.completion_tokens > 1 and now > first:
+                    trace["tok_s"] = round((u.completion_tokens - 1) / (now - first), 1)
+            elif isinstance(event, Failed):
+                trace["finish"] = f"error ({event.code})"
             done = isinstance(event, (Finished, Failed))
             yield event
     finally:

@@ -31,6 +31,9 @@ class ServerState:
     # Requests admitted and not yet answering, as weak references: one that is dropped before
     # it reaches the engine (its client left first) leaves the count by itself.
     waiting: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    # Each request's log fields (access_log.py), filled in as its events arrive.
+    traces: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    log_agent_ids: bool = False
     started: int = field(default_factory=lambda: int(time.time()))
     # Tokenizing a long prompt is CPU work: one worker keeps it off the event loop and
     # never runs the tokenizer from two threads at once.

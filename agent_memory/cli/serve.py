@@ -79,7 +79,7 @@ def resolve_model_with_progress(spec: str, models_dir: Path) -> Path:
 @settings_options
 def serve(settings: Settings) -> None:
     """Serve a model on an OpenAI-compatible API, keeping every agent's KV cache."""
-    _configure_logging()
+    _configure_logging(settings.log_level, settings.log_format)
     logging.getLogger("agent_memory").info("settings: %s", settings.describe())
     sys.exit(_serve(settings))
 
@@ -112,7 +112,14 @@ def _serve(settings: Settings) -> int:
             memory_limit_bytes=settings.memory_limit_bytes,
         )
     )
-    config = uvicorn.Config(None, host=settings.host, port=settings.port, log_config=None, timeout_graceful_shutdown=30)
+    config = uvicorn.Config(
+        None,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,  # one line per request comes from api/access_log.py, with what it did
+        timeout_graceful_shutdown=30,
+    )
     server = uvicorn.Server(config)
 
     def stop_server() -> None:
@@ -125,6 +132,7 @@ def _serve(settings: Settings) -> int:
         port=settings.port,
         api_keys=settings.tenant_keys(),
         max_waiting=settings.max_waiting,
+        log_agent_ids=settings.log_agent_ids,
         responses=ResponseStore(
             settings.cache_dir / "responses" if settings.disk_budget_mb else None,
             max(settings.disk_budget_mb << 20, 160 << 20) // 10,
@@ -136,5 +144,13 @@ def _serve(settings: Settings) -> int:
     return 1 if engine.load_error else 0
 
 
-def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _configure_logging(level: str, fmt: str) -> None:
+    """Text for people, or one JSON object a line for log collectors (python-json-logger)."""
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)

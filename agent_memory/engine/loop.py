@@ -104,10 +104,9 @@ class BatchEngine:
         self._inbox.put(None)
         self._thread.join()
 
-    @property
-    def waiting(self) -> int:
-        """Sequences admitted but not yet decoding (read from any thread)."""
-        return sum(1 for s in list(self._seqs.values()) if s.status in (Status.WAITING, Status.PREFILLING))
+    def count(self, state: str) -> int:
+        """Sequences in a state: waiting, prefilling or decoding (read from any thread)."""
+        return sum(1 for s in list(self._seqs.values()) if s.status.value == state)
 
     @property
     def decoding(self) -> int:
@@ -232,6 +231,8 @@ class BatchEngine:
         agents that arrive together then reuse the shared prefix the first of them computed.
         The lookup pins the blocks it names; warm ones start being read from disk."""
         prompt = seq.prompt
+        if not seq.prefill_only:
+            self.metrics.queue_time.observe(time.perf_counter() - seq.submitted)
         seq.lease = self.store.lookup(prompt[: seq.prefill_end], seq.root)
         seq.plan.extend(seq.lease.segments)
         if seq.lease.end < seq.prefill_end:
@@ -239,9 +240,19 @@ class BatchEngine:
         for segment in seq.lease.segments:
             if segment.block is not None and segment.block.tier is Tier.WARM:
                 future = self.disk.read_block(segment.block)
-                future.add_done_callback(lambda _: self._inbox.put(lambda: None))  # wake the loop
+                future.add_done_callback(self._read_done(time.perf_counter()))
                 seq.reads[segment.block.hash] = future
         seq.status = Status.PREFILLING
+
+    def _read_done(self, started: float) -> Callable[[Future], None]:
+        """On the reader thread when a warm block is read: count it, wake the loop."""
+
+        def done(future: Future) -> None:
+            outcome = "ok" if future.exception() is None else "refused"
+            self.metrics.disk_loads.labels(outcome).observe(time.perf_counter() - started)
+            self._inbox.put(lambda: None)
+
+        return done
 
     def _prefill(self, seq: Sequence) -> None:
         if not self._prefiller.run(seq, self.scheduler.chunk(self.decoding)):
@@ -268,9 +279,13 @@ class BatchEngine:
         for t in self._batch.step():
             seq = self._seqs[t.seq_id]
             hit = seq.take(t.token, t.finish)
+            now = time.perf_counter()
             self.metrics.generated_tokens.inc()
             if seq.usage.completion_tokens == 1:
-                self.metrics.ttft.observe(time.perf_counter() - seq.submitted)
+                self.metrics.ttft.observe(now - seq.submitted)
+            else:
+                self.metrics.inter_token.observe(now - seq.last_token)
+            seq.last_token = now
             if hit and t.finish is None:
                 stopped.append(seq)  # a stop string: it leaves the batch below
             elif hit or t.finish is not None:
@@ -303,6 +318,8 @@ class BatchEngine:
         if seq.prefill_only:
             return
         self.metrics.finished.labels(reason).inc()
+        self.metrics.prompt_length.observe(seq.usage.prompt_tokens)
+        self.metrics.generation_length.observe(seq.usage.completion_tokens)
         if error is not None:
             seq.sink(error)
             return

@@ -47,6 +47,7 @@ class Sequence:
     # reuses them rather than quantizing dequantized KV again (which is not exact).
     stored: list[StoredRun] = field(default_factory=list)
     emitted: list[str] = field(default_factory=list)  # the text the client was sent
+    last_token: float = 0.0  # perf_counter() of its latest token
     # A follow-up that only computes KV for its agent (see canonical_reply): no decoding.
     prefill_only: bool = False
 

@@ -9,6 +9,7 @@ with a disk tier (see `disk`), agents' blocks become WARM once their file is dur
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -103,6 +104,8 @@ class AgentCacheStore:
         one precision and leave memory when they cool)."""
         self.lock = threading.RLock()
         self.demote = demote
+        # Blocks that cooled or left, by (from tier, to tier, reason): read by /metrics.
+        self.moves: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self.pool = BlockPool()
         self.names = BlockNames(salt, block_tokens)
         self.prefix = PrefixMatcher(self.pool, self.names)
@@ -221,6 +224,7 @@ class AgentCacheStore:
         with self.lock:
             self.pool.drop_disk(block)
             self._drop_if_unused(block)
+            self.moves["warm", "cold", "unreadable"] += 1
 
     def restore(self, scan: FolderScan) -> None:
         """Rebuild agents from their manifests at start: blocks with a file are WARM, the rest
@@ -293,6 +297,10 @@ class AgentCacheStore:
                 if (tenant is None or a.tenant == tenant) and a.kind == "agent"
             ]
 
+    def count_blocks(self, tier: str) -> int:
+        with self.lock:
+            return sum(1 for b in self.pool.blocks.values() if b.tier.value == tier)
+
     def totals(self) -> dict[str, int]:
         with self.lock:
             by_tier = {t: 0 for t in Tier}
@@ -338,10 +346,12 @@ class AgentCacheStore:
                 break
             if block.exact and self.demote is not None:
                 self.pool.set_payload(block, *self.demote(block.payload))
+                self.moves["hot_exact", "hot_quantized", "hot_budget"] += 1
                 demoted = True
                 continue
             self.pool.drop_payload(block)
             self._drop_if_unused(block)
+            self.moves["hot", block.tier.value if block.hash in self.pool else "gone", "hot_budget"] += 1
         if demoted and self.pool.hot_bytes > self.hot_budget_bytes:  # not enough: a second pass
             self._evict_hot()
 
@@ -356,6 +366,7 @@ class AgentCacheStore:
                 break
             self.disk.delete_block(block.hash)
             self.pool.drop_disk(block)  # agents still refer to it: it becomes COLD, not gone
+            self.moves["warm", block.tier.value, "disk_budget"] += 1
 
     def _unref(self, hashes: Sequence[str]) -> None:
         """Drop an agent's references. Blocks it alone held and no longer uses go at once: a
