@@ -30,6 +30,9 @@ VALUES = {
     "max_waiting": (6, 7, 8),
     "memory_limit_mb": (1000, 2000, 3000),
     "api_key": ("k-file", "k-env", "k-flag"),
+    "log_level": ("debug", "warning", "error"),
+    "log_format": ("json", "text", "json"),
+    "log_agent_ids": (True, False, True),
     "api_keys_file": ("/tmp/keys-file", "/tmp/keys-env", "/tmp/keys-flag"),
 }
 
