@@ -22,24 +22,18 @@ from typing import Any
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
-from agent_memory.engine import kv
 from agent_memory.engine.commit import Committer
-from agent_memory.engine.constraint import logits_processors
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.decode_batch import DecodeBatch
-from agent_memory.engine.detokenizer import Detokenizer
 from agent_memory.engine.loader import LoadedModel
 from agent_memory.engine.parts import build
 from agent_memory.engine.prefill import Prefiller
-from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, Sink, Usage
-from agent_memory.engine.sampling import make_sampler
+from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, Sink
 from agent_memory.engine.scheduler import Scheduler
-from agent_memory.engine.sequence import Sequence, Status
-from agent_memory.engine.stops import StopMatcher
+from agent_memory.engine.sequence import Sequence, Status, new_sequence
 from agent_memory.memory.blocks import Tier
 from agent_memory.memory.disk import DiskTier
 from agent_memory.memory.folder import BLOCK_TOKENS, AgentKey
-from agent_memory.memory.hashing import namespace
 from agent_memory.memory.store import AgentCacheStore, Segment
 from agent_memory.metrics import Metrics
 
@@ -195,24 +189,7 @@ class BatchEngine:
     def _new_sequence(
         self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float, prefill_only: bool = False
     ) -> Sequence:
-        params = request.params
-        seq = Sequence(
-            id=seq_id,
-            request=request,
-            sink=sink,
-            submitted=submitted,
-            detokenizer=Detokenizer(self.loaded.decoder),
-            stops=StopMatcher(params.stop),
-            sampler=make_sampler(params.temperature, params.top_p, params.seed, params.top_k),
-            processors=logits_processors(request, self.loaded.vocab_size, self.loaded.tokenizer.eos_token_ids),
-            usage=Usage(prompt_tokens=len(request.prompt)),
-            cache=kv.new_cache(self.loaded.num_layers, self.precisions.working),
-            agent=AgentKey(request.agent, request.tenant, request.agent_kind) if request.agent is not None else None,
-            root=self.store.names.root(namespace(request.tenant, request.cache_salt)),
-            prefill_only=prefill_only,
-        )
-        seq.new_tokens = len(request.prompt) - self.store.known_prefix(seq.agent, request.prompt)
-        return seq
+        return new_sequence(seq_id, request, sink, submitted, self.loaded, self.precisions.working, self.store, prefill_only)
 
     def _next_prefill(self) -> Sequence | None:
         """The sequence to prefill next: one already planned whose disk reads are done, else

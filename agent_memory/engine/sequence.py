@@ -9,11 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_memory.engine.detokenizer import Detokenizer
-from agent_memory.engine.kv import StoredRun
+from agent_memory.engine.constraint import logits_processors
+from agent_memory.engine.kv import KVPrecision, StoredRun, new_cache
+from agent_memory.engine.loader import LoadedModel
 from agent_memory.engine.requests import GenerationRequest, Sink, TextDelta, Usage
+from agent_memory.engine.sampling import make_sampler
 from agent_memory.engine.stops import StopMatcher
 from agent_memory.memory.folder import AgentKey
-from agent_memory.memory.store import Lease, Segment
+from agent_memory.memory.hashing import namespace
+from agent_memory.memory.store import AgentCacheStore, Lease, Segment
 
 
 class Status(enum.Enum):
@@ -96,3 +100,35 @@ def canonical_reply(prompt: list[int], fed: list[int], reply: list[int]) -> tupl
             break
         keep += 1
     return keep, (canonical if keep < len(canonical) else None)
+
+
+def new_sequence(
+    seq_id: int,
+    request: GenerationRequest,
+    sink: Sink,
+    submitted: float,
+    loaded: LoadedModel,
+    working: KVPrecision,
+    store: AgentCacheStore,
+    prefill_only: bool = False,
+) -> Sequence:
+    """A request as the engine runs it: its sampler, logits processors (bias, grammar), stop
+    matcher, working cache, agent and namespace; a guess at its new work for the scheduler."""
+    params = request.params
+    seq = Sequence(
+        id=seq_id,
+        request=request,
+        sink=sink,
+        submitted=submitted,
+        detokenizer=Detokenizer(loaded.decoder),
+        stops=StopMatcher(params.stop),
+        sampler=make_sampler(params.temperature, params.top_p, params.seed, params.top_k),
+        processors=logits_processors(request, loaded.vocab_size, loaded.tokenizer.eos_token_ids),
+        usage=Usage(prompt_tokens=len(request.prompt)),
+        cache=new_cache(loaded.num_layers, working),
+        agent=AgentKey(request.agent, request.tenant, request.agent_kind) if request.agent is not None else None,
+        root=store.names.root(namespace(request.tenant, request.cache_salt)),
+        prefill_only=prefill_only,
+    )
+    seq.new_tokens = len(request.prompt) - store.known_prefix(seq.agent, request.prompt)
+    return seq
