@@ -165,9 +165,9 @@ async def prepare(state: ServerState, conv: Conversation) -> pipeline.Prepared:
     try:
         return await pipeline.prepare_chat(state, conv, ("messages", "tools", "output_config.format"))
     except APIError as e:
-        if e.param and e.param.endswith(".parameters"):
-            rename = lambda text: text.replace(e.param, e.param.removesuffix(".parameters") + ".input_schema")  # noqa: E731
-            raise APIError(e.status, rename(e.message), param=rename(e.param), code=e.code) from e
+        if e.param and e.param.endswith(".parameters"):  # tools.N.parameters: our tools.N.input_schema
+            ours = e.param.removesuffix(".parameters") + ".input_schema"
+            raise APIError(e.status, e.message.replace(e.param, ours), param=ours, code=e.code) from e
         raise
 
 
