@@ -421,9 +421,10 @@ def test_prune_refuses_a_bad_duration(cache):
 
 @pytest.mark.timeout(60)
 def test_links_and_fifos_neither_hang_the_commands_nor_lead_them_outside(cache, tmp_path):
-    """Links planted as quarantine/, as a blocks/xx folder, as a manifest and as a temp file,
-    and FIFOs named like a manifest, a block and a quarantined file: every command lists them
-    without opening them, and prune deletes nothing outside the cache nor anything but files."""
+    """Links planted as quarantine/, as a blocks/xx folder, as a manifest, as a block file and
+    as a temp file, and FIFOs named like a manifest, a block and a quarantined file: every
+    command lists them without opening them, and prune deletes nothing outside the cache nor
+    anything but files. (The server's side: tests/test_disk_safety.py.)"""
     outside = tmp_path / "outside"
     (outside / "quarantine").mkdir(parents=True)
     (outside / "quarantine" / "1-x.safetensors").write_bytes(b"q")
@@ -433,12 +434,16 @@ def test_links_and_fifos_neither_hang_the_commands_nor_lead_them_outside(cache, 
     write_block(decoys, FP_TINY, decoy, None, 0, [9, 9, 9, 9])  # a block file prune would take for an orphan
     (outside / "manifest.json").write_bytes(cache.tiny.agent_path("bob").read_bytes())
     (outside / "old.tmp").write_bytes(b"t")
+    (outside / "orphan.safetensors").write_bytes(decoys.block_path(decoy).read_bytes())
     for path in [*outside.rglob("*")]:
         age(path, 2 * DAY)
     (cache.tiny.root / "quarantine").symlink_to(outside / "quarantine")
     (cache.tiny.blocks / decoy[:2]).symlink_to(decoys.block_path(decoy).parent)
     (cache.demo.agents / "0123456789abcdef0123456789abcdef.json").symlink_to(outside / "manifest.json")
     (cache.tiny.agents / ".z.json.00000000.tmp").symlink_to(outside / "old.tmp")
+    linked_block = cache.tiny.block_path(BlockNames(FP_TINY, 4).block_hash(None, [8, 8, 8, 8]))
+    linked_block.parent.mkdir(exist_ok=True)
+    linked_block.symlink_to(outside / "orphan.safetensors")  # named like an old orphan block
     fifos = [
         cache.tiny.agents / "fifo.json",
         cache.tiny.block_path(cache.bob.blocks[3]),  # bob's cold block, as a FIFO
@@ -452,7 +457,7 @@ def test_links_and_fifos_neither_hang_the_commands_nor_lead_them_outside(cache, 
     assert cache.run("ls", "--format", "quiet").stdout.split() == ["bob", "carol", "alice"]
     code, doc = verify(cache)
     strays = {p["path"] for p in doc["problems"] if p["kind"] == "stray"}
-    assert code == 1 and {str(f) for f in fifos[:2]} <= strays
+    assert code == 1 and {str(f) for f in fifos[:2]} | {str(linked_block)} <= strays
     assert {p["kind"] for p in doc["problems"]} == {"stray"}
     assert cache.json("stats")["total"]["quarantined_files"] == 0
     result = cache.run("prune", "--older-than", "1s", "--quarantine", "-y", "--format", "json")
@@ -460,7 +465,7 @@ def test_links_and_fifos_neither_hang_the_commands_nor_lead_them_outside(cache, 
     assert {i["kind"] for i in json.loads(result.stdout)["removed"]} == {"agent", "block"}
     assert cache.run("ls", "--format", "quiet").stdout == ""
     assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before
-    assert all(f.exists() for f in fifos)
+    assert all(f.exists() for f in fifos) and linked_block.is_symlink()
 
 
 # -- stats ---------------------------------------------------------------------------------

@@ -465,7 +465,8 @@ class Folder:
         except FileNotFoundError:
             return
         except OSError as e:  # a read-only folder, a planted link: the caller treats the file as bad anyway
-            log.warning("could not quarantine %s (%s): %s", path.name, e.strerror or e, reason)
+            where = f": {e.filename}" if e.filename else ""
+            log.warning("could not quarantine %s (%s%s): %s", path.name, e.strerror or e, where, reason)
             return
         log.warning("quarantined %s: %s", path.name, reason)
 
