@@ -12,10 +12,11 @@ import uuid
 
 from starlette.exceptions import HTTPException
 
+from agent_memory.api.dashboard import SHELL_PATHS
 from agent_memory.api.errors import shaped_error
 
 MAX_BODY_BYTES = 16 << 20
-OPEN_PATHS = {"/health"}
+OPEN_PATHS = {"/health", *SHELL_PATHS}  # the dashboard's page holds no data: its script asks for the key
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 

@@ -1,0 +1,217 @@
+"""/dashboard: the operator's page, driven in a real headless browser (Debian's chromium through
+its chromedriver, nothing downloaded) against a real server on the tiny model."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from conftest import Server, ask
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+# Markup, a slash, a query and a fragment, a percent escape: shown as text, sent encoded.
+AGENT = 'dash <b>bold</b> & "a/b?c#d" %2F'
+KEY = "dash+board/key=1&2"
+
+
+def _browser_missing() -> str | None:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    if not (Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file()):
+        return (
+            "Debian's chromium and chromium-driver are not installed "
+            "(scripts/test installs them with apt-get when run as root)"
+        )
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if why := _browser_missing():
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager never downloads a browser or driver
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def until(driver, condition, timeout: float = 30, message: str = ""):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(condition, message)
+
+
+def row(driver, agent: str):
+    """The table row of `agent`, found by its id as the page holds it, or None."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#agents tbody tr')].find(tr => tr.dataset.agentId === arguments[0]) || null",
+        agent,
+    )
+
+
+def shown_tokens(driver, agent: str) -> int | None:
+    from selenium.webdriver.common.by import By
+
+    tr = row(driver, agent)
+    return int(re.sub(r"\D", "", tr.find_element(By.CSS_SELECTOR, "td.tokens").text)) if tr else None
+
+
+def visible(driver, element_id: str) -> bool:
+    return driver.find_element("id", element_id).is_displayed()
+
+
+def agent_ids(server: Server, **headers) -> list[str]:
+    with server.http() as http:
+        return [a["id"] for a in http.get("/v1/agents", headers=headers).json()["data"]]
+
+
+def api_tokens(server: Server, agent: str) -> int:
+    with server.http() as http:
+        return http.get("/v1/agents/" + quote(agent, safe="")).json()["tokens"]
+
+
+def no_page_errors(driver) -> list:
+    """Console errors: a blocked script or style (CSP), an exception, a failed request other
+    than the 401s the key test provokes on purpose."""
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and " 401 " not in e["message"]]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    with Server(tiny_model, tmp_path_factory.mktemp("dash")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny_model, tmp_path_factory):
+    with Server(tiny_model, tmp_path_factory.mktemp("dash-key"), "--api-key", KEY) as s:
+        yield s
+
+
+def test_the_page_is_served_without_the_key_and_holds_no_data(keyed):
+    with keyed.http() as http:
+        page = http.get("/dashboard")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+        assert page.headers["referrer-policy"] == "no-referrer"
+        for asset, media in (("dashboard.js", "text/javascript"), ("dashboard.css", "text/css")):
+            r = http.get(f"/dashboard/{asset}")
+            assert r.status_code == 200 and r.headers["content-type"].startswith(media)
+        assert http.head("/dashboard").status_code == 200
+        # Only those three paths are open: the data and anything else under /dashboard are not.
+        for path in ("/v1/agents", "/metrics", "/dashboard/other", "/dashboard/"):
+            assert http.get(path).status_code == 401, path
+        assert http.get("/v1/agents", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+def test_dashboard_shows_updates_and_deletes_an_agent(browser, server):
+    from selenium.webdriver.common.by import By
+
+    client = server.client()
+    messages = [{"role": "user", "content": "Plan a three day trip to the mountains."}]
+    first = ask(client, messages, AGENT)
+
+    browser.get(server.base_url + "/dashboard")
+    until(browser, lambda d: row(d, AGENT) is not None, message="the agent never appeared")
+    assert browser.find_elements(By.CSS_SELECTOR, "#agents tbody b") == []  # its id is text, not markup
+    assert row(browser, AGENT).find_element(By.CSS_SELECTOR, "th").text == AGENT
+    # What the API says, once the page has caught up (a turn's reply is committed just after it).
+    until(browser, lambda d: shown_tokens(d, AGENT) == api_tokens(server, AGENT), message="tokens differ from the API")
+    assert "MiB" in browser.find_element("id", "hot-text").text or "KiB" in browser.find_element("id", "hot-text").text
+    assert not visible(browser, "keyform")
+
+    # A second turn: the agent grows, and that turn was served from its cache.
+    before = shown_tokens(browser, AGENT)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Now make it five days, with a rest day in the middle."},
+    ]
+    ask(client, messages, AGENT)
+    until(browser, lambda d: (shown_tokens(d, AGENT) or 0) > before, message="the token count never grew")
+    until(browser, lambda d: shown_tokens(d, AGENT) == api_tokens(server, AGENT), message="tokens differ from the API")
+    until(browser, lambda d: d.find_element("id", "hit-value").text.endswith("%"), message="no hit ratio")
+    until(browser, lambda d: re.search(r"\d (ms|s)$", d.find_element("id", "ttft-value").text), message="no TTFT")
+    assert browser.find_elements(By.CSS_SELECTOR, "#hit-spark svg polyline, #hit-spark svg circle")
+
+    # Delete asks first; cancelling keeps the agent.
+    row(browser, AGENT).find_element(By.CSS_SELECTOR, "button.delete").click()
+    until(browser, lambda d: visible(d, "confirm"))
+    assert browser.find_element("id", "confirm-id").text == AGENT
+    browser.find_element("id", "confirm-cancel").click()
+    until(browser, lambda d: not visible(d, "confirm"))
+    assert AGENT in agent_ids(server)
+
+    row(browser, AGENT).find_element(By.CSS_SELECTOR, "button.delete").click()
+    until(browser, lambda d: visible(d, "confirm"))
+    browser.find_element("id", "confirm-delete").click()
+    until(browser, lambda d: row(d, AGENT) is None, message="the row stayed")
+    assert not visible(browser, "confirm")
+    assert AGENT not in agent_ids(server)
+    with server.http() as http:
+        assert http.get("/v1/agents/" + quote(AGENT, safe="")).status_code == 404
+    assert no_page_errors(browser) == []
+
+
+def test_with_an_api_key_the_page_needs_it(browser, keyed):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    ask(keyed.client(api_key=KEY), [{"role": "user", "content": "Say hello."}], "keyed-agent")
+    dashboard = keyed.base_url + "/dashboard"
+
+    # Without the key: the key form, no data.
+    browser.get(dashboard)
+    until(browser, lambda d: visible(d, "keyform"), message="no key form")
+    assert not visible(browser, "data")
+    assert "keyed-agent" not in browser.page_source
+    assert browser.find_element("id", "model").text == "—"
+
+    # A wrong key, in the fragment: refused, forgotten, still no data.
+    browser.get(dashboard + "#key=wrong")
+    until(browser, lambda d: "refused" in d.find_element("id", "key-why").text, message="wrong key not refused")
+    assert not visible(browser, "data") and "keyed-agent" not in browser.page_source
+    assert browser.execute_script("return sessionStorage.length") == 0
+
+    # The key typed into the form: the data.
+    field = browser.find_element("id", "key-input")
+    field.send_keys(KEY)
+    field.send_keys(Keys.ENTER)
+    until(browser, lambda d: row(d, "keyed-agent") is not None, message="no data with the key")
+    assert not visible(browser, "keyform")
+    assert browser.find_element("id", "model").text != "—"
+
+    # "Forget key": back to the form, the data gone from the page.
+    browser.find_element("id", "forget").click()
+    until(browser, lambda d: visible(d, "keyform"))
+    assert row(browser, "keyed-agent") is None and "keyed-agent" not in browser.page_source
+
+    # The key in a link's fragment: taken, wiped from the address bar, kept for this tab.
+    browser.get(dashboard + "#key=" + quote(KEY, safe=""))
+    until(browser, lambda d: row(d, "keyed-agent") is not None, message="no data with the key in the fragment")
+    assert "key" not in browser.current_url.split("/dashboard", 1)[1]
+    browser.refresh()
+    until(browser, lambda d: row(d, "keyed-agent") is not None, message="the key was not kept in the tab")
+    assert browser.find_elements(By.CSS_SELECTOR, "#agents tbody tr")
+
+    # A fragment never leaves the browser, and the page sends the key only as a header.
+    assert KEY not in keyed.log() and quote(KEY, safe="") not in keyed.log()
+    assert no_page_errors(browser) == []
