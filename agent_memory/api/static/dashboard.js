@@ -20,6 +20,7 @@
   let timer = null;
   let generation = 0; // bumped on restart: answers to an older round are dropped
   let pendingDelete = null;
+  let notice = null; // {text, until}: what an action reports, kept a few seconds
 
   class AuthError extends Error {}
 
@@ -49,16 +50,11 @@
 
   async function api(path, options = {}) {
     const headers = new Headers();
-    if (key) headers.set("Authorization", "Bearer " + key);
-    let r;
-    try {
-      r = await fetch(path, { ...options, headers, cache: "no-store", credentials: "omit" });
-    } catch (e) {
-      if (e instanceof TypeError && key && /[^\x20-\x7e]/.test(key)) {
-        throw new AuthError("this key has characters an HTTP header cannot carry");
-      }
-      throw e;
+    if (key) {
+      if (/[^\x20-\xff]/.test(key)) throw new AuthError("This key has characters an HTTP header cannot carry.");
+      headers.set("Authorization", "Bearer " + key);
     }
+    const r = await fetch(path, { ...options, headers, cache: "no-store", credentials: "omit" });
     if (r.status === 401) throw new AuthError(key ? "The server refused this key." : "This server asks for an API key.");
     return r;
   }
@@ -489,7 +485,8 @@
         setText($("model"), modelName || "—");
       }
       setText($("updated"), new Date().toLocaleTimeString());
-      showStatus(metricsR.ok ? "" : `Metrics: ${await errorText(metricsR)}`, !metricsR.ok);
+      if (!metricsR.ok) showStatus(`Metrics: ${await errorText(metricsR)}`, true);
+      else showStatus(notice && Date.now() < notice.until ? notice.text : "");
     } catch (e) {
       if (round !== generation) return;
       if (e instanceof AuthError) {
@@ -544,7 +541,8 @@
       agents = agents.filter((a) => a.id !== id);
       renderAgents();
       $("agents-title").focus();
-      showStatus(r.ok ? `Agent ${id} deleted.` : `Agent ${id} was already gone.`);
+      notice = { text: r.ok ? `Agent ${id} deleted.` : `Agent ${id} was already gone.`, until: Date.now() + 8000 };
+      showStatus(notice.text);
       restart();
     } catch (e) {
       $("confirm-error").textContent = e instanceof AuthError ? e.message : `Not deleted: ${e.message}`;
