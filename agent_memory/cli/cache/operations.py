@@ -1,4 +1,4 @@
-"""What the `cache` commands check and change: verify's checks, rm, prune's plan and deletions.
+"""What the `cache` commands check and change: verify's checks, rm's plan and deletions, prune's.
 
 The server may be running: nothing here takes a lock, a file that vanishes mid-scan is
 skipped, and every deletion is one `Folder.unlink` (never a link's target, never through a
@@ -159,6 +159,74 @@ def remove_agent(
         if server.end_agent(manifest.key):
             return *ended_by_server(folder, [manifest], private), server.url
     return *delete_in_order(folder, [manifest], private), None
+
+
+@dataclass
+class Removal:
+    """`rm`'s plan: the agents, by model folder, and what removing them frees. They go one at
+    a time, so blocks that only they name go with the last of them that names each."""
+
+    targets: dict[str, tuple[ModelFolder, list[Manifest]]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, found: Iterable[tuple[ModelFolder, Manifest]]) -> Removal:
+        plan = cls()
+        for folder, manifest in found:
+            plan.targets.setdefault(folder.folder, (folder, []))[1].append(manifest)
+        return plan
+
+    def preview(self) -> list[dict]:
+        """Each agent as removing them in order would remove it (nothing is removed)."""
+        agents = []
+        for folder, manifests in self.targets.values():
+            for i, manifest in enumerate(manifests):
+                before = set(folder.blocks_only_of(manifests[:i]))
+                own = [h for h in folder.blocks_only_of(manifests[: i + 1]) if h not in before]
+                agents.append(_removed(folder, manifest, own, file_size(manifest.path) + folder.bytes_of(own), None))
+        return agents
+
+    def kept_blocks(self) -> int:
+        """Block files of these agents that other agents still use."""
+        kept = 0
+        for folder, manifests in self.targets.values():
+            on_disk = {h for m in manifests for h in m.blocks if h in folder.files.blocks}
+            kept += len(on_disk - set(folder.blocks_only_of(manifests)))
+        return kept
+
+    def execute(self, key_of: Callable[[str], str | None]) -> list[dict]:
+        """Remove the agents (`remove_agent` each, on a fresh scan of its folder)."""
+        agents = []
+        for folder, manifests in self.targets.values():
+            for manifest in manifests:
+                folder = folder.rescan()
+                current = next((m for m in folder.files.manifests if m.key == manifest.key), None)
+                if current is not None:  # else gone meanwhile (its server ended it)
+                    removed, freed, server = remove_agent(folder, current, key_of)
+                    agents.append(_removed(folder, current, removed, freed, server))
+        return agents
+
+    def report(self, agents: list[dict], dry_run: bool) -> dict:
+        """The document `rm --format json` prints; `server`: the first server that ended one."""
+        return {
+            "dry_run": dry_run,
+            "agents": agents,
+            "removed_blocks": [h for a in agents for h in a["removed_blocks"]],
+            "kept_shared_blocks": self.kept_blocks(),
+            "freed_bytes": sum(a["freed_bytes"] for a in agents),
+            "server": next((a["server"] for a in agents if a["server"]), None),
+        }
+
+
+def _removed(folder: ModelFolder, manifest: Manifest, blocks: list[str], freed: int, server: str | None) -> dict:
+    return {
+        "id": manifest.agent,
+        "tenant": manifest.tenant,
+        "folder": folder.folder,
+        "manifest": str(manifest.path),
+        "removed_blocks": blocks,
+        "freed_bytes": freed,
+        "server": server,
+    }
 
 
 # -- prune ---------------------------------------------------------------------------------

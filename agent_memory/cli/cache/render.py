@@ -1,22 +1,24 @@
-"""What the `cache` commands print: human tables on stdout, one JSON document, or nothing
-(quiet); sizes, ages and durations for people. Ids and names found on disk never reach the
-terminal as markup or escape codes."""
+"""What the `cache` commands print: plain tables on stdout, one JSON document, or nothing
+(quiet); sizes, ages and durations for people. Tables are plain columns whether or not stdout
+is a terminal (no box drawing, no wrapping, the same columns whatever the rows hold), so a
+pipe gets what the screen shows. Ids and names found on disk never reach the terminal as
+markup or escape codes."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Sequence
 from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+from rich import filesize
+from rich.cells import cell_len
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
@@ -30,24 +32,21 @@ class Format(str, Enum):
     quiet = "quiet"
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "mo": 30 * 86400, "y": 365 * 86400}
+_DURATION = r"(\d+(?:\.\d+)?)(mo|y|[smhdw])"
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in '90s', '15m', '12h', '7d', '2w' or a sum of them like '1d12h'."""
+    """Seconds in '90s', '15m', '12h', '7d', '2w', '3mo', '1y' or a sum of them like '1d12h'."""
     spec = text.strip().lower()
-    if not re.fullmatch(r"(\d+(\.\d+)?[smhdw])+", spec):
-        raise typer.BadParameter(f"{text!r} is not a duration like 90s, 15m, 12h, 7d or 2w")
-    return sum(float(n) * _UNITS[unit] for n, unit in re.findall(r"(\d+(?:\.\d+)?)([smhdw])", spec))
+    if not re.fullmatch(f"(?:{_DURATION})+", spec):
+        raise typer.BadParameter(f"{text!r} is not a duration like 90s, 15m, 12h, 7d, 2w or 3mo")
+    return sum(float(n) * _UNITS[unit] for n, unit in re.findall(_DURATION, spec))
 
 
 def human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+    """Decimal units, as `hf cache` and the download bars show them (and `size>10MB` reads)."""
+    return filesize.decimal(n)
 
 
 def human_age(when: float, now: float) -> str:
@@ -70,15 +69,9 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' * (n != 1)}"
 
 
-def _cell(text: str, style: str = "") -> Text:
-    return Text(printable(text), style=style)  # Text: never read as rich markup
-
-
 def _stdout() -> Console:
-    console = Console(highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = 200  # piped: do not squeeze tables into 80 columns
-    return console
+    """Free text for people: styles on a terminal, plain when piped, never wrapped."""
+    return Console(highlight=False, soft_wrap=True)
 
 
 def emit_json(doc: dict) -> None:
@@ -97,11 +90,24 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
-def _table(*columns: str, right: Iterable[str] = ()) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in columns:
-        table.add_column(column, justify="right" if column in right else "left", overflow="fold")
-    return table
+def table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[str] = ()) -> None:
+    """Plain columns on stdout: a header line, then one line per row, cells padded to their
+    column and two spaces apart; `right` columns right-aligned, no trailing spaces. Cells
+    are shown as `printable` makes them. Not rich's Table: it fits a table to the console's
+    width, so at 80 columns a long id is cut to "…" and the last columns are dropped
+    (measured: `size` vanished), and it pads the last column with spaces."""
+    cells = [[printable(str(c)) for c in row] for row in rows]
+    widths = [max([cell_len(h), *(cell_len(r[i]) for r in cells)]) for i, h in enumerate(columns)]
+
+    def line(row: Sequence[str]) -> str:
+        parts = []
+        for i, (cell, width) in enumerate(zip(row, widths)):
+            pad = " " * (width - cell_len(cell))
+            parts.append(pad + cell if columns[i] in right else cell + pad)
+        return "  ".join(parts).rstrip()
+
+    for row in [list(columns), *cells]:
+        typer.echo(line(row))
 
 
 def ls(root: Path, rows: list[AgentRow], folders: list[ModelFolder], fmt: Format) -> None:
@@ -112,19 +118,26 @@ def ls(root: Path, rows: list[AgentRow], folders: list[ModelFolder], fmt: Format
             typer.echo(printable(row.id))
     else:
         now = time.time()
-        table = _table("id", "model", "tokens", "blocks", "size", "last used", right=("tokens", "blocks", "size"))
-        for r in rows:
-            blocks = f"{r.on_disk} + {r.cold} cold" if r.cold else str(r.on_disk)
-            table.add_row(
-                _cell(r.id), _cell(r.model), str(r.tokens), blocks, human_bytes(r.bytes), human_age(r.last_used, now)
-            )
-        console = _stdout()
-        console.print(table)
+        table(
+            ("id", "model", "tokens", "blocks", "size", "last_used"),
+            [
+                (
+                    r.id,
+                    r.model,
+                    str(r.tokens),
+                    f"{r.on_disk} + {r.cold} cold" if r.cold else str(r.on_disk),
+                    human_bytes(r.bytes),
+                    human_age(r.last_used, now),
+                )
+                for r in rows
+            ],
+            right=("tokens", "blocks", "size"),
+        )
         shown = {(r.folder, r.id) for r in rows}
         unique = sum(
             f.bytes_of(h for m in f.files.manifests if (f.folder, m.agent) in shown for h in m.blocks) for f in folders
         )
-        console.print(f"{plural(len(rows), 'agent')}, {human_bytes(unique)} of blocks on disk")
+        say(f"{plural(len(rows), 'agent')}, {human_bytes(unique)} of blocks on disk")
 
 
 def show(doc: dict, folder_path: Path) -> None:
@@ -135,16 +148,25 @@ def show(doc: dict, folder_path: Path) -> None:
     console.print(Text.assemble(("manifest  ", "bold"), doc["manifest"]))
     age = human_age(doc["last_used"], time.time())
     console.print(Text.assemble(("tokens    ", "bold"), f"{doc['tokens']}, last used {age}"))
-    columns = ("#", "block", "start", "tokens", "where", "size", "shared with")
-    table = _table(*columns, right=("#", "start", "tokens", "size", "shared with"))
-    for i, b in enumerate(doc["blocks"]):
-        shared = plural(b["shared_with"], "agent") if b["shared_with"] else "-"
-        size = human_bytes(b["bytes"]) if b["on_disk"] else "-"
-        where = "disk" if b["on_disk"] else "cold"
-        table.add_row(str(i), b["hash"][:16], str(b["start"]), str(b["tokens"]), where, size, shared)
-    console.print(table)
+    columns = ("#", "block", "start", "tokens", "where", "size", "shared_with")
+    table(
+        columns,
+        [
+            (
+                str(i),
+                b["hash"][:16],
+                str(b["start"]),
+                str(b["tokens"]),
+                "disk" if b["on_disk"] else "cold",
+                human_bytes(b["bytes"]) if b["on_disk"] else "-",
+                plural(b["shared_with"], "agent") if b["shared_with"] else "-",
+            )
+            for i, b in enumerate(doc["blocks"])
+        ],
+        right=("#", "start", "tokens", "size", "shared_with"),
+    )
     totals = doc["totals"]
-    console.print(
+    say(
         f"{totals['blocks']} blocks: {totals['on_disk']} on disk ({human_bytes(totals['bytes'])}), "
         f"{totals['cold']} cold; removing this agent frees {human_bytes(totals['private_bytes'])}"
     )
@@ -155,18 +177,14 @@ def verify(root: Path, checked: dict[str, int], problems: list[Problem], fmt: Fo
         found = [{"path": str(p.path), "kind": p.kind, "reason": p.reason} for p in problems]
         emit_json({"ok": not problems, "checked": checked, "problems": found})
     elif fmt is Format.human:
-        console = _stdout()
         summary = (
             f"{checked['blocks']} block files, {checked['manifests']} manifests in {checked['folders']} model folders"
         )
         if problems:
-            table = _table("file", "kind", "problem")
-            for p in problems:
-                table.add_row(_cell(_rel(p.path, root)), p.kind, _cell(p.reason))
-            console.print(table)
-            console.print(f"[red]{plural(len(problems), 'problem')}[/red] in {summary}")
+            table(("file", "kind", "problem"), [(_rel(p.path, root), p.kind, p.reason) for p in problems])
+            _stdout().print(Text.assemble((plural(len(problems), "problem"), "red"), f" in {summary}"))
         else:
-            console.print(f"[green]all good[/green]: {summary}")
+            _stdout().print(Text.assemble(("all good", "green"), f": {summary}"))
 
 
 def prune(
@@ -177,17 +195,47 @@ def prune(
         removed = [{"folder": f, "kind": kind, "name": name, "bytes": size} for f, kind, name, size in planned]
         emit_json({"dry_run": dry_run, "older_than_s": max_age, "removed": removed, "freed_bytes": freed})
     elif fmt is Format.human:
-        console = _stdout()
         if planned:
-            table = _table("model", "kind", "what", "size", right=("size",))
-            for folder, kind, name, size in planned:
-                shown = (
-                    _rel(Path(name), root) if kind in ("temp", "quarantine") else name[:16] if kind == "block" else name
-                )
-                table.add_row(_cell(folder), kind, _cell(shown), human_bytes(size))
-            console.print(table)
+
+            def what(kind: str, name: str) -> str:
+                if kind in ("temp", "quarantine"):
+                    return _rel(Path(name), root)
+                return name[:16] if kind == "block" else name
+
+            rows = [(folder, kind, what(kind, name), human_bytes(size)) for folder, kind, name, size in planned]
+            table(("model", "kind", "what", "size"), rows, right=("size",))
         verb = "would free" if dry_run else "freed"
-        console.print(f"{plural(len(planned), 'item')}, {verb} {human_bytes(freed)}{' (dry run)' * dry_run}")
+        say(f"{plural(len(planned), 'item')}, {verb} {human_bytes(freed)}{' (dry run)' * dry_run}")
+
+
+def removal(doc: dict, fmt: Format) -> None:
+    """`rm`: what was removed (or, with --dry-run, would be), from the document `--format json` prints."""
+    if fmt is Format.json:
+        emit_json(doc)
+    elif fmt is Format.quiet:
+        return
+    elif doc["dry_run"]:
+        rows = [
+            (a["id"], a["folder"], str(len(a["removed_blocks"])), human_bytes(a["freed_bytes"])) for a in doc["agents"]
+        ]
+        table(("id", "model", "block_files", "frees"), rows, right=("block_files", "frees"))
+        agents, blocks = plural(len(doc["agents"]), "agent"), plural(len(doc["removed_blocks"]), "block file")
+        say(
+            f"would remove {agents} and {blocks}, free {human_bytes(doc['freed_bytes'])}; "
+            f"keep {plural(doc['kept_shared_blocks'], 'block file')} other agents use (dry run)"
+        )
+    else:
+        for a in doc["agents"]:
+            blocks = plural(len(a["removed_blocks"]), "block file")
+            say(
+                f"removed agent {printable(a['id'])} from {a['folder']}"
+                + (f" through the server at {a['server']}" if a["server"] else "")
+                + f": its manifest and {blocks}, freed {human_bytes(a['freed_bytes'])}"
+            )
+        total = f"removed {plural(len(doc['agents']), 'agent')}, freed {human_bytes(doc['freed_bytes'])}; " * (
+            len(doc["agents"]) > 1
+        )
+        say(f"{total}kept {plural(doc['kept_shared_blocks'], 'block file')} other agents use")
 
 
 def stats(root: Path, rows: list[FolderStats], total: FolderStats, fmt: Format) -> None:
@@ -196,17 +244,20 @@ def stats(root: Path, rows: list[FolderStats], total: FolderStats, fmt: Format) 
         emit_json({"cache_dir": str(root), "models": [asdict(r) for r in rows], "total": numbers})
     elif fmt is Format.human:
         columns = ("agents", "blocks", "size", "cold", "orphans", "quarantined", "temp")
-        table = _table("model", *columns, right=columns)
-        for r in [*rows, total]:
-            quarantined = f"{r.quarantined_files} ({human_bytes(r.quarantined_bytes)})" if r.quarantined_files else "0"
-            table.add_row(
-                _cell(r.folder or r.model, "bold" if not r.folder else ""),
-                str(r.agents),
-                str(r.block_files),
-                human_bytes(r.bytes),
-                str(r.cold_blocks),
-                str(r.orphan_blocks),
-                quarantined,
-                str(r.temp_files),
-            )
-        _stdout().print(table)
+        table(
+            ("model", *columns),
+            [
+                (
+                    r.folder or r.model,
+                    str(r.agents),
+                    str(r.block_files),
+                    human_bytes(r.bytes),
+                    str(r.cold_blocks),
+                    str(r.orphan_blocks),
+                    f"{r.quarantined_files} ({human_bytes(r.quarantined_bytes)})" if r.quarantined_files else "0",
+                    str(r.temp_files),
+                )
+                for r in [*rows, total]
+            ],
+            right=columns,
+        )

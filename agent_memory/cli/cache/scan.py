@@ -81,7 +81,13 @@ class ModelFolder:
 
     def private_blocks(self, manifest: Manifest) -> list[str]:
         """The agent's block files that no other agent names: what removing it frees."""
-        return [h for h in dict.fromkeys(manifest.blocks) if h in self.files.blocks and self.users[h] <= 1]
+        return self.blocks_only_of([manifest])
+
+    def blocks_only_of(self, manifests: list[Manifest]) -> list[str]:
+        """The block files that these agents name and no other agent does: what removing
+        them all frees."""
+        named = Counter(h for m in manifests for h in dict.fromkeys(m.blocks))
+        return [h for h in named if h in self.files.blocks and self.users[h] <= named[h]]
 
     def token_count(self, block_hash: str) -> int | None:
         """Tokens in a block file, from its header (None when there is no readable file)."""
@@ -144,6 +150,16 @@ def _matches(layout: Folder, model: str) -> bool:
 
 def find_agent(folders: list[ModelFolder], agent: str, tenant: str | None = None) -> tuple[ModelFolder, Manifest]:
     """The one manifest of the agent (of `tenant`, if given); exit 1 if none or several."""
+    found = locate_agent(folders, agent, tenant)
+    if isinstance(found, str):
+        fail(found)
+    return found
+
+
+def locate_agent(
+    folders: list[ModelFolder], agent: str, tenant: str | None = None
+) -> tuple[ModelFolder, Manifest] | str:
+    """The one manifest of the agent (of `tenant`, if given), or why there is none."""
     found = [
         (f, m) for f in folders for m in f.files.manifests if m.agent == agent and tenant in (None, m.tenant)
     ]
@@ -151,15 +167,15 @@ def find_agent(folders: list[ModelFolder], agent: str, tenant: str | None = None
         return found[0]
     if found and len({m.tenant for _, m in found}) > 1:
         tenants = ", ".join(sorted(repr(m.tenant) for _, m in found))
-        fail(f"agent {printable(agent)} exists for several tenants ({tenants}): pass --tenant")
+        return f"agent {printable(agent)} exists for several tenants ({tenants}): pass --tenant"
     if found:
         where = ", ".join(f.folder for f, _ in found)
-        fail(f"agent {printable(agent)} is cached for several models ({where}): pass --model")
+        return f"agent {printable(agent)} is cached for several models ({where}): pass --model"
     stem = agent_file_stem(AgentKey(agent, tenant or ""))
     damaged = [(f, why) for f in folders for p, why in f.files.bad_manifests if p.stem == stem]
     if damaged:
-        fail(f"agent {printable(agent)}: its manifest in {damaged[0][0].folder} is unusable ({damaged[0][1]})")
-    fail(f"no agent {printable(agent)} in the disk cache")
+        return f"agent {printable(agent)}: its manifest in {damaged[0][0].folder} is unusable ({damaged[0][1]})"
+    return f"no agent {printable(agent)} in the disk cache"
 
 
 def describe_agent(folder: ModelFolder, manifest: Manifest) -> dict:
