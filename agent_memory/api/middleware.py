@@ -1,7 +1,13 @@
 """ASGI middleware: request id, Host check, API key, body size limit.
 
 Plain ASGI rather than BaseHTTPMiddleware so streaming responses and client disconnects pass
-through untouched.
+through untouched. The Host check is Starlette's TrustedHostMiddleware, its plain-text refusal
+answered in the API's error shape. The key check stays a middleware rather than FastAPI's
+security helpers (HTTPBearer, APIKeyHeader): those are route dependencies, and FastAPI reads
+and parses the body before it resolves them (measured: a keyless request with broken JSON gets
+422, not 401, and unknown paths a 404), so a client without a key could make the server read
+16 MB bodies; they also parse the header only: the constant-time comparison against every
+tenant's key, which is the point, would still be ours.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import secrets
 import uuid
 
 from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from agent_memory.api.dashboard import SHELL_PATHS
 from agent_memory.api.errors import shaped_error
@@ -20,14 +27,20 @@ OPEN_PATHS = {"/health", *SHELL_PATHS}  # the dashboard's page holds no data: it
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
-async def _reject(scope, send, status: int, message: str, code: str | None = None) -> None:
+async def _reject(
+    scope, send, status: int, message: str, code: str | None = None, headers: list[tuple[bytes, bytes]] = ()
+) -> None:
     status, shaped = shaped_error(scope.get("path", ""), status, message, code=code)
     body = json.dumps(shaped).encode()
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})
@@ -62,21 +75,32 @@ class RequestIdMiddleware:
 
 class HostCheckMiddleware:
     """Refuse Host headers naming other sites: a web page must not reach a loopback server
-    through DNS rebinding."""
+    through DNS rebinding. Starlette's TrustedHostMiddleware decides (it parses the header,
+    bracketed IPv6 and ports included); what it refuses is answered here, in the API's shape,
+    instead of its text/plain "Invalid host header"."""
 
     def __init__(self, app, bind_host: str) -> None:
         self.app = app
-        self.any_host = bind_host in ("0.0.0.0", "::", "")
-        self.allowed = LOOPBACK_NAMES | {bind_host}
+        bind = bind_host.strip("[]").lower()
+        if bind in ("0.0.0.0", "::", ""):
+            self.hosts = ["*"]
+        else:
+            self.hosts = sorted(LOOPBACK_NAMES | {bind} | ({f"[{bind}]"} if ":" in bind else set()))
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or self.any_host:
+        if scope["type"] != "http" or self.hosts == ["*"]:
             return await self.app(scope, receive, send)
-        host = _header(scope, b"host") or ""
-        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        if name not in self.allowed:
-            return await _reject(scope, send, 400, f"Host '{host}' is not allowed", "invalid_host")
-        await self.app(scope, receive, send)
+
+        async def through(scope, receive, _):
+            await self.app(scope, receive, send)  # allowed: the real send, nothing of ours in between
+
+        async def refuse(message):  # refused: our answer instead of its text/plain one
+            if message["type"] == "http.response.start":
+                host = _header(scope, b"host")
+                why = f"Host {host!r} is not allowed" if host else "a Host header is required"
+                await _reject(scope, send, 400, why, "invalid_host")
+
+        await TrustedHostMiddleware(through, self.hosts, www_redirect=False)(scope, receive, refuse)
 
 
 class APIKeyMiddleware:
@@ -97,7 +121,8 @@ class APIKeyMiddleware:
             if secrets.compare_digest(given.encode("latin-1", "replace"), key):
                 tenant = name
         if tenant is None:
-            return await _reject(scope, send, 401, "Invalid or missing API key", "invalid_api_key")
+            challenge = [(b"www-authenticate", b"Bearer")]  # RFC 9110: a 401 names how to authenticate
+            return await _reject(scope, send, 401, "Invalid or missing API key", "invalid_api_key", challenge)
         scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)
 

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from agent_memory.api import pipeline
 from agent_memory.api.errors import APIError, error_body
@@ -18,6 +18,7 @@ from agent_memory.api.state import ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice
 from agent_memory.chat.toolcalls import CallStart, ContentDelta, ToolCallParser
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta, Usage
+from agent_memory.models.demo import aliases
 
 router = APIRouter()
 
@@ -37,10 +38,31 @@ def usage_dict(usage: Usage) -> dict:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
+    """The served model under its id (its folder's name), then the aliases it answers to:
+    `demo` for the demo model, so examples written for `--model demo` name a listed id."""
     state: ServerState = request.app.state.server
+    return {"object": "list", "data": [_model(state, i) for i in [state.model_name, *aliases(state.model_name)]]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request):
+    """One model object (OpenAI's `client.models.retrieve`); 404 `model_not_found` otherwise."""
+    state: ServerState = request.app.state.server
+    if model_id in (state.model_name, *aliases(state.model_name)):
+        return _model(state, model_id)
+    body = error_body(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+    body["error"]["type"] = "invalid_request_error"  # OpenAI's own type for this 404
+    return JSONResponse(body, status_code=404)
+
+
+def _model(state: ServerState, model_id: str) -> dict:
+    """A model object; `root` names the served model an alias stands for (as vLLM's do)."""
     return {
-        "object": "list",
-        "data": [{"id": state.model_name, "object": "model", "created": state.started, "owned_by": "agent-memory"}],
+        "id": model_id,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "agent-memory",
+        "root": state.model_name,
     }
 
 
