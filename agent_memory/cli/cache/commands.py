@@ -63,7 +63,7 @@ def ls_command(
     """List every agent that has a manifest on disk, across all models (like `hf cache ls`).
 
     Examples: `cache ls --filter "last_used>7d" --sort size`; `cache ls -f "size>10MB" -f model=tiny`;
-    `cache ls -f "id=test-*" --format quiet | xargs agent-memory cache rm -y`."""
+    `cache ls -f "id=test-*" --format quiet | xargs -I{} agent-memory cache rm -y {}`."""
     root = settings(cache_dir).cache_dir
     folders = scan_cache(root, model)
     rows = [AgentRow.of(f, m) for f in folders for m in f.files.manifests]
