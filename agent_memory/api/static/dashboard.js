@@ -278,7 +278,11 @@
   function renderRates() {
     const n = samples.length;
     if (n < 2) {
-      for (const id of ["hit", "ttft", "gen", "batch"]) $(`${id}-detail`).textContent = "collecting…";
+      for (const id of ["hit", "ttft", "gen", "batch"]) {
+        $(`${id}-value`).textContent = "—";
+        $(`${id}-detail`).textContent = "collecting…";
+        $(`${id}-spark`).replaceChildren();
+      }
       return;
     }
     const first = samples[0];
