@@ -179,6 +179,13 @@ class Manifest:
             if os.fstat(f.fileno()).st_size > MAX_MANIFEST_BYTES:
                 raise ValueError("manifest too large")
             raw = f.read()
+        return cls.parse(raw, path.stem, path)
+
+    @classmethod
+    def parse(cls, raw: bytes, stem: str, path: Path | None = None) -> Manifest:
+        """Check a manifest's bytes, stored under `stem` (a file name, or a Redis key's end)."""
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise ValueError("manifest too large")
         try:
             data = json.loads(raw)
         except RecursionError as e:  # deeply nested JSON: a bad file, not a crash
@@ -191,7 +198,7 @@ class Manifest:
             raise ValueError("tenant must be a string and root a block hash")
         if kind not in ("agent", "response"):
             raise ValueError("kind must be agent or response")
-        if not isinstance(agent, str) or agent_file_stem(AgentKey(agent, tenant, kind)) != path.stem:
+        if not isinstance(agent, str) or agent_file_stem(AgentKey(agent, tenant, kind)) != stem:
             raise ValueError("agent id does not match the file name")
         # Out-of-range ids would raise OverflowError later, in the hash chain.
         if not valid_tokens(tokens):
@@ -291,7 +298,8 @@ class Folder:
         model folder and `kv` may be links the user placed; `blocks` and `agents` must be real
         folders (OSError otherwise: the server then runs without its warm tier)."""
         self.root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for d in (self.root.parent, self.root):
+        # The cache's `kv` folder is ours to make private; any other parent is the user's.
+        for d in (self.root.parent, self.root) if self.root.parent.name == "kv" else (self.root,):
             d.mkdir(mode=0o700, exist_ok=True)
             _make_private(d, os.stat(d), 0o700)
         for d in (self.blocks, self.agents):
@@ -326,6 +334,24 @@ class Folder:
     def unlink(self, path: Path) -> bool:
         """Delete one of the folder's regular files (see unlink_regular)."""
         return unlink_regular(path, follow_parent=path.parent == self.root)
+
+    # What the `cache` commands read, by path; a shared store (redis_store.py) answers the same.
+
+    def size_at(self, path: Path) -> int:
+        try:
+            return os.lstat(path).st_size
+        except FileNotFoundError:
+            return 0
+
+    def manifest_at(self, path: Path) -> Manifest:
+        return Manifest.read(path)
+
+    def read_block_at(self, path: Path, expect: dict[str, str], layout) -> tuple[dict[str, str], dict]:
+        return blockfile.read(path, expect, layout)
+
+    def block_meta_at(self, info: FileInfo) -> dict[str, str]:
+        with blockfile.open_regular(info.path) as f:
+            return blockfile.read_header(f, info.size)[0]
 
     def make_private(self, loose: list[tuple[Path, int]]) -> None:
         """chmod what a scan found readable by others; a failure is said once, not fatal."""
