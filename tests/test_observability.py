@@ -41,6 +41,8 @@ def test_one_line_per_request_says_what_it_did(tiny_model, tmp_path):
             assert httpx.get(s.base_url + "/health").status_code == 200
         chat(s, "secret-agent-name", "Which ship came in?", **{"X-Request-Id": "req-one"})
         chat(s, "secret-agent-name", "Which ship came in?", **{"X-Request-Id": "req-two"})
+        assert httpx.get(s.base_url + "/v1/agents").status_code == 200  # a dashboard's poll: DEBUG
+        assert httpx.delete(s.base_url + "/v1/agents/secret-agent-name").status_code == 200
         bad = httpx.post(s.base_url + "/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]})
         assert bad.status_code == 400
         log = s.log()
@@ -52,7 +54,8 @@ def test_one_line_per_request_says_what_it_did(tiny_model, tmp_path):
     assert "cached_tokens=0" in first and "cached_tokens=0" not in second
     assert "secret-agent-name" not in log  # hashed unless --log-agent-ids
     assert any("status=400" in line and "error=messages.0.role" in line for line in lines)
-    assert not any("path=/health" in line for line in lines)  # polls are DEBUG
+    assert not any("path=/health" in line or "path=/v1/agents " in line for line in lines)  # polls are DEBUG
+    assert any(line.startswith("method=DELETE") or "method=DELETE path=/v1/agents/" in line for line in lines)
     assert "ready at http://127.0.0.1:" in log and "BLAS" in log and "hot budget" in log
 
 

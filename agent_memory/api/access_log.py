@@ -1,7 +1,7 @@
 """One log line per HTTP request, when it is over: method, path, status, time, request id, and
 for a generation its agent, prompt / cached (hot, warm) / completion tokens, time to first
 token, tokens per second and finish reason (the request path fills `scope.state["trace"]`).
-Errors say why at INFO; `/health` and `/metrics` polls are DEBUG. Agent ids are hashed unless the operator
+Errors say why at INFO; polls (`/health`, `/metrics`, the dashboard) are DEBUG. Agent ids are hashed unless the operator
 asked for them (`--log-agent-ids`): logs travel further than the cache does.
 """
 
@@ -14,6 +14,7 @@ import time
 log = logging.getLogger("agent_memory.requests")
 
 QUIET_PATHS = {"/health", "/metrics"}
+AGENT_PATH = "/v1/agents/"
 
 
 def shown_agent(agent: str | None, tenant: str, log_ids: bool) -> str | None:
@@ -22,9 +23,21 @@ def shown_agent(agent: str | None, tenant: str, log_ids: bool) -> str | None:
     return hashlib.blake2b(f"{tenant}\0{agent}".encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
 
 
+def quiet(method: str, path: str) -> bool:
+    """Polls (health, metrics, the dashboard and the agent list it reads) are DEBUG."""
+    return path in QUIET_PATHS or path.startswith("/dashboard") or (method == "GET" and path == "/v1/agents")
+
+
 class AccessLogMiddleware:
-    def __init__(self, app) -> None:
+    def __init__(self, app, log_agent_ids: bool = False) -> None:
         self.app = app
+        self.log_agent_ids = log_agent_ids
+
+    def shown_path(self, path: str, tenant: str) -> str:
+        """An agent's route names the agent: hashed like the agent field."""
+        if path.startswith(AGENT_PATH) and not self.log_agent_ids:
+            return AGENT_PATH + shown_agent(path[len(AGENT_PATH) :], tenant, False)
+        return path
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -44,7 +57,7 @@ class AccessLogMiddleware:
             state = scope.get("state", {})
             fields = {
                 "method": scope["method"],
-                "path": scope["path"],
+                "path": self.shown_path(scope["path"], state.get("tenant", "")),
                 "status": status,
                 "ms": round((time.perf_counter() - started) * 1000, 1),
                 "request_id": state.get("request_id"),
@@ -52,6 +65,6 @@ class AccessLogMiddleware:
             }
             if "error" in state:
                 fields["error"] = state["error"]
-            quiet = scope["path"] in QUIET_PATHS  # polled all day: /health says its own state
+            level = logging.DEBUG if quiet(scope["method"], scope["path"]) and status < 500 else logging.INFO
             text = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
-            log.log(logging.DEBUG if quiet else logging.INFO, text, extra={"request": fields})
+            log.log(level, text, extra={"request": fields})

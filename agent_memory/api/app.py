@@ -46,7 +46,7 @@ def create_app(
         yield
         watcher.cancel()
         await asyncio.to_thread(engine.stop)
-        if engine.disk is not None:  # only now: the writer has flushed and touches nothing more
+        if engine.disk is not None and engine.disk.folder is not None:  # only now: the writer has flushed
             await asyncio.to_thread(_unrecord, engine.disk.folder)
         app.state.server.tokenizer_pool.shutdown()
         responses.close()
@@ -85,7 +85,7 @@ def create_app(
     if api_keys:
         app.add_middleware(APIKeyMiddleware, keys=api_keys)
     app.add_middleware(HostCheckMiddleware, bind_host=host)
-    app.add_middleware(AccessLogMiddleware)
+    app.add_middleware(AccessLogMiddleware, log_agent_ids=log_agent_ids)
     app.add_middleware(RequestIdMiddleware)
     return app
 
@@ -96,7 +96,7 @@ async def _watch_load(engine: BatchEngine, on_load_failure: Callable[[], None], 
         log.error("the model could not be loaded: %s", engine.load_error)
         on_load_failure()
         return
-    if engine.disk is not None:
+    if engine.disk is not None and engine.disk.folder is not None:  # a shared store records no server
         await asyncio.to_thread(_record, engine.disk.folder, url)
     log.info("ready at %s/v1 — %s", url, summary(engine, auth))
 
@@ -108,7 +108,7 @@ def summary(engine: BatchEngine, auth: str) -> str:
     loaded, p, store = engine.loaded, engine.precisions, engine.store
     kv = f"KV exact while hot, {p.hot.tag} once cooled" if p.working != p.hot else f"KV {p.hot.tag}"
     warm = (
-        f"warm tier {engine.disk.folder.root} ({len(store.agents)} agents, {store.pool.disk_bytes >> 20} MiB "
+        f"warm tier {engine.disk.location} ({len(store.agents)} agents, {store.pool.disk_bytes >> 20} MiB "
         f"of {store.disk_budget_bytes >> 20} MiB at {p.disk.tag})"
         if engine.disk is not None
         else f"no warm tier ({engine.warm_error or 'disk budget 0'})"
