@@ -55,6 +55,12 @@ async def retrieve_model(model_id: str, request: Request):
     return JSONResponse(body, status_code=404)
 
 
+def answering(state: ServerState, requested: str | None) -> str:
+    """The model id a reply names: the one asked for when it is one of the served model's ids
+    (clients such as AutoGen check), else the served model's own."""
+    return requested if requested in (state.model_name, *aliases(state.model_name)) else state.model_name
+
+
 def _model(state: ServerState, model_id: str) -> dict:
     """A model object; `root` names the served model an alias stands for (as vLLM's do)."""
     return {
@@ -142,7 +148,7 @@ async def chat_completions(
     completion_id = "chatcmpl-" + uuid.uuid4().hex
     parser = tool_parser(state, conv)
     if body.stream:
-        frames = _chat_sse(state, generation, completion_id, body.include_usage(), parser)
+        frames = _chat_sse(state, generation, completion_id, body.include_usage(), parser, answering(state, body.model))
         return StreamingResponse(frames, media_type="text/event-stream")
     events = await pipeline.collect(state, generation, request)
     if events is None:
@@ -157,7 +163,7 @@ async def chat_completions(
         "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": state.model_name,
+        "model": answering(state, body.model),
         "choices": [
             {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(finished.reason, calls)}
         ],
@@ -188,7 +194,8 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
                 return [chunk(event.text)]
             return [chunk("", event.reason)]
 
-        frames = _sse(state, generation, completion_id, "text_completion", body.include_usage(), None, chunks)
+        model = answering(state, body.model)
+        frames = _sse(state, generation, completion_id, "text_completion", body.include_usage(), None, chunks, model)
         return StreamingResponse(frames, media_type="text/event-stream")
     events = await pipeline.collect(state, generation, request)
     if events is None:
@@ -199,14 +206,14 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
         "id": completion_id,
         "object": "text_completion",
         "created": int(time.time()),
-        "model": state.model_name,
+        "model": answering(state, body.model),
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finished.reason}],
         "usage": usage_dict(finished.usage),
     }
 
 
 def _chat_sse(
-    state: ServerState, generation: GenerationRequest, completion_id: str, include_usage: bool, parser
+    state: ServerState, generation: GenerationRequest, completion_id: str, include_usage: bool, parser, model: str
 ) -> AsyncIterator[str]:
     """Chat chunks: text as content deltas, calls as OpenAI's tool-call deltas (the first of a
     call with its index, id, type and name; then fragments of its arguments)."""
@@ -233,7 +240,7 @@ def _chat_sse(
         return [*(chunk(delta(o)) for o in outs), chunk({}, finish_reason(event.reason, calls))]
 
     first = chunk({"role": "assistant", "content": ""})
-    return _sse(state, generation, completion_id, "chat.completion.chunk", include_usage, first, chunks)
+    return _sse(state, generation, completion_id, "chat.completion.chunk", include_usage, first, chunks, model)
 
 
 async def _sse(
@@ -244,11 +251,12 @@ async def _sse(
     include_usage: bool,
     first: dict | None,
     chunks: Callable[[TextDelta | Finished], list[dict]],
+    model: str,
 ) -> AsyncIterator[str]:
     created = int(time.time())
 
     def frame(payload: dict) -> str:
-        payload = {"id": completion_id, "object": object_name, "created": created, "model": state.model_name, **payload}
+        payload = {"id": completion_id, "object": object_name, "created": created, "model": model, **payload}
         if include_usage:
             payload.setdefault("usage", None)
         return f"data: {json.dumps(payload)}\n\n"
