@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache folder: models and the KV disk tier.")
     hot_budget_mb: int = Field(2048, ge=0, description="Memory for cached KV blocks, in MiB.")
     disk_budget_mb: int = Field(10240, ge=0, description="Disk for cached KV blocks, in MiB.")
+    warm_store: str | None = Field(
+        None,
+        description="The warm tier in a Redis shared by several servers, redis://HOST:PORT/DB "
+        "(default: the cache folder). Its maxmemory bounds it; see docs/scale-out.md.",
+    )
     kv_bits: KVBits = Field(4, description="Precision of cached KV: 4, 8 or 16 (unquantized).")
     kv_group_size: Annotated[int, one_of(32, 64, 128)] = Field(64, description="Quantization group size for KV: 32, 64 or 128.")
     disk_kv_bits: KVBits | None = Field(None, description="KV precision on disk (default: --kv-bits).")
@@ -106,6 +111,13 @@ class Settings(BaseSettings):
     def expand_home(cls, v: Path) -> Path:
         return v.expanduser()
 
+    @field_validator("warm_store")
+    @classmethod
+    def redis_url(cls, v: str | None) -> str | None:
+        from agent_memory.memory.redis_store import check_url
+
+        return check_url(v) if v else None
+
     @property
     def models_dir(self) -> Path:
         return self.cache_dir / "models"
@@ -135,6 +147,10 @@ class Settings(BaseSettings):
         """Every effective setting on one line, for the start-up log (the key only as set/none)."""
         shown = {name: getattr(self, name) for name in type(self).model_fields}
         shown["api_key"] = "set" if self.api_key else "none"
+        if self.warm_store:
+            from agent_memory.memory.redis_store import redact
+
+            shown["warm_store"] = redact(self.warm_store)
         if self.api_keys_file:
             shown["api_keys_file"] = f"{self.api_keys_file} ({len(set(self.tenant_keys().values()))} tenants)"
         return " ".join(f"{name}={value}" for name, value in shown.items())

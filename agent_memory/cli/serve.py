@@ -106,6 +106,7 @@ def _serve(settings: Settings) -> int:
             hot_budget_bytes=settings.hot_budget_mb << 20,
             precision=KVPrecision(settings.kv_bits, settings.kv_group_size),
             cache_dir=settings.cache_dir,
+            warm_store=settings.warm_store,
             disk_budget_bytes=settings.disk_budget_mb << 20,
             disk_precision=KVPrecision(settings.disk_kv_bits, settings.kv_group_size) if settings.disk_kv_bits else None,
             decode_quantized=settings.decode_quantized,

@@ -16,6 +16,7 @@ class EngineConfig:
     precision: kv.KVPrecision = kv.KVPrecision()
     cache_dir: Path | None = None  # None or a zero disk budget: no warm tier
     disk_budget_bytes: int = 0
+    warm_store: str | None = None  # a redis:// URL: the warm tier shared with other servers
     disk_precision: kv.KVPrecision | None = None  # None: the same as `precision`
     # False: a running sequence attends to full-precision KV (its cached prefix dequantized
     # once, its own new tokens never quantized) and only blocks at rest are quantized.

@@ -185,6 +185,8 @@ class BatchEngine:
             return
         self.metrics.prompt_tokens.inc(len(request.prompt))
         self._seqs[seq_id] = seq
+        if seq.discovery is not None:  # the shared warm tier's answer: adopt it, then plan the request
+            seq.discovery.add_done_callback(lambda _: self._inbox.put(self.store.apply_discoveries))
 
     def _new_sequence(
         self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float, prefill_only: bool = False

@@ -52,7 +52,7 @@ def build(cfg: EngineConfig) -> Parts:
     p = cfg.precisions
     loaded = load_model(cfg.model_path)
     shape = kv.probe_shape(loaded.model, loaded.num_layers)
-    disk, scan, warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, shape, p)
+    disk, scan, warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, shape, p, cfg.warm_store)
     store = AgentCacheStore(
         block_tokens=BLOCK_TOKENS,
         salt=loaded.fingerprint,
@@ -62,11 +62,11 @@ def build(cfg: EngineConfig) -> Parts:
         disk_budget_bytes=cfg.disk_budget_bytes,
         demote=demoter(p),
     )
-    if scan is not None:
+    if scan is not None and not disk.shared:
         store.restore(scan)
         log.info(
             "warm tier %s: %d agents, %d block files (%.1f MiB)",
-            disk.folder.root,
+            disk.location,
             len(store.agents),
             len(scan.blocks),
             store.pool.disk_bytes / (1 << 20),

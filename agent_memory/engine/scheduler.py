@@ -22,8 +22,11 @@ class Scheduler:
     def planning_order(self, seqs: Iterable[Sequence], now: float) -> list[Sequence]:
         """Waiting sequences, the one with the least new work first, so that a returning
         agent's short turn does not wait behind a newcomer's long prompt, unless that one
-        has waited longer than the patience allows."""
-        waiting = [s for s in seqs if s.status is Status.WAITING]
+        has waited longer than the patience allows. A request the shared warm tier has not
+        answered about yet (Sequence.discovery) is not planned until it has."""
+        waiting = [
+            s for s in seqs if s.status is Status.WAITING and (s.discovery is None or s.discovery.done())
+        ]
         return sorted(waiting, key=lambda s: (now - s.submitted < self.patience_s, s.new_tokens))
 
     def ready_to_prefill(self, seqs: Iterable[Sequence]) -> Sequence | None:

@@ -46,6 +46,8 @@ class Sequence:
     lease: Lease | None = None  # what the store lent it, from planning until it finishes
     plan: deque[Segment] = field(default_factory=deque)  # what is left to put into `cache`
     reads: dict[str, Future] = field(default_factory=dict)  # block hash -> its tensors, from disk
+    # A shared warm tier asked what it holds for this request (store.discover): planned once answered.
+    discovery: Future | None = None
     pos: int = 0  # prompt tokens in `cache`
     # Runs of `cache` that came from cached blocks, as those blocks' stored payloads: a commit
     # reuses them rather than quantizing dequantized KV again (which is not exact).
@@ -131,4 +133,6 @@ def new_sequence(
         prefill_only=prefill_only,
     )
     seq.new_tokens = len(request.prompt) - store.known_prefix(seq.agent, request.prompt)
+    if not prefill_only:  # a follow-up continues this server's own latest turn
+        seq.discovery = store.discover(seq.agent, request.prompt, seq.root)
     return seq

@@ -1,6 +1,8 @@
 """Open the warm tier for the loaded model: its folder under the cache dir, named by model,
-fingerprint and disk precision. A disk that cannot hold it (read-only, full, not a folder)
-means serving without it, said in the log and on /health, never a failed start.
+fingerprint and disk precision, or that name's namespace in a Redis several servers share
+(`--warm-store redis://...`, memory/redis_store.py). A disk that cannot hold it (read-only,
+full, not a folder) means serving without it, said in the log and on /health, never a failed
+start; a Redis that does not answer yet means misses until it does.
 
 The disk budget (10 GiB by default) is capped at start to what the disk can hold: what the
 folder already holds plus the free space, less a reserve (5 % of the disk, at most 1 GiB, at
@@ -21,15 +23,14 @@ from pathlib import Path
 
 from agent_memory.engine import kv
 from agent_memory.engine.loader import LoadedModel
-from agent_memory.memory.blockfile import NUMPY_DTYPES
 from agent_memory.memory.disk import DiskTier
 from agent_memory.memory.folder import BLOCK_TOKENS, Folder, FolderScan, entries, folder_name
+from agent_memory.memory.redis_store import RedisStore
 
 log = logging.getLogger(__name__)
 
 RESERVE_FRACTION = 0.05  # of the disk, kept free by the warm tier
 RESERVE_MAX_BYTES = 1 << 30
-HEADER_BYTES = 2048  # a block file's safetensors header and metadata, about
 
 
 @dataclass(frozen=True)
@@ -76,14 +77,25 @@ def mib(n: int) -> str:
 
 
 def open_warm_tier(
-    cache_dir: Path | None, budget_bytes: int, loaded: LoadedModel, shape: kv.KVShape, precisions: kv.Precisions
+    cache_dir: Path | None,
+    budget_bytes: int,
+    loaded: LoadedModel,
+    shape: kv.KVShape,
+    precisions: kv.Precisions,
+    warm_store: str | None = None,
 ) -> tuple[DiskTier | None, FolderScan | None, str | None]:
     """(the tier, what its folder held, why there is none). The tier's `budget_bytes` is the
-    effective disk budget: the configured one, or less where the disk cannot hold it."""
-    if cache_dir is None or budget_bytes <= 0:
+    effective disk budget: the configured one, or less where the disk cannot hold it. With a
+    Redis `warm_store`, Redis' maxmemory bounds the tier instead, for every server at once."""
+    if (cache_dir is None and warm_store is None) or budget_bytes <= 0:
         return None, None, None
     precision = precisions.disk
     name = folder_name(loaded.name, loaded.fingerprint, precision.tag)
+    if warm_store is not None:
+        disk = _tier(RedisStore(warm_store, name), loaded, shape, precision)
+        scan = disk.open()
+        log.info("warm tier: namespace %s in the shared store %s (agents are read when they return)", name, disk.location)
+        return disk, scan, None
     kv_dir = cache_dir / "kv"
     same_model = name.rsplit("-", 1)[0] + "-"
     others = sorted(e.name for e, _ in entries(kv_dir) if e.name.startswith(same_model) and e.name != name)
@@ -98,16 +110,8 @@ def open_warm_tier(
     if room is not None and room.read_only:
         # Not even reads: an agent ended here could not be deleted there, and would come back.
         return _without(f"the cache folder {kv_dir} is on a read-only file system")
-    layout = kv.block_layout(BLOCK_TOKENS, shape, precision)
-    file_bytes = HEADER_BYTES + sum(math.prod(dims) * NUMPY_DTYPES[dtype]().itemsize for dtype, dims in layout.values())
-    disk = DiskTier(
-        Folder(kv_dir / name),
-        fingerprint=loaded.fingerprint,
-        meta=precision.file_meta(),
-        name=loaded.name,
-        block_tokens=BLOCK_TOKENS,
-        block_layout=lambda n: kv.block_layout(n, shape, precision),
-    )
+    disk = _tier(Folder(kv_dir / name), loaded, shape, precision)
+    file_bytes = disk.block_bytes(BLOCK_TOKENS)
     try:
         scan = disk.open()
     except OSError as e:
@@ -140,6 +144,17 @@ def open_warm_tier(
     return disk, scan, None
 
 
+def _tier(store, loaded: LoadedModel, shape: kv.KVShape, precision: kv.KVPrecision) -> DiskTier:
+    return DiskTier(
+        store,
+        fingerprint=loaded.fingerprint,
+        meta=precision.file_meta(),
+        name=loaded.name,
+        block_tokens=BLOCK_TOKENS,
+        block_layout=lambda n: kv.block_layout(n, shape, precision),
+    )
+
+
 def _room_text(room: DiskRoom | None) -> str:
     return "free space unknown" if room is None else f"{mib(room.free)} free of {mib(room.total)}"
 
@@ -153,6 +168,8 @@ def warm_health(disk: DiskTier | None, why_off: str | None, budget_bytes: int) -
     """/health's `warm_tier`: on, degraded (capped by its disk, or writes failing: why), or off (why)."""
     if disk is None:
         return {"status": "off", "reason": why_off or "no disk budget or cache folder"}
+    if disk.shared:
+        return _shared_health(disk)
     health = {
         "status": "on",
         "folder": str(disk.folder.root),
@@ -164,4 +181,27 @@ def warm_health(disk: DiskTier | None, why_off: str | None, budget_bytes: int) -
         health.update(status="degraded", reason=f"{disk.write_error} (since {since}); requests are served from memory")
     elif disk.budget_note is not None:
         health.update(status="degraded", reason=disk.budget_note)
+    return health
+
+
+def _shared_health(disk: DiskTier) -> dict:
+    """A shared store's figures as the writer last read them (never read here: /health runs on
+    the event loop): Redis' memory against its maxmemory, and its eviction policy."""
+    usage = disk.usage
+    health = {
+        "status": "on",
+        "store": disk.location,
+        "shared": True,
+        "budget_bytes": usage.limit_bytes or 0,
+        "used_bytes": usage.used_bytes,
+        "policy": usage.policy,
+        "failed_writes": disk.failed_jobs,
+    }
+    if disk.write_error is not None:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(disk.write_error_since or time.time()))
+        health.update(status="degraded", reason=f"{disk.write_error} (since {since}); requests are served from memory")
+    elif usage.used_bytes is None and usage.note:
+        health.update(status="degraded", reason=usage.note)
+    elif usage.note:
+        health["note"] = usage.note
     return health

@@ -11,6 +11,7 @@ No MLX here: the `cache` command line reads these files too.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import math
 import os
@@ -136,14 +137,23 @@ def read(path: Path, expect: dict[str, str], layout: Layout | None) -> tuple[dic
             raise BlockFileError("a symbolic link, not a block file") from e
         raise
     with f:
-        size = os.fstat(f.fileno()).st_size
-        meta, header = read_header(f, size)
-        for key, value in expect.items():
-            if meta.get(key) != value:
-                raise BlockFileError(f"{key} is {str(meta.get(key))[:80]!r}, expected {value[:80]!r}")
-        data_size = size - f.tell()
-        entries = check_entries(header, data_size, layout)
-        data = f.read(data_size)
+        return _read_from(f, os.fstat(f.fileno()).st_size, expect, layout)
+
+
+def read_bytes(data: bytes, expect: dict[str, str], layout: Layout | None) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """The same checks as `read`, on a block's bytes held elsewhere (the Redis warm tier)."""
+    return _read_from(io.BytesIO(data), len(data), expect, layout)
+
+
+def _read_from(f, size: int, expect: dict[str, str], layout: Layout | None) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """Header first (its size, then every identity field), then offsets, then the data and its CRC."""
+    meta, header = read_header(f, size)
+    for key, value in expect.items():
+        if meta.get(key) != value:
+            raise BlockFileError(f"{key} is {str(meta.get(key))[:80]!r}, expected {value[:80]!r}")
+    data_size = size - f.tell()
+    entries = check_entries(header, data_size, layout)
+    data = f.read(data_size)
     if len(data) != data_size or f"{zlib.crc32(data):08x}" != meta.get("crc32"):
         raise BlockFileError("checksum mismatch: the tensor data is damaged")
     view = memoryview(data)

@@ -1,34 +1,53 @@
-"""DiskTier: the warm tier. Block files and agent manifests in one model folder (folder.py),
-written behind the request path by one thread and read back by another.
+"""DiskTier: the warm tier. Block files and agent manifests in a store (warmstore.py): the
+model folder (folder.py), or a Redis several servers share (redis_store.py), written behind the
+request path by one thread and read back by another.
 
-Every write is atomic (blockfile.write_atomic); a crash leaves old or new files and temp files
-that the next start removes. Nothing here touches MLX: the engine hands over numpy arrays it
-made, and gets numpy arrays back. The writer thread does the copying, checksumming and I/O.
-A write that fails (a full disk, a folder planted as a link, a directory where a file should
-go) costs that file only: the writer says so once per kind of failure and goes on, and
-`write_error` says what failed last until a write succeeds again.
+Every write is atomic (a folder's files: blockfile.write_atomic, a crash leaves old or new files
+and temp files that the next start removes; Redis: one command or one script). Nothing here
+touches MLX: the engine hands over numpy arrays it made, and gets numpy arrays back. The writer
+thread does the copying, checksumming and I/O; the reader thread reads blocks and asks a shared
+store about returning agents. A write that fails (a full disk, a folder planted as a link, a
+directory where a file should go, a Redis that does not answer) costs that write only: the
+writer says so once per kind of failure and goes on, and `write_error` says what failed last
+until a write succeeds again.
+
+With a shared store, a manifest write is compare-and-set (`_write_manifest`): a turn committed
+by another server is never overwritten by one that did not see it.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+
 from agent_memory.memory import blockfile
-from agent_memory.memory.blockfile import BlockFileError, Layout, Tensors
+from agent_memory.memory.blockfile import NUMPY_DTYPES, Layout, Tensors
 from agent_memory.memory.folder import AgentKey, BlockRecord, Folder, FolderScan, Manifest, tokens_text
+from agent_memory.memory.warmstore import FolderStore, StoreUsage, WarmStore
 
 log = logging.getLogger(__name__)
+
+HEADER_BYTES = 2048  # a block file's safetensors header and metadata, about
+CAS_TRIES = 8  # compare-and-set attempts of one manifest write before it gives way
+USAGE_REFRESH_S = 5.0  # how often a shared store's memory figures are read (for /health)
+
+
+def extends(ours: Manifest, theirs: Manifest) -> bool:
+    """Whether our sequence contains theirs: the same namespace, their tokens a prefix of ours."""
+    n = len(theirs.tokens)
+    return theirs.root == ours.root and n <= len(ours.tokens) and ours.tokens[:n] == theirs.tokens
 
 
 class DiskTier:
     def __init__(
         self,
-        folder: Folder,
+        store: WarmStore | Folder,
         *,
         fingerprint: str,
         meta: dict[str, str],
@@ -36,16 +55,23 @@ class DiskTier:
         name: str,
         block_tokens: int,
     ) -> None:
-        """meta: precision fields every block file carries and must match on read;
+        """store: where blocks and manifests live (a Folder means FolderStore(folder)).
+        meta: precision fields every block file carries and must match on read;
         block_layout(n): the tensors a block of n tokens must hold; name and block_tokens:
         the model's name and the block size, for model.json."""
-        self.folder = folder
+        self.store = FolderStore(store) if isinstance(store, Folder) else store
+        self.folder = self.store.folder  # None for a shared store
+        self.shared = self.store.shared
         self.fingerprint = fingerprint
         self.meta = {"fingerprint": fingerprint, **meta}
         self.name = name
         self.block_tokens = block_tokens
         self.block_layout = block_layout
         self.on_saved: Callable[[str, int], None] = lambda block_hash, nbytes: None
+        # A manifest write's outcome (shared stores): (agent, etag, whether it was written).
+        self.on_manifest: Callable[[AgentKey, str, bool], None] = lambda key, etag, ok: None
+        # Of blocks no manifest in the shared store names any more, those this server still uses.
+        self.still_used: Callable[[list[str]], set[str]] = lambda hashes: set()
         # (priority, order, job): a block's deletion goes before queued writes, so that the
         # disk holds at most one block over its budget while a commit's blocks are written
         # (an eviction's deletions would otherwise wait behind them). Safe: a block is only
@@ -61,8 +87,19 @@ class DiskTier:
         self.write_error: str | None = None  # the last failed job, until a write succeeds
         self.write_error_since: float | None = None  # wall clock
         self.failed_jobs = 0
+        self.usage = StoreUsage()  # a shared store's figures, read every USAGE_REFRESH_S
+        self._usage_read = 0.0
         self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-reader")
+
+    @property
+    def location(self) -> str:
+        return self.store.location
+
+    def block_bytes(self, n: int) -> int:
+        """About what a block of n tokens takes in the store: its tensors and a header."""
+        layout = self.block_layout(n)
+        return HEADER_BYTES + sum(math.prod(dims) * NUMPY_DTYPES[dtype]().itemsize for dtype, dims in layout.values())
 
     # -- start --------------------------------------------------------------------------
 
@@ -73,21 +110,11 @@ class DiskTier:
         return {"name": self.name, **self.meta, "block_tokens": self.block_tokens, "precision": precision}
 
     def open(self) -> FolderScan:
-        """Create the folders, drop temp files, index blocks and manifests; start writing.
-        Manifests that fail their checks are quarantined."""
-        self.folder.make()
-        # Atomic like every other write: a crash never leaves a torn model.json for the CLI.
-        # Written only when it changes, so that a full disk does not stop a start.
-        if self.folder.read_model_json()[0] != self.model_info():
-            self.folder.write_model_json(self.model_info())
-        scan = self.folder.scan(owns=lambda fingerprint: fingerprint == self.fingerprint)
-        # Files of an older version, or copied in, may be readable by others: they hold
-        # conversations. The scan has stat()ed every file already; only those need a chmod.
-        self.folder.make_private(scan.loose)
-        for tmp in scan.temp_files:
-            self.folder.unlink(tmp.path)
-        for path, reason in scan.bad_manifests:
-            self.folder.quarantine(path, f"bad manifest: {reason}")
+        """Make the store ready and start writing; what it holds to restore (a folder: every
+        agent; a shared store: nothing, agents are probed when they come back)."""
+        scan = self.store.open(self.model_info(), owns=lambda fingerprint: fingerprint == self.fingerprint)
+        if self.shared:
+            self._refresh_usage()
         self._writer.start()
         return scan
 
@@ -104,14 +131,18 @@ class DiskTier:
         self._pending.add(block.hash)
         self._put(("save_block", block, tensors))
 
-    def save_agent(self, manifest: Manifest) -> None:
-        self._put(("save_agent", manifest.key, manifest.to_bytes()))
+    def save_agent(self, manifest: Manifest, base: str | None = None, etag: str | None = None) -> None:
+        """Write the agent's manifest; with a shared store, as version `etag` replacing `base`."""
+        self._put(("save_agent", manifest, (base, etag)))
 
     def delete_block(self, block_hash: str) -> None:
         self._put(("delete_block", block_hash, None), priority=0)
 
-    def delete_agent(self, key: AgentKey) -> None:
-        self._put(("delete_agent", key, None))
+    def delete_agent(self, key: AgentKey) -> Future:
+        """Future of whether the store had the agent's manifest."""
+        done: Future = Future()
+        self._put(("delete_agent", key, done))
+        return done
 
     def _put(self, job: tuple | None, priority: int = 1) -> None:
         self._jobs.put((priority, next(self._order), job))
@@ -125,9 +156,17 @@ class DiskTier:
         self._put(None, priority=2)
         self._writer.join()
         self._reader.shutdown()
+        self.store.close()
 
     def _write_loop(self) -> None:
-        while (job := self._jobs.get()[2]) is not None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=USAGE_REFRESH_S if self.shared else None)[2]
+            except queue.Empty:
+                self._refresh_usage()
+                continue
+            if job is None:
+                break
             kind, key, data = job
             try:
                 self._run_job(kind, key, data)
@@ -139,25 +178,81 @@ class DiskTier:
                     self.write_error_since = time.time()
                 self.write_error = f"{kind.replace('_', ' ')} failed: {getattr(e, 'strerror', None) or e}"
                 self._log_once(kind, e)
+                if kind == "delete_agent":
+                    data.set_exception(e)
+                # A manifest that could not be written stays the agent's latest state here: the
+                # next one is compared with the store's and written over it if it contains it.
             finally:
                 if kind == "save_block":
                     self._pending.discard(key.hash)
                 self._jobs.task_done()
+            if self.shared and time.monotonic() - self._usage_read > USAGE_REFRESH_S:
+                self._refresh_usage()
         self._jobs.task_done()
 
     def _run_job(self, kind: str, key, data) -> None:
         if kind == "save_block":
             meta = {**self.meta, **key.meta()}
-            path = self.folder.block_path(key.hash)
-            self.folder.make_subfolder(path.parent)  # a real folder: a planted link is refused
-            nbytes = self.folder.write(path, blockfile.encode(meta, data))
+            nbytes = self.store.put_block(key.hash, blockfile.encode(meta, data))
             self.on_saved(key.hash, nbytes)
         elif kind == "save_agent":
-            self.folder.write(self.folder.agent_path(key), [data])
+            self._write_manifest(key, *data)
         elif kind == "delete_block":
-            self.folder.unlink(self.folder.block_path(key))
+            self.store.delete_block(key)
         elif kind == "delete_agent":
-            self.folder.unlink(self.folder.agent_path(key))
+            result = self.store.delete_manifest(key)
+            self._free(result.freed)
+            data.set_result(result.ok)
+
+    def _write_manifest(self, manifest: Manifest, base: str | None, etag: str | None) -> None:
+        """Write a manifest; with a shared store, compare-and-set: it replaces version `base`.
+
+        If the store holds another version, a server (or `cache rm`) changed the agent since we
+        last saw it. Ours is written over it only if our tokens contain theirs (nothing they
+        committed is lost). Otherwise theirs stays: it is the later turn, or another branch of
+        the conversation committed first, or the agent was ended (a delete wins over a turn in
+        flight). Ours is then dropped and the agent's next turn here adopts the store's."""
+        if not self.shared:
+            self.store.write_manifest(manifest, base, etag or "")
+            return
+        for _ in range(CAS_TRIES):
+            result = self.store.write_manifest(manifest, base, etag)
+            if result.ok:
+                self._free(result.freed)
+                self.on_manifest(manifest.key, etag, True)
+                return
+            try:
+                current = self.store.read_manifest(manifest.key)
+            except ValueError:  # unreadable: ours replaces it
+                base = result.current
+                continue
+            if current is None:
+                if base is not None:
+                    break  # ended meanwhile
+                continue  # made and deleted in between: try again as the first
+            theirs, their_etag = current
+            if not extends(manifest, theirs):
+                break
+            base = their_etag
+        log.debug("manifest of %s not written: the shared store holds a later or other turn", manifest.key)
+        self.on_manifest(manifest.key, etag, False)
+
+    def _free(self, hashes: Iterable[str]) -> None:
+        """Delete blocks that no manifest in the shared store names any more, unless this
+        server still uses them (a manifest naming them may be queued here)."""
+        hashes = list(hashes)
+        if hashes:
+            keep = self.still_used(hashes)
+            for h in hashes:
+                if h not in keep:
+                    self.store.delete_block(h)
+
+    def _refresh_usage(self) -> None:
+        self._usage_read = time.monotonic()
+        try:
+            self.usage = self.store.usage()
+        except Exception as e:  # noqa: BLE001 - shown on /health as a failed write would be
+            self.usage = StoreUsage(note=f"the store does not answer: {e}")
 
     def _log_once(self, kind: str, e: Exception) -> None:
         """Say once per kind of failure what happened and what it means; then stay quiet."""
@@ -170,26 +265,26 @@ class DiskTier:
             kind,
             e,
             "" if level == logging.DEBUG else " (said once for this kind of failure)",
-            exc_info=not isinstance(e, OSError),
+            exc_info=not isinstance(e, (OSError, ConnectionError, TimeoutError)) and not _redis_error(e),
         )
 
     # -- reads ----------------------------------------------------------------------------
 
     def read_block(self, block: BlockRecord) -> Future:
-        """Future of the block's tensors as numpy; a damaged file is quarantined and raises."""
+        """Future of the block's tensors as numpy; a damaged copy is set aside and raises, a
+        missing one raises BlockMissing."""
         expect = {**self.meta, "hash": block.hash, "tokens": tokens_text(block.tokens)}
         layout = self.block_layout(len(block.tokens))
-        path = self.folder.block_path(block.hash)
+        return self._reader.submit(self.store.read_block, block.hash, expect, layout)
 
-        def read():
-            try:
-                return blockfile.read(path, expect, layout)[1]
-            except BlockFileError as e:
-                self.folder.quarantine(path, str(e))
-                raise
-
-        return self._reader.submit(read)
+    def probe(self, key: AgentKey | None, known: str | None, hashes: list[str]) -> Future:
+        """Future of what the shared store holds for a request (warmstore.Probe)."""
+        return self._reader.submit(self.store.probe, key, known, hashes)
 
     def quarantine_manifest(self, manifest: Manifest, reason: str) -> None:
-        if manifest.path is not None:
-            self.folder.quarantine(manifest.path, reason)
+        self.store.quarantine_manifest(manifest, reason)
+
+
+def _redis_error(e: Exception) -> bool:
+    return type(e).__module__.startswith("redis")
+

@@ -5,14 +5,23 @@ handlers read `agents()` under the same lock. Eviction follows Pensieve's retent
 recompute cost per byte over idle time, so an idle agent's cheap early blocks leave first, and
 a block a running sequence uses never leaves. A block nobody refers to stays only while hot;
 with a disk tier (see `disk`), agents' blocks become WARM once their file is durable.
+
+With a shared warm tier (several servers on one Redis: `disk.shared`), the store holds what
+this server has seen: agents are not restored at start but probed when a request arrives
+(`discover`, on the reader thread; adopted on the engine thread), the store evicts nothing
+from the shared tier (Redis does, under its maxmemory), and a block this server stops using
+is forgotten here, not deleted there (manifests count the references: redis_store.py).
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +31,9 @@ from agent_memory.memory.disk import BlockRecord, DiskTier
 from agent_memory.memory.folder import AgentKey, FolderScan, Manifest
 from agent_memory.memory.hashing import BlockNames
 from agent_memory.memory.prefix import PrefixMatcher
+from agent_memory.memory.warmstore import Probe
+
+log = logging.getLogger(__name__)
 
 # Cut one block's KV out of a finished sequence: (start, end) -> (payload, nbytes, exact).
 KVCutter = Callable[[int, int], tuple[Any, int, bool]]
@@ -38,6 +50,10 @@ class AgentRecord:
     blocks: list[str]  # hashes, in order
     root: str | None = None  # the namespace its hash chain starts from (hashing.py)
     last_used: float = field(default_factory=time.time)  # wall clock, for people
+    # A shared warm tier's manifest versions: of the latest state here (written or queued),
+    # and of the latest known to be in the store. They differ while a write is queued.
+    etag: str | None = None
+    stored: str | None = None
 
 
 @dataclass
@@ -68,13 +84,25 @@ class Persist:
 
     blocks: list[tuple[BlockRecord, Any]] = field(default_factory=list)
     manifest: Manifest | None = None
+    base: str | None = None  # shared tier: the manifest version this one replaces
+    etag: str | None = None  # and its own
 
     def write(self, disk: DiskTier, tensors: Callable[[Any], Tensors]) -> None:
         """Queue the writes; `tensors` turns a hot payload into a block file's numpy arrays."""
         for record, payload in self.blocks:
             disk.save_block(record, tensors(payload))
         if self.manifest is not None:
-            disk.save_agent(self.manifest)
+            disk.save_agent(self.manifest, self.base, self.etag)
+
+
+@dataclass
+class Discovery:
+    """A request's question to the shared warm tier, answered on the reader thread."""
+
+    agent: AgentKey | None
+    tokens: Sequence[int]
+    unknown: list[tuple[str, str | None, int, int]]  # chain entries not usable here, asked about
+    future: Future
 
 
 @dataclass
@@ -115,8 +143,12 @@ class AgentCacheStore:
         self.attention_tokens = attention_tokens
         self.disk = disk
         self.disk_budget_bytes = disk_budget_bytes
+        self.shared = disk is not None and disk.shared
+        self._discoveries: list[Discovery] = []
         if disk is not None:
             disk.on_saved = self._block_saved
+            disk.on_manifest = self._manifest_written
+            disk.still_used = self._still_used
             if disk.budget_bytes is not None:  # what its disk can hold (engine/warm.py)
                 self.disk_budget_bytes = min(disk_budget_bytes, disk.budget_bytes)
 
@@ -138,6 +170,7 @@ class AgentCacheStore:
     def lookup(self, tokens: Sequence[int], root: str | None = None) -> Lease:
         """Plan the longest reusable prefix of `tokens` in a namespace and pin its blocks."""
         with self.lock:
+            self.apply_discoveries()
             segments, blocks, pos = [], [], 0
             for block, n in self.prefix.match(tokens, root):
                 usable = block is not None and block.tier is not Tier.COLD
@@ -196,6 +229,9 @@ class AgentCacheStore:
                         root=root,
                         kind=agent.kind,
                     )
+                    if self.shared:
+                        persist.base, record.etag = record.etag, secrets.token_hex(8)
+                        persist.etag = record.etag
             self._evict_hot()
             return persist
 
@@ -205,6 +241,7 @@ class AgentCacheStore:
         old = self.agents.get(agent)
         self.agents[agent] = AgentRecord(tokens, [b.hash for b in blocks], root)
         if old is not None:
+            self.agents[agent].etag, self.agents[agent].stored = old.etag, old.stored
             self._unref(old.blocks)
 
     # -- the disk tier --------------------------------------------------------------------
@@ -214,7 +251,8 @@ class AgentCacheStore:
         with self.lock:
             block = self.pool.get(block_hash)
             if block is None or not block.refs:
-                self.disk.delete_block(block_hash)
+                if not self.shared:  # a shared tier's blocks are other servers' too
+                    self.disk.delete_block(block_hash)
                 return
             self.pool.set_disk(block, nbytes)
             self._evict_disk()
@@ -256,18 +294,122 @@ class AgentCacheStore:
                     self.disk.delete_block(h)
             self._evict_disk()
 
+    # -- a shared warm tier -----------------------------------------------------------------
+
+    def discover(self, agent: AgentKey | None, tokens: Sequence[int], root: str | None) -> Future | None:
+        """With a shared warm tier, ask it (on the reader thread) for what this server may lack
+        for a request: the agent's manifest if it changed since this server last saw it (a turn
+        served by another server), and which of the request's blocks it holds. None when there
+        is nothing to ask: no shared tier, or every block is here and the agent's latest turn
+        is this server's own, still being written. The request is planned once it is answered."""
+        if not self.shared:
+            return None
+        with self.lock:
+            unknown = [
+                entry
+                for entry in self.names.chain(tokens, root)
+                if (block := self.pool.get(entry[0])) is None or block.tier is Tier.COLD
+            ]
+            record = self.agents.get(agent) if agent is not None else None
+            ask = agent is not None and (record is None or record.etag == record.stored)
+            if not unknown and not ask:
+                return None
+            known = record.stored if record is not None else None
+            future = self.disk.probe(agent if ask else None, known, [h for h, *_ in unknown])
+            self._discoveries.append(Discovery(agent if ask else None, tokens, unknown, future))
+            return future
+
+    def apply_discoveries(self) -> None:
+        """Adopt what the shared tier answered (on the engine thread: it may free hot KV)."""
+        with self.lock:
+            done = [d for d in self._discoveries if d.future.done()]
+            if not done:
+                return
+            self._discoveries = [d for d in self._discoveries if not d.future.done()]
+            for d in done:
+                if d.future.exception() is not None:
+                    log.info("the shared warm tier did not answer (%s): serving from memory", d.future.exception())
+                    continue
+                self._adopt(d, d.future.result())
+
+    def _adopt(self, d: Discovery, probe: Probe) -> None:
+        """Blocks the shared tier holds become WARM here; a newer manifest becomes the agent's
+        record (an older one never does: its version is compared with what was known when
+        asked, and a write of ours still queued means ours is newer)."""
+        for h, parent, start, end in d.unknown:
+            size = probe.sizes.get(h)
+            if size:
+                block = self.pool.get(h) or self.pool.add(Block(h, parent, tuple(d.tokens[start:end]), start))
+                if not block.disk_bytes:
+                    self.pool.set_disk(block, size)
+        if d.agent is None or probe.manifest is True:
+            return
+        record = self.agents.get(d.agent)
+        if record is not None and (record.etag != record.stored or record.stored != probe.known):
+            return  # this server committed a turn of the agent since it asked
+        if probe.manifest is None:
+            if record is not None and record.stored is not None:
+                self._forget(d.agent)  # ended by another server or `cache rm`: a delete wins
+            return
+        manifest, etag = probe.manifest
+        chain = self.names.chain(manifest.tokens, manifest.root)
+        if manifest.fingerprint != self.disk.fingerprint or [h for h, *_ in chain] != manifest.blocks:
+            log.warning("the shared tier's manifest of an agent does not match its tokens: ignored")
+            return
+        now_wall, now = time.time(), time.monotonic()
+        last_used = now - max(0.0, now_wall - manifest.last_used)
+        asked = {h for h, *_ in d.unknown}
+        blocks = []
+        for h, parent, start, end in chain:
+            block = self.pool.get(h) or self.pool.add(
+                Block(h, parent, tuple(manifest.tokens[start:end]), start, last_used=last_used)
+            )
+            if block.tier is Tier.COLD and h not in asked:
+                # Not asked about (outside this request): held there, presumably; a miss on
+                # reading it is recomputed like a damaged file.
+                self.pool.set_disk(block, self.disk.block_bytes(end - start))
+            blocks.append(block)
+        self._point_agent(d.agent, list(manifest.tokens), blocks, manifest.root)
+        record = self.agents[d.agent]
+        record.etag = record.stored = etag
+        record.last_used = manifest.last_used
+
+    def _manifest_written(self, agent: AgentKey, etag: str, ok: bool) -> None:
+        """The writer's word on a manifest: in the shared tier now, or given way to a later
+        or other turn there (this server's record is then stale: its next turn adopts that)."""
+        with self.lock:
+            record = self.agents.get(agent)
+            if record is None:
+                return
+            if ok:
+                record.stored = etag
+            elif record.etag == etag:
+                record.etag = record.stored = None
+
+    def _still_used(self, hashes: list[str]) -> set[str]:
+        with self.lock:
+            return {h for h in hashes if (b := self.pool.get(h)) is not None and (b.refs or b.pins)}
+
+    def _forget(self, agent: AgentKey) -> None:
+        """Drop an agent here only (the shared tier no longer has it)."""
+        record = self.agents.pop(agent, None)
+        if record is not None:
+            self._unref(record.blocks)
+
     # -- agents -------------------------------------------------------------------------
 
-    def end_agent(self, agent: AgentKey) -> bool:
-        """Forget an agent: every block only it held leaves every tier."""
+    def end_agent(self, agent: AgentKey) -> bool | Future:
+        """Forget an agent: every block only it held leaves every tier. With a shared tier,
+        its manifest there goes too, and blocks no other manifest names; an agent this server
+        does not hold is looked for there only (a Future of whether it was there)."""
         with self.lock:
             record = self.agents.pop(agent, None)
-            if record is None:
-                return False
-            self._unref(record.blocks)
-            if self.disk is not None:
-                self.disk.delete_agent(agent)
-            return True
+            if record is not None:
+                self._unref(record.blocks)
+            if self.disk is None or (record is None and not self.shared):
+                return record is not None
+            ended = self.disk.delete_agent(agent)
+            return True if record is not None else ended
 
     def agent_info(self, agent: AgentKey) -> AgentInfo | None:
         with self.lock:
@@ -312,9 +454,14 @@ class AgentCacheStore:
                 "hot_quantized_bytes": self.pool.hot_bytes - self.pool.exact_bytes,
                 "hot_budget_bytes": self.hot_budget_bytes,
                 "disk_bytes": self.pool.disk_bytes,
-                "disk_budget_bytes": self.disk_budget_bytes if self.disk is not None else 0,
+                "disk_budget_bytes": self._disk_budget(),
                 **{f"{t.value}_blocks": n for t, n in by_tier.items()},
             }
+
+    def _disk_budget(self) -> int:
+        if self.disk is None:
+            return 0
+        return (self.disk.usage.limit_bytes or 0) if self.shared else self.disk_budget_bytes
 
     # -- eviction -----------------------------------------------------------------------
 
@@ -356,8 +503,8 @@ class AgentCacheStore:
             self._evict_hot()
 
     def _evict_disk(self) -> None:
-        if self.pool.disk_bytes <= self.disk_budget_bytes:
-            return
+        if self.shared or self.pool.disk_bytes <= self.disk_budget_bytes:
+            return  # a shared tier is bounded by its own maxmemory (redis_store.py)
         now = time.monotonic()
         candidates = [b for b in self.pool.blocks.values() if b.disk_bytes and b.pins == 0]
         candidates.sort(key=lambda b: self.retention_value(b, now, b.disk_bytes, False))
@@ -382,7 +529,8 @@ class AgentCacheStore:
         if block.refs or block.pins:
             return
         if block.disk_bytes:
-            self.disk.delete_block(block.hash)
+            if not self.shared:  # other servers' agents may name it: manifests count them there
+                self.disk.delete_block(block.hash)
             self.pool.drop_disk(block)
         if forget or block.tier is not Tier.HOT:
             self.pool.remove(block)

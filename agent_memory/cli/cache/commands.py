@@ -16,9 +16,9 @@ import typer
 from agent_memory.cli.cache import render
 from agent_memory.cli.cache.operations import Problem, Removal, execute_prune, plan_prune, verify_folder
 from agent_memory.cli.cache.render import Format, human_bytes, parse_duration, plural, printable
-from agent_memory.cli.cache.scan import AgentRow, FolderStats, describe_agent, find_agent, locate_agent, scan_cache
+from agent_memory.cli.cache.scan import AgentRow, FolderStats, describe_agent, find_agent, locate_agent, open_cache
 from agent_memory.cli.cache.select import FILTER_HELP, SORT_HELP, select
-from agent_memory.cli.common import CacheDirOption, fail, progress, settings
+from agent_memory.cli.common import CacheDirOption, fail, progress
 
 cache_app = typer.Typer(
     no_args_is_help=True,
@@ -48,6 +48,9 @@ OlderThanOption = typer.Option(
 )
 QuarantineOption = typer.Option(False, "--quarantine", help="Also empty the quarantine folders.")
 DryRunOption = typer.Option(False, "--dry-run", help="List what would be removed; remove nothing.")
+WarmStoreOption = typer.Option(
+    None, "--warm-store", metavar="URL", help="A shared warm tier in Redis (redis://HOST:PORT/DB) instead of the cache folder."
+)
 
 
 @cache_app.command("ls")
@@ -58,14 +61,14 @@ def ls_command(
     reverse: bool = ReverseOption,
     limit: int | None = LimitOption,
     cache_dir: Path | None = CacheDirOption,
+    warm_store: str | None = WarmStoreOption,
     fmt: Format = FormatOption,
 ) -> None:
     """List every agent that has a manifest on disk, across all models (like `hf cache ls`).
 
     Examples: `cache ls --filter "last_used>7d" --sort size`; `cache ls -f "size>10MB" -f model=tiny`;
     `cache ls -f "id=test-*" --format quiet | xargs -I{} agent-memory cache rm -y {}`."""
-    root = settings(cache_dir).cache_dir
-    folders = scan_cache(root, model)
+    _, root, folders = open_cache(cache_dir, warm_store, model)
     rows = [AgentRow.of(f, m) for f in folders for m in f.files.manifests]
     rows = select(rows, filters or [], sort, reverse, time.time())
     render.ls(root, rows[:limit] if limit else rows, folders, fmt)
@@ -77,10 +80,11 @@ def show_command(
     model: str | None = ModelOption,
     tenant: str | None = TenantOption,
     cache_dir: Path | None = CacheDirOption,
+    warm_store: str | None = WarmStoreOption,
     fmt: Format = FormatOption,
 ) -> None:
     """Show one agent: its manifest and each of its blocks, on disk or cold, and what it shares."""
-    folder, manifest = find_agent(scan_cache(settings(cache_dir).cache_dir, model), agent_id, tenant)
+    folder, manifest = find_agent(open_cache(cache_dir, warm_store, model)[2], agent_id, tenant)
     doc = describe_agent(folder, manifest)
     if fmt is Format.json:
         render.emit_json(doc)
@@ -92,14 +96,14 @@ def show_command(
 def verify_command(
     model: str | None = ModelOption,
     cache_dir: Path | None = CacheDirOption,
+    warm_store: str | None = WarmStoreOption,
     fmt: Format = FormatOption,
 ) -> None:
     """Check every block file and manifest as the server would; exit 1 if anything is wrong.
 
     Also checks that each block file's name is the hash of its contents and each manifest's
     blocks are the hash chain of its tokens. Changes nothing."""
-    root = settings(cache_dir).cache_dir
-    folders = scan_cache(root, model)
+    _, root, folders = open_cache(cache_dir, warm_store, model)
     now = time.time()
     problems: list[Problem] = []
     total = sum(len(f.files.blocks) + len(f.files.manifests) + len(f.files.bad_manifests) for f in folders)
@@ -126,6 +130,7 @@ def rm_command(
     dry_run: bool = DryRunOption,
     yes: bool = YesOption,
     cache_dir: Path | None = CacheDirOption,
+    warm_store: str | None = WarmStoreOption,
     fmt: Format = FormatOption,
 ) -> None:
     """Remove agents: each one's manifest, then the block files no agent that stays uses.
@@ -133,8 +138,7 @@ def rm_command(
     Every id must name one agent, or nothing is removed. While a server runs on an agent's
     folder, the agent is ended through it (DELETE /v1/agents/ID, with the configured API key),
     never by deleting files it holds."""
-    config = settings(cache_dir)
-    folders = scan_cache(config.cache_dir, model)
+    config, _, folders = open_cache(cache_dir, warm_store, model)
     found = [locate_agent(folders, agent_id, tenant) for agent_id in dict.fromkeys(agent_ids)]
     if problems := [f for f in found if isinstance(f, str)]:
         fail("; ".join(problems) + ("; nothing was removed" if len(found) > 1 else ""))
@@ -159,6 +163,7 @@ def prune_command(
     yes: bool = YesOption,
     model: str | None = ModelOption,
     cache_dir: Path | None = CacheDirOption,
+    warm_store: str | None = WarmStoreOption,
     fmt: Format = FormatOption,
 ) -> None:
     """Remove old agents, orphan block files, leftover temp files (and the quarantine if asked).
@@ -166,8 +171,8 @@ def prune_command(
     Never removes a block that an agent that stays still uses. Old agents of a folder a server
     runs on are ended through the server."""
     max_age = parse_duration(older_than) if older_than else None
-    config, now = settings(cache_dir), time.time()
-    plans = [plan_prune(f, max_age, quarantine, now) for f in scan_cache(config.cache_dir, model)]
+    (config, root, folders), now = open_cache(cache_dir, warm_store, model), time.time()
+    plans = [plan_prune(f, max_age, quarantine, now) for f in folders]
     planned = [(plan.folder.folder, *item) for plan in plans for item in plan.items()]
     freed = sum(i[3] for i in planned)
     if planned and not (yes or dry_run):
@@ -181,18 +186,19 @@ def prune_command(
         for plan in plans:
             plan.connect(config.key_of)  # every server answers before anything is deleted
         freed = sum(execute_prune(plan, max_age, now) for plan in plans)
-    render.prune(config.cache_dir, planned, freed, dry_run, max_age, fmt)
+    render.prune(root, planned, freed, dry_run, max_age, fmt)
 
 
 @cache_app.command("stats")
 def stats_command(
     model: str | None = ModelOption,
     cache_dir: Path | None = CacheDirOption,
+    warm_store: str | None = WarmStoreOption,
     fmt: Format = FormatOption,
 ) -> None:
     """Per model folder and in total: agents, block files and bytes, cold, orphan, quarantined and temp files."""
-    root = settings(cache_dir).cache_dir
-    rows = [FolderStats.of(f) for f in scan_cache(root, model)]
+    _, root, folders = open_cache(cache_dir, warm_store, model)
+    rows = [FolderStats.of(f) for f in folders]
     numbers = [k for k in FolderStats.__dataclass_fields__ if k not in ("model", "folder")]
     total = FolderStats("total", "", **{k: sum(getattr(r, k) for r in rows) for k in numbers})
     render.stats(root, rows, total, fmt)

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from agent_memory.cli.cache.scan import ModelFolder
 from agent_memory.cli.cache.server import LiveServer
-from agent_memory.memory import blockfile
 from agent_memory.memory.folder import BLOCK_META_KEYS, FOLDER_RE, AgentKey, BlockRecord, FileInfo, Manifest
 from agent_memory.memory.hashing import BlockNames
 
@@ -44,7 +43,7 @@ def check_block(folder: ModelFolder, block_hash: str, path: Path) -> str | None:
     folder.token_counts[block_hash] = None
     expect = {k: v for k in BLOCK_META_KEYS if isinstance(v := folder.meta.get(k), str)}
     try:
-        meta, _ = blockfile.read(path, {**expect, "hash": block_hash}, None)
+        meta, _ = folder.layout.read_block_at(path, {**expect, "hash": block_hash}, None)
         block = BlockRecord.from_meta(meta)
     except FileNotFoundError:
         raise
@@ -122,7 +121,7 @@ def delete_in_order(folder: ModelFolder, manifests: Iterable[Manifest], blocks: 
     hashes removed and the bytes freed, manifests included."""
     freed = 0
     for manifest in manifests:
-        size = file_size(manifest.path)
+        size = folder.layout.size_at(manifest.path)
         if folder.layout.unlink(manifest.path):
             freed += size
     named = folder.rescan().users
@@ -182,7 +181,8 @@ class Removal:
             for i, manifest in enumerate(manifests):
                 before = set(folder.blocks_only_of(manifests[:i]))
                 own = [h for h in folder.blocks_only_of(manifests[: i + 1]) if h not in before]
-                agents.append(_removed(folder, manifest, own, file_size(manifest.path) + folder.bytes_of(own), None))
+                size = folder.layout.size_at(manifest.path)
+                agents.append(_removed(folder, manifest, own, size + folder.bytes_of(own), None))
         return agents
 
     def kept_blocks(self) -> int:
@@ -245,7 +245,7 @@ class PrunePlan:
     def items(self) -> list[tuple[str, str, int]]:
         """(kind, what, bytes) of everything the plan removes."""
         return [
-            *(("agent", m.agent, file_size(m.path)) for m in self.agents),
+            *(("agent", m.agent, self.folder.layout.size_at(m.path)) for m in self.agents),
             *(("block", h, self.folder.files.blocks[h].size) for h in self.blocks),
             *(("temp", str(t.path), t.size) for t in self.temp_files),
             *(("quarantine", str(q.path), q.size) for q in self.quarantined),
@@ -279,7 +279,7 @@ def _still_unused(plan: PrunePlan, manifest: Manifest, max_age: float, now: floa
     if manifest.key in plan.held:
         return now - plan.held[manifest.key] > max_age
     try:
-        return now - Manifest.read(manifest.path).last_used > max_age
+        return now - plan.folder.layout.manifest_at(manifest.path).last_used > max_age
     except FileNotFoundError:
         return False
     except (OSError, ValueError, RecursionError):

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from agent_memory.cli.common import fail
+from agent_memory.cli.common import fail, settings
 from agent_memory.cli.cache.render import printable
-from agent_memory.memory import blockfile
+from agent_memory.config import Settings
 from agent_memory.memory.folder import (
     BLOCK_TOKENS,
     FOLDER_RE,
@@ -96,9 +96,7 @@ class ModelFolder:
             info = self.files.blocks.get(block_hash)
             if info is not None:
                 try:
-                    with blockfile.open_regular(info.path) as f:
-                        meta, _ = blockfile.read_header(f, info.size)
-                    count = len(BlockRecord.from_meta(meta).tokens)
+                    count = len(BlockRecord.from_meta(self.layout.block_meta_at(info)).tokens)
                 except (OSError, ValueError):
                     count = None
             self.token_counts[block_hash] = count
@@ -131,16 +129,41 @@ class ModelFolder:
         return [(h, i * size, max(0, min(size, total - i * size))) for i, h in enumerate(manifest.blocks)]
 
 
-def scan_cache(cache_dir: Path, model: str | None) -> list[ModelFolder]:
-    """Every model folder under <cache-dir>/kv/, or those `--model` names (none: exit 1)."""
-    layouts = model_folders(cache_dir / "kv")
+def scan_cache(cache_dir: Path, model: str | None, warm_store: str | None = None) -> list[ModelFolder]:
+    """Every model folder under <cache-dir>/kv/ (or namespace of a shared `warm_store`), or
+    those `--model` names (none: exit 1)."""
+    if warm_store is not None:
+        from agent_memory.memory.redis_store import namespaces, redact
+
+        try:
+            layouts, where = namespaces(warm_store), redact(warm_store)
+        except Exception as e:  # noqa: BLE001 - redis' connection errors
+            fail(f"the warm store {redact(warm_store)} does not answer ({type(e).__name__}: {e})")
+    else:
+        layouts, where = model_folders(cache_dir / "kv"), cache_dir / "kv"
     if model is not None:
         chosen = [f for f in layouts if _matches(f, model)]
         if not chosen:
             known = ", ".join(f.name for f in layouts) or "none"
-            fail(f"no model folder matches {model!r} in {cache_dir / 'kv'} (there: {known})")
+            fail(f"no model folder matches {model!r} in {where} (there: {known})")
         layouts = chosen
     return [ModelFolder.scan(f) for f in layouts]
+
+
+def open_cache(cache_dir: Path | None, warm_store: str | None, model: str | None) -> tuple[Settings, Path, list[ModelFolder]]:
+    """The settings, where the cache is (shown in output) and its model folders: the cache
+    folder's, or a shared warm store's (--warm-store, else the setting of that name)."""
+    config = settings(cache_dir)
+    url = warm_store or config.warm_store
+    if url is None:
+        return config, config.cache_dir, scan_cache(config.cache_dir, model)
+    from agent_memory.memory.redis_store import check_url, store_root
+
+    try:
+        check_url(url)
+    except ValueError as e:
+        fail(f"--warm-store {e}", code=2)
+    return config, store_root(url), scan_cache(config.cache_dir, model, url)
 
 
 def _matches(layout: Folder, model: str) -> bool:
