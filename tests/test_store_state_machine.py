@@ -134,18 +134,18 @@ class StoreMachine(RuleBasedStateMachine):
             if h not in others and h not in pinned:
                 assert h not in self.store.pool, "an ended agent's own block survived"
 
-    @rule(data=st.data())
-    def own_history_is_found(self, data):
-        """With everything hot, an agent's next prompt reuses its whole common prefix."""
+    @rule(pick=st.integers(0, 1000), keep=st.floats(0, 1), extra=TOKENS)
+    def own_history_is_found(self, pick, keep, extra):
+        """With everything hot, an agent's next prompt reuses its whole common prefix. What
+        is hot depends on eviction, which reads the clock: the draws must not depend on it
+        (Hypothesis replays a case by its draws), so they are made first and applied after."""
         hot_agents = [
-            (a, r)
-            for a, r in self.store.agents.items()
-            if all(self.store.pool.blocks[h].tier is Tier.HOT for h in r.blocks)
+            r for r in self.store.agents.values() if all(self.store.pool.blocks[h].tier is Tier.HOT for h in r.blocks)
         ]
         if not hot_agents:
             return
-        _, record = data.draw(st.sampled_from(hot_agents))
-        prompt = record.tokens[: data.draw(st.integers(0, len(record.tokens)))] + data.draw(TOKENS)
+        record = hot_agents[pick % len(hot_agents)]
+        prompt = record.tokens[: round(keep * len(record.tokens))] + extra
         lease = self.store.lookup(prompt, record.root)
         assert lease.end >= common_prefix(record.tokens, prompt)
         self.store.release(lease)

@@ -1,7 +1,8 @@
 """One log line per HTTP request, when it is over: method, path, status, time, request id, and
 for a generation its agent, prompt / cached (hot, warm) / completion tokens, time to first
 token, tokens per second and finish reason (the request path fills `scope.state["trace"]`).
-Errors say why at INFO; polls (`/health`, `/metrics`, the dashboard) are DEBUG. Agent ids are hashed unless the operator
+Errors say why at INFO; polls (`/health`, `/metrics`, the dashboard) are DEBUG, a 503 "loading" from
+/health included (only a crash, 500, lifts a poll to INFO). Agent ids are hashed unless the operator
 asked for them (`--log-agent-ids`): logs travel further than the cache does.
 """
 
@@ -65,6 +66,6 @@ class AccessLogMiddleware:
             }
             if "error" in state:
                 fields["error"] = state["error"]
-            level = logging.DEBUG if quiet(scope["method"], scope["path"]) and status < 500 else logging.INFO
+            level = logging.DEBUG if quiet(scope["method"], scope["path"]) and status != 500 else logging.INFO
             text = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
             log.log(level, text, extra={"request": fields})
