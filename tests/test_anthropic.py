@@ -20,6 +20,7 @@ import pytest
 
 from agent_memory.api import anthropic as wire
 from agent_memory.api import pipeline
+from agent_memory.api.anthropic_reply import Reply
 from agent_memory.api.anthropic_schemas import MessagesRequest
 from agent_memory.chat.toolcalls import ToolCallParser
 from agent_memory.engine.requests import Failed, Finished, TextDelta, Usage
@@ -437,10 +438,10 @@ def test_claude_code_v2_1_257_system_messages_and_token_counts(server):
 # -- without the model -------------------------------------------------------------------
 
 
-def streamed(events, parser=None, delay: float = 0, **reply) -> tuple[list[tuple[str, dict]], wire.Reply]:
+def streamed(events, parser=None, delay: float = 0, **reply) -> tuple[list[tuple[str, dict]], Reply]:
     """The (event, data) a stream sends for scripted engine events (`delay` s before the
     first: a prefill), and the reply it built."""
-    r = wire.Reply("m", parser, reply.get("clamped", False), reply.get("prewarm", False))
+    r = Reply("m", parser, reply.get("clamped", False), reply.get("prewarm", False))
 
     async def engine():
         await asyncio.sleep(delay)

@@ -1,0 +1,147 @@
+"""The reply side of the Anthropic Messages wire format (anthropic.py): the engine's events as
+Anthropic's content blocks, the SSE events a stream sends and the Message a JSON reply is, with
+its stop reason and usage. One `Reply` builds both, so a stream and a JSON reply cannot differ.
+
+Usage: every prompt token a request computes is committed to the cache when it ends, so
+`cache_creation_input_tokens` is the prompt less what was read from the cache, and
+`input_tokens` (the part never cached) is 0.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from agent_memory.chat.toolcalls import CallStart, ContentDelta, OutputEvent, ToolCallParser
+from agent_memory.engine.requests import Finished, TextDelta, Usage
+
+def usage_dict(usage: Usage, output_tokens: int) -> dict:
+    """The prompt is input_tokens + cache_read_input_tokens + cache_creation_input_tokens.
+    Read: the KV that came from the cache (hot: memory, warm: disk, also given apart). Created:
+    every other prompt token, computed now and committed to the cache when the request ends (an
+    agent's turn as its memory, an anonymous request's blocks for prefix sharing), kept as
+    long as the memory and disk budgets allow. None is left out of the cache: input_tokens 0."""
+    read = usage.cached_tokens
+    return {
+        "input_tokens": 0,
+        "cache_creation_input_tokens": usage.prompt_tokens - read,
+        "cache_read_input_tokens": read,
+        "output_tokens": output_tokens,
+        "cache_read_hot_input_tokens": usage.hot_tokens,
+        "cache_read_warm_input_tokens": usage.warm_tokens,
+    }
+
+
+def _input(arguments: str) -> dict:
+    """A tool_use block's input from its arguments text; {} for a call cut off by max_tokens."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class Reply:
+    """One reply, built from the engine's events: the SSE events a stream sends and the Message
+    a JSON reply is come from here, so they cannot differ. Blocks are numbered 0, 1, … in
+    order, each started (a tool_use with `input: {}`) before its deltas and stopped before the
+    next starts."""
+
+    def __init__(self, model: str, parser: ToolCallParser | None, clamped: bool, prewarm: bool) -> None:
+        self.id = "msg_" + uuid.uuid4().hex[:24]
+        self.model = model
+        self.parser = parser
+        self.clamped = clamped  # max_tokens was more than the context had room for
+        self.prewarm = prewarm  # max_tokens 0: the prompt is computed and cached, nothing written
+        self.content: list[dict] = []
+        self.open: dict | None = None  # the block being written
+        self.arguments = ""  # the open tool_use block's input so far, as JSON text
+        self.started_calls = 0
+
+    def feed(self, event: TextDelta | Finished) -> list[tuple[str, dict]]:
+        """The SSE events (name, data) for one engine event; after Finished, the reply is whole."""
+        if isinstance(event, TextDelta):
+            if self.prewarm:
+                return []
+            outs = self.parser.feed(event.text) if self.parser else [ContentDelta(event.text)]
+        else:
+            outs, unfinished = self.parser.finish() if self.parser else ([], "")
+            if unfinished and self.started_calls == len(self.parser.calls):
+                outs.append(ContentDelta(unfinished))  # cut off before its name was whole: text
+            # (cut off in its arguments, a call keeps its tool_use block: a stream has sent it)
+        frames = [frame for out in outs for frame in self._write(out)]
+        if isinstance(event, Finished):
+            frames += self._stop()
+            usage = self.message(event)["usage"]
+            delta = {"stop_reason": self.stop_reason(event), "stop_sequence": self.stop_sequence(event)}
+            frames.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
+            frames.append(("message_stop", {"type": "message_stop"}))
+        return frames
+
+    def message(self, finished: Finished | None) -> dict:
+        """The Message: whole once finished; before, as message_start sends it (no content,
+        usage all 0: message_delta's cumulative usage overwrites it, with the SDKs and Claude
+        Code alike, once the cache's part is known)."""
+        if finished is None:
+            usage = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0}
+            stop_reason = stop_sequence = None
+        else:
+            usage = usage_dict(finished.usage, 0 if self.prewarm else finished.usage.completion_tokens)
+            stop_reason, stop_sequence = self.stop_reason(finished), self.stop_sequence(finished)
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": self.content if finished is not None else [],
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": usage,
+        }
+
+    def stop_reason(self, finished: Finished) -> str:
+        if finished.reason == "length":
+            return "model_context_window_exceeded" if self.clamped else "max_tokens"
+        if self.parser is not None and self.parser.calls:
+            return "tool_use"
+        return "stop_sequence" if finished.stop_sequence is not None else "end_turn"
+
+    def stop_sequence(self, finished: Finished) -> str | None:
+        return finished.stop_sequence if self.stop_reason(finished) == "stop_sequence" else None
+
+    def _write(self, out: OutputEvent) -> list[tuple[str, dict]]:
+        if isinstance(out, ContentDelta):
+            if not out.text:
+                return []
+            frames = [] if self.open is not None and self.open["type"] == "text" else self._start({"type": "text", "text": ""})
+            self.open["text"] += out.text
+            return frames + [self._delta({"type": "text_delta", "text": out.text})]
+        if isinstance(out, CallStart):
+            self.started_calls += 1
+            call_id = "toolu_" + out.id.removeprefix("call_")
+            return self._start({"type": "tool_use", "id": call_id, "name": out.name, "input": {}})
+        self.arguments += out.text
+        return [self._delta({"type": "input_json_delta", "partial_json": out.text})]
+
+    def _start(self, block: dict) -> list[tuple[str, dict]]:
+        frames = self._stop()
+        start = {"type": "content_block_start", "index": len(self.content), "content_block": dict(block)}
+        self.content.append(block)
+        self.open, self.arguments = block, ""
+        return frames + [("content_block_start", start)]
+
+    def _delta(self, delta: dict) -> tuple[str, dict]:
+        return "content_block_delta", {"type": "content_block_delta", "index": len(self.content) - 1, "delta": delta}
+
+    def _stop(self) -> list[tuple[str, dict]]:
+        if self.open is None:
+            return []
+        if self.open["type"] == "tool_use":
+            self.open["input"] = _input(self.arguments)
+        self.open = None
+        return [("content_block_stop", {"type": "content_block_stop", "index": len(self.content) - 1})]
+
+
+def sse(name: str, data: dict) -> str:
+    """An SSE event with its `event:` line (Anthropic's clients skip events without one)."""
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
