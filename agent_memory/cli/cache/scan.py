@@ -133,7 +133,8 @@ def scan_cache(cache_dir: Path, model: str | None, warm_store: str | None = None
     """Every model folder under <cache-dir>/kv/ (or namespace of a shared `warm_store`), or
     those `--model` names (none: exit 1)."""
     if warm_store is not None:
-        from agent_memory.memory.redis_store import namespaces, redact
+        from agent_memory.memory.redis_folder import namespaces
+        from agent_memory.memory.redis_url import redact
 
         try:
             layouts, where = namespaces(warm_store), redact(warm_store)
@@ -157,7 +158,7 @@ def open_cache(cache_dir: Path | None, warm_store: str | None, model: str | None
     url = warm_store or config.warm_store
     if url is None:
         return config, config.cache_dir, scan_cache(config.cache_dir, model)
-    from agent_memory.memory.redis_store import check_url, store_root
+    from agent_memory.memory.redis_url import check_url, store_root
 
     try:
         check_url(url)

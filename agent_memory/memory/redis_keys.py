@@ -1,0 +1,134 @@
+"""Where a namespace's things are in a Redis, and the Lua scripts that change several of them at
+once: what the server's store (RedisStore, redis_store.py) and the `cache` commands' view of it
+(RedisFolder, redis_folder.py) share.
+
+Keys, for a namespace `ns` (the folder name: `<model>-<fingerprint>-<precision>`):
+
+    am:{ns}:model      string  model.json: what the namespace holds (for people and the CLI)
+    am:{ns}:m:<stem>   hash    an agent's manifest: etag, data (the manifest file's JSON), blocks
+    am:{ns}:refs       hash    block hash -> how many manifests name it
+    am:ns:b:<hash>     string  a block: the very bytes of its block file, with a TTL
+
+`{ns}` is a hash tag: manifests and the reference counts share a slot, so one Lua script changes
+both at once (in Redis Cluster too), while blocks spread over every slot. <stem> is the manifest
+file's name (a hash of tenant and agent id): agent ids never become key names.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from agent_memory.memory.folder import AgentKey, Manifest, agent_file_stem
+from agent_memory.memory.redis_url import connect, redact, store_root
+
+PREFIX = "am"
+BLOCK_TTL_S = 30 * 86400  # an unused block expires after 30 days (each read or write renews it)
+SCAN_COUNT = 1000
+
+# KEYS: manifest, refs. ARGV: base etag ("" = none), new etag, data, blocks (space-separated).
+# Returns {1, etag, freed...} or {0, current etag ("" = none)}.
+CAS_MANIFEST = """
+local cur = redis.call('HGET', KEYS[1], 'etag') or ''
+if cur ~= ARGV[1] then return {0, cur} end
+local old, new = {}, {}
+local was = redis.call('HGET', KEYS[1], 'blocks')
+if was then for h in string.gmatch(was, '%x+') do old[h] = true end end
+for h in string.gmatch(ARGV[4], '%x+') do
+  if not new[h] then
+    new[h] = true
+    if not old[h] then redis.call('HINCRBY', KEYS[2], h, 1) end
+  end
+end
+local out = {1, ARGV[2]}
+for h in pairs(old) do
+  if not new[h] and redis.call('HINCRBY', KEYS[2], h, -1) <= 0 then
+    redis.call('HDEL', KEYS[2], h)
+    table.insert(out, h)
+  end
+end
+redis.call('HSET', KEYS[1], 'etag', ARGV[2], 'data', ARGV[3], 'blocks', ARGV[4])
+return out
+"""
+
+# KEYS: manifest, refs. Returns {existed (0/1), freed...}.
+DELETE_MANIFEST = """
+local was = redis.call('HGET', KEYS[1], 'blocks')
+if not was then return {0} end
+local out, seen = {1}, {}
+for h in string.gmatch(was, '%x+') do
+  if not seen[h] then
+    seen[h] = true
+    if redis.call('HINCRBY', KEYS[2], h, -1) <= 0 then
+      redis.call('HDEL', KEYS[2], h)
+      table.insert(out, h)
+    end
+  end
+end
+redis.call('DEL', KEYS[1])
+return out
+"""
+
+# KEYS: manifest. ARGV: the etag the caller knows. Returns {} (none), {etag} (unchanged) or {etag, data}.
+FETCH_IF_CHANGED = """
+local cur = redis.call('HGET', KEYS[1], 'etag')
+if not cur then return {} end
+if cur == ARGV[1] then return {cur} end
+return {cur, redis.call('HGET', KEYS[1], 'data')}
+"""
+
+# KEYS: block. ARGV: SHA-1 of the bytes found damaged. Deletes them only if they are still there.
+DISCARD_BLOCK = """
+local v = redis.call('GET', KEYS[1])
+if v and redis.sha1hex(v) == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
+return 0
+"""
+
+
+class RedisNamespace:
+    """One namespace's keys in a Redis, the client that reaches them and the scripts it runs."""
+
+    def __init__(self, url: str, namespace: str, *, client=None) -> None:
+        self.url = url
+        self.ns = namespace
+        self._client = client
+        self._lock = threading.Lock()
+        self._scripts: dict[str, object] = {}
+        self.root = store_root(url)
+
+    @property
+    def location(self) -> str:
+        return redact(self.url)
+
+    @property
+    def name(self) -> str:
+        return self.ns
+
+    @property
+    def model_key(self) -> str:
+        return f"{PREFIX}:{{{self.ns}}}:model"
+
+    @property
+    def refs_key(self) -> str:
+        return f"{PREFIX}:{{{self.ns}}}:refs"
+
+    def manifest_key(self, key: AgentKey | str) -> str:
+        return f"{PREFIX}:{{{self.ns}}}:m:{agent_file_stem(key)}"
+
+    def block_key(self, block_hash: str) -> str:
+        return f"{PREFIX}:{self.ns}:b:{block_hash}"
+
+    @property
+    def client(self):
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = connect(self.url)
+        return self._client
+
+    def _script(self, source: str):
+        if source not in self._scripts:
+            self._scripts[source] = self.client.register_script(source)
+        return self._scripts[source]
+
+    def _parse(self, key_name: str, data: bytes) -> Manifest:
+        return Manifest.parse(data, key_name.rsplit(":", 1)[1], self.root / key_name)
