@@ -1,7 +1,7 @@
 """Route MLX's CPU matmuls through OpenBLAS.
 
 The Linux `mlx[cpu]` wheel links a slow reference BLAS; loading Debian's OpenBLAS with
-RTLD_GLOBAL before `mlx.core` is imported makes float32 matmul ~37x faster (MODELS.md).
+RTLD_GLOBAL before `mlx.core` is imported makes float32 matmul much faster (docs/benchmarks.md, "Engine throughput").
 Every module that imports MLX imports this one first. AGENT_MEMORY_OPENBLAS=0 keeps MLX's
 own BLAS (to compare, or if OpenBLAS misbehaves on some CPU).
 """

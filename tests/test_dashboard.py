@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 from urllib.parse import quote
 
-import httpx
 import pytest
 
 from conftest import Server, ask

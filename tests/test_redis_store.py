@@ -85,10 +85,10 @@ def check_refs(store: RedisStore) -> None:
 
 def discover(store: AgentCacheStore, agent: str | None, tokens: list[int]):
     key = AgentKey(agent) if agent else None
-    future = store.discover(key, tokens, None)
+    future = store.sync.discover(key, tokens, None)
     if future is not None:
         future.result(timeout=10)
-    store.apply_discoveries()
+    store.sync.apply()
 
 
 # -- urls ------------------------------------------------------------------------------------
@@ -327,11 +327,11 @@ def test_a_returning_agent_whose_turn_is_still_queued_is_not_asked_about(redis_u
     record = store.agents[AgentKey("a")]
     assert record.etag is not None and record.stored is None
     # Its latest turn is this server's own: nothing to ask while every block is here.
-    assert store.discover(AgentKey("a"), list(range(6)), None) is None
+    assert store.sync.discover(AgentKey("a"), list(range(6)), None) is None
     go.set()
     disk.flush()
     assert record.etag == record.stored
-    assert store.discover(AgentKey("a"), list(range(6)), None) is not None  # settled: asked again
+    assert store.sync.discover(AgentKey("a"), list(range(6)), None) is not None  # settled: asked again
     disk.close()
 
 
@@ -345,8 +345,8 @@ def test_a_redis_that_does_not_answer_is_a_degraded_tier_not_a_failure(tmp_path)
     commit(store, "a", list(range(6)))
     disk.flush()
     assert disk.write_error and disk.failed_jobs >= 1
-    future = store.discover(AgentKey("a"), list(range(9)), None)
+    future = store.sync.discover(AgentKey("a"), list(range(9)), None)
     assert future is not None and future.exception(timeout=30) is not None
-    store.apply_discoveries()  # a miss, said in the log; the request is served from memory
+    store.sync.apply()  # a miss, said in the log; the request is served from memory
     assert store.lookup(list(range(6)) + [1]).end == 6
     disk.close()

@@ -11,7 +11,7 @@ from agent_memory.api.errors import APIError
 from agent_memory.api.pipeline import tenant
 from agent_memory.api.state import ServerState, ready_state
 from agent_memory.memory.folder import AgentKey
-from agent_memory.memory.store import AgentInfo
+from agent_memory.memory.store_records import AgentInfo
 
 router = APIRouter()
 

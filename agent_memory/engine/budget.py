@@ -5,6 +5,7 @@ process shrinks back after a burst."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 
 import agent_memory.blas  # noqa: F401
@@ -14,6 +15,24 @@ from mlx.utils import tree_flatten
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
+CACHE_LIMIT = 128 * MIB
+
+
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc; elsewhere the allocator returns memory itself
+    except (OSError, AttributeError):
+        return None
+
+
+MALLOC_TRIM = _malloc_trim()
+
+
+def give_back_memory() -> None:
+    """Return freed memory to the system: MLX's cache of freed buffers, then glibc's free pages."""
+    mx.clear_cache()
+    if MALLOC_TRIM is not None:
+        MALLOC_TRIM(0)
 
 
 def weights_bytes(model) -> int:
@@ -22,10 +41,10 @@ def weights_bytes(model) -> int:
 
 def working_budget(limit: int | None, model, hot_budget: int) -> int | None:
     """Bytes running requests may hold (None: unlimited), after telling MLX the limit."""
+    mx.set_cache_limit(CACHE_LIMIT if limit is None else min(CACHE_LIMIT, limit // 10))
     if limit is None:
         return None
     mx.set_memory_limit(limit)
-    mx.set_cache_limit(limit // 10)
     weights = weights_bytes(model)
     working = limit - weights - hot_budget
     log.info(

@@ -22,6 +22,7 @@ from typing import Any
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
+from agent_memory.engine.budget import give_back_memory
 from agent_memory.engine.commit import Committer
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.decode_batch import DecodeBatch
@@ -34,7 +35,8 @@ from agent_memory.engine.sequence import Sequence, Status, new_sequence
 from agent_memory.memory.blocks import Tier
 from agent_memory.memory.disk import DiskTier
 from agent_memory.memory.folder import BLOCK_TOKENS, AgentKey
-from agent_memory.memory.store import AgentCacheStore, Segment
+from agent_memory.memory.store import AgentCacheStore
+from agent_memory.memory.store_records import Segment
 from agent_memory.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -145,10 +147,10 @@ class BatchEngine:
         return self.scheduler.fits(self._seqs.values(), seq, self._bytes_per_token, self._working_budget)
 
     def _drain(self, block: bool) -> bool:
-        """Run queued calls; False once stop was asked. Before waiting idle, MLX's cache of
-        freed buffers is emptied: the memory of a burst goes back."""
+        """Run queued calls; False once stop was asked. Before waiting idle, the memory of a
+        burst goes back to the system."""
         if block:
-            mx.clear_cache()
+            give_back_memory()
         try:
             item = self._inbox.get(block=block)
         except queue.Empty:
@@ -186,7 +188,7 @@ class BatchEngine:
         self.metrics.prompt_tokens.inc(len(request.prompt))
         self._seqs[seq_id] = seq
         if seq.discovery is not None:  # the shared warm tier's answer: adopt it, then plan the request
-            seq.discovery.add_done_callback(lambda _: self._inbox.put(self.store.apply_discoveries))
+            seq.discovery.add_done_callback(lambda _: self._inbox.put(self.store.sync.apply))
 
     def _new_sequence(
         self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float, prefill_only: bool = False
@@ -234,7 +236,7 @@ class BatchEngine:
         return done
 
     def _prefill(self, seq: Sequence) -> None:
-        if not self._prefiller.run(seq, self.scheduler.chunk(self.decoding)):
+        if not self._prefiller.run(seq, self.scheduler.chunk_tokens):
             return
         if seq.prefill_only:
             self._end(seq, "follow-up", seq.cache, seq.prompt)

@@ -11,7 +11,8 @@ import mlx.core as mx
 
 from agent_memory.engine import kv
 from agent_memory.engine.sequence import Sequence
-from agent_memory.memory.store import AgentCacheStore, Segment
+from agent_memory.memory.store import AgentCacheStore
+from agent_memory.memory.store_records import Segment
 
 log = logging.getLogger(__name__)
 

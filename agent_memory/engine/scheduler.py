@@ -13,9 +13,10 @@ from agent_memory.engine.sequence import Sequence, Status
 @dataclass(frozen=True)
 class Scheduler:
     max_batch: int = 32
-    # Tokens prefilled per step while others decode (their inter-token delay) and when alone.
-    chunk_shared: int = 256
-    chunk_alone: int = 2048
+    # Tokens prefilled per step, alone or between two decode steps (their inter-token delay).
+    # Small chunks are also faster on a CPU: attention over a chunk materializes chunk x
+    # context scores, and one 1,600-token chunk computes the masked half too (docs/benchmarks.md).
+    chunk_tokens: int = 256
     # A request waiting this long to start its prefill goes first, however long its prompt.
     patience_s: float = 20.0
 
@@ -36,9 +37,6 @@ class Scheduler:
     def may_prefill(self, decoding: int) -> bool:
         """A prefill ends by joining the batch: only while it has room."""
         return decoding < self.max_batch
-
-    def chunk(self, decoding: int) -> int:
-        return self.chunk_shared if decoding else self.chunk_alone
 
     @staticmethod
     def fits(seqs: Iterable[Sequence], seq: Sequence, bytes_per_token: int, budget: int | None) -> bool:

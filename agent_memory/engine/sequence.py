@@ -17,7 +17,8 @@ from agent_memory.engine.sampling import make_sampler
 from agent_memory.engine.stops import StopMatcher
 from agent_memory.memory.folder import AgentKey
 from agent_memory.memory.hashing import namespace
-from agent_memory.memory.store import AgentCacheStore, Lease, Segment
+from agent_memory.memory.store import AgentCacheStore
+from agent_memory.memory.store_records import Lease, Segment
 
 
 class Status(enum.Enum):
@@ -46,7 +47,7 @@ class Sequence:
     lease: Lease | None = None  # what the store lent it, from planning until it finishes
     plan: deque[Segment] = field(default_factory=deque)  # what is left to put into `cache`
     reads: dict[str, Future] = field(default_factory=dict)  # block hash -> its tensors, from disk
-    # A shared warm tier asked what it holds for this request (store.discover): planned once answered.
+    # A shared warm tier asked what it holds for this request (shared_sync.py): planned once answered.
     discovery: Future | None = None
     pos: int = 0  # prompt tokens in `cache`
     # Runs of `cache` that came from cached blocks, as those blocks' stored payloads: a commit
@@ -133,6 +134,6 @@ def new_sequence(
         prefill_only=prefill_only,
     )
     seq.new_tokens = len(request.prompt) - store.known_prefix(seq.agent, request.prompt)
-    if not prefill_only:  # a follow-up continues this server's own latest turn
-        seq.discovery = store.discover(seq.agent, request.prompt, seq.root)
+    if store.sync is not None and not prefill_only:  # a follow-up continues this server's own latest turn
+        seq.discovery = store.sync.discover(seq.agent, request.prompt, seq.root)
     return seq

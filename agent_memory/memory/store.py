@@ -8,7 +8,7 @@ with a disk tier (see `disk`), agents' blocks become WARM once their file is dur
 
 With a shared warm tier (several servers on one Redis: `disk.shared`), the store holds what
 this server has seen: agents are not restored at start but probed when a request arrives
-(`discover`, on the reader thread; adopted on the engine thread), the store evicts nothing
+(shared_sync.py), the store evicts nothing
 from the shared tier (Redis does, under its maxmemory), and a block this server stops using
 is forgotten here, not deleted there (manifests count the references: redis_store.py).
 """
@@ -22,16 +22,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
-from agent_memory.memory.blockfile import Tensors
 from agent_memory.memory.blocks import Block, BlockPool, Tier
 from agent_memory.memory.disk import BlockRecord, DiskTier
 from agent_memory.memory.folder import AgentKey, FolderScan, Manifest
 from agent_memory.memory.hashing import BlockNames
 from agent_memory.memory.prefix import PrefixMatcher
-from agent_memory.memory.warmstore import Probe
+from agent_memory.memory.shared_sync import SharedTierSync
+from agent_memory.memory.store_records import AgentInfo, AgentRecord, Lease, Persist, Segment
 
 log = logging.getLogger(__name__)
 
@@ -42,78 +41,6 @@ KVDemoter = Callable[[Any], tuple[Any, int]]
 
 # Reloading a block from disk costs this fraction of recomputing it.
 DISK_RELOAD_COST = 0.05
-
-
-@dataclass
-class AgentRecord:
-    tokens: list[int]
-    blocks: list[str]  # hashes, in order
-    root: str | None = None  # the namespace its hash chain starts from (hashing.py)
-    last_used: float = field(default_factory=time.time)  # wall clock, for people
-    # A shared warm tier's manifest versions: of the latest state here (written or queued),
-    # and of the latest known to be in the store. They differ while a write is queued.
-    etag: str | None = None
-    stored: str | None = None
-
-
-@dataclass
-class Segment:
-    """Request tokens [start, end): from `block`'s first tokens, or recomputed if block is None."""
-
-    start: int
-    end: int
-    block: Block | None
-
-
-@dataclass
-class Lease:
-    """What a running sequence holds: the plan for its cached prefix and the pins behind it."""
-
-    segments: list[Segment]
-    blocks: list[Block]
-
-    @property
-    def end(self) -> int:
-        return self.segments[-1].end if self.segments else 0
-
-
-@dataclass
-class Persist:
-    """What a commit asks to be written to disk: new blocks (with the KV they had when
-    committed, so eviction meanwhile cannot take it) and the agent's manifest, in that order."""
-
-    blocks: list[tuple[BlockRecord, Any]] = field(default_factory=list)
-    manifest: Manifest | None = None
-    base: str | None = None  # shared tier: the manifest version this one replaces
-    etag: str | None = None  # and its own
-
-    def write(self, disk: DiskTier, tensors: Callable[[Any], Tensors]) -> None:
-        """Queue the writes; `tensors` turns a hot payload into a block file's numpy arrays."""
-        for record, payload in self.blocks:
-            disk.save_block(record, tensors(payload))
-        if self.manifest is not None:
-            disk.save_agent(self.manifest, self.base, self.etag)
-
-
-@dataclass
-class Discovery:
-    """A request's question to the shared warm tier, answered on the reader thread."""
-
-    agent: AgentKey | None
-    tokens: Sequence[int]
-    unknown: list[tuple[str, str | None, int, int]]  # chain entries not usable here, asked about
-    future: Future
-
-
-@dataclass
-class AgentInfo:
-    id: str
-    tokens: int
-    blocks: dict[str, int]  # by tier
-    hot_bytes: int
-    exact_bytes: int  # the part of hot_bytes at the precision it was computed at
-    disk_bytes: int
-    last_used: float
 
 
 class AgentCacheStore:
@@ -144,11 +71,12 @@ class AgentCacheStore:
         self.disk = disk
         self.disk_budget_bytes = disk_budget_bytes
         self.shared = disk is not None and disk.shared
-        self._discoveries: list[Discovery] = []
+        self.sync = SharedTierSync(self) if self.shared else None
         if disk is not None:
             disk.on_saved = self._block_saved
-            disk.on_manifest = self._manifest_written
             disk.still_used = self._still_used
+            if self.sync is not None:
+                disk.on_manifest = self.sync.manifest_written
             if disk.budget_bytes is not None:  # what its disk can hold (engine/warm.py)
                 self.disk_budget_bytes = min(disk_budget_bytes, disk.budget_bytes)
 
@@ -170,7 +98,8 @@ class AgentCacheStore:
     def lookup(self, tokens: Sequence[int], root: str | None = None) -> Lease:
         """Plan the longest reusable prefix of `tokens` in a namespace and pin its blocks."""
         with self.lock:
-            self.apply_discoveries()
+            if self.sync is not None:
+                self.sync.apply()
             segments, blocks, pos = [], [], 0
             for block, n in self.prefix.match(tokens, root):
                 usable = block is not None and block.tier is not Tier.COLD
@@ -211,7 +140,7 @@ class AgentCacheStore:
                 blocks.append(block)
             persist = Persist()
             if agent is not None:
-                self._point_agent(agent, list(tokens), blocks, root)
+                self.point_agent(agent, list(tokens), blocks, root)
                 if self.disk is not None:
                     persist.blocks = [
                         (BlockRecord(b.hash, b.parent, b.start, b.tokens), b.payload)
@@ -235,7 +164,7 @@ class AgentCacheStore:
             self._evict_hot()
             return persist
 
-    def _point_agent(self, agent: AgentKey, tokens: list[int], blocks: list[Block], root: str | None) -> None:
+    def point_agent(self, agent: AgentKey, tokens: list[int], blocks: list[Block], root: str | None) -> None:
         for block in blocks:
             block.refs += 1
         old = self.agents.get(agent)
@@ -287,110 +216,18 @@ class AgentCacheStore:
                     if h in scan.blocks and not block.disk_bytes:
                         self.pool.set_disk(block, scan.blocks[h].size)
                     blocks.append(block)
-                self._point_agent(manifest.key, manifest.tokens, blocks, manifest.root)
+                self.point_agent(manifest.key, manifest.tokens, blocks, manifest.root)
                 self.agents[manifest.key].last_used = manifest.last_used
             for h in scan.blocks:
                 if h not in self.pool:
                     self.disk.delete_block(h)
             self._evict_disk()
 
-    # -- a shared warm tier -----------------------------------------------------------------
-
-    def discover(self, agent: AgentKey | None, tokens: Sequence[int], root: str | None) -> Future | None:
-        """With a shared warm tier, ask it (on the reader thread) for what this server may lack
-        for a request: the agent's manifest if it changed since this server last saw it (a turn
-        served by another server), and which of the request's blocks it holds. None when there
-        is nothing to ask: no shared tier, or every block is here and the agent's latest turn
-        is this server's own, still being written. The request is planned once it is answered."""
-        if not self.shared:
-            return None
-        with self.lock:
-            unknown = [
-                entry
-                for entry in self.names.chain(tokens, root)
-                if (block := self.pool.get(entry[0])) is None or block.tier is Tier.COLD
-            ]
-            record = self.agents.get(agent) if agent is not None else None
-            ask = agent is not None and (record is None or record.etag == record.stored)
-            if not unknown and not ask:
-                return None
-            known = record.stored if record is not None else None
-            future = self.disk.probe(agent if ask else None, known, [h for h, *_ in unknown])
-            self._discoveries.append(Discovery(agent if ask else None, tokens, unknown, future))
-            return future
-
-    def apply_discoveries(self) -> None:
-        """Adopt what the shared tier answered (on the engine thread: it may free hot KV)."""
-        with self.lock:
-            done = [d for d in self._discoveries if d.future.done()]
-            if not done:
-                return
-            self._discoveries = [d for d in self._discoveries if not d.future.done()]
-            for d in done:
-                if d.future.exception() is not None:
-                    log.info("the shared warm tier did not answer (%s): serving from memory", d.future.exception())
-                    continue
-                self._adopt(d, d.future.result())
-
-    def _adopt(self, d: Discovery, probe: Probe) -> None:
-        """Blocks the shared tier holds become WARM here; a newer manifest becomes the agent's
-        record (an older one never does: its version is compared with what was known when
-        asked, and a write of ours still queued means ours is newer)."""
-        for h, parent, start, end in d.unknown:
-            size = probe.sizes.get(h)
-            if size:
-                block = self.pool.get(h) or self.pool.add(Block(h, parent, tuple(d.tokens[start:end]), start))
-                if not block.disk_bytes:
-                    self.pool.set_disk(block, size)
-        if d.agent is None or probe.manifest is True:
-            return
-        record = self.agents.get(d.agent)
-        if record is not None and (record.etag != record.stored or record.stored != probe.known):
-            return  # this server committed a turn of the agent since it asked
-        if probe.manifest is None:
-            if record is not None and record.stored is not None:
-                self._forget(d.agent)  # ended by another server or `cache rm`: a delete wins
-            return
-        manifest, etag = probe.manifest
-        chain = self.names.chain(manifest.tokens, manifest.root)
-        if manifest.fingerprint != self.disk.fingerprint or [h for h, *_ in chain] != manifest.blocks:
-            log.warning("the shared tier's manifest of an agent does not match its tokens: ignored")
-            return
-        now_wall, now = time.time(), time.monotonic()
-        last_used = now - max(0.0, now_wall - manifest.last_used)
-        asked = {h for h, *_ in d.unknown}
-        blocks = []
-        for h, parent, start, end in chain:
-            block = self.pool.get(h) or self.pool.add(
-                Block(h, parent, tuple(manifest.tokens[start:end]), start, last_used=last_used)
-            )
-            if block.tier is Tier.COLD and h not in asked:
-                # Not asked about (outside this request): held there, presumably; a miss on
-                # reading it is recomputed like a damaged file.
-                self.pool.set_disk(block, self.disk.block_bytes(end - start))
-            blocks.append(block)
-        self._point_agent(d.agent, list(manifest.tokens), blocks, manifest.root)
-        record = self.agents[d.agent]
-        record.etag = record.stored = etag
-        record.last_used = manifest.last_used
-
-    def _manifest_written(self, agent: AgentKey, etag: str, ok: bool) -> None:
-        """The writer's word on a manifest: in the shared tier now, or given way to a later
-        or other turn there (this server's record is then stale: its next turn adopts that)."""
-        with self.lock:
-            record = self.agents.get(agent)
-            if record is None:
-                return
-            if ok:
-                record.stored = etag
-            elif record.etag == etag:
-                record.etag = record.stored = None
-
     def _still_used(self, hashes: list[str]) -> set[str]:
         with self.lock:
             return {h for h in hashes if (b := self.pool.get(h)) is not None and (b.refs or b.pins)}
 
-    def _forget(self, agent: AgentKey) -> None:
+    def forget(self, agent: AgentKey) -> None:
         """Drop an agent here only (the shared tier no longer has it)."""
         record = self.agents.pop(agent, None)
         if record is not None:

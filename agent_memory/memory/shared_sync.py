@@ -1,0 +1,132 @@
+"""What this server learns from a shared warm tier (several servers on one Redis).
+
+Agents are not restored at start but probed when a request arrives: `discover` asks the
+tier, on the disk reader thread, for the agent's manifest if another server wrote a newer one
+and for the request's blocks this server lacks; `apply` adopts the answers on the engine
+thread (adopting may free hot KV), before the request is planned. Manifest versions (etags)
+keep a stale answer from replacing a newer turn (redis_store.py writes them atomically).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agent_memory.memory.blocks import Block, Tier
+from agent_memory.memory.folder import AgentKey
+from agent_memory.memory.warmstore import Probe
+
+if TYPE_CHECKING:
+    from agent_memory.memory.store import AgentCacheStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Discovery:
+    """A request's question to the shared warm tier, answered on the reader thread."""
+
+    agent: AgentKey | None
+    tokens: Sequence[int]
+    unknown: list[tuple[str, str | None, int, int]]  # chain entries not usable here, asked about
+    future: Future
+
+
+class SharedTierSync:
+    def __init__(self, store: AgentCacheStore) -> None:
+        self.store = store
+        self._discoveries: list[Discovery] = []
+
+    def discover(self, agent: AgentKey | None, tokens: Sequence[int], root: str | None) -> Future | None:
+        """With a shared warm tier, ask it (on the reader thread) for what this server may lack
+        for a request: the agent's manifest if it changed since this server last saw it (a turn
+        served by another server), and which of the request's blocks it holds. None when there
+        is nothing to ask: no shared tier, or every block is here and the agent's latest turn
+        is this server's own, still being written. The request is planned once it is answered."""
+        store = self.store
+        with store.lock:
+            unknown = [
+                entry
+                for entry in store.names.chain(tokens, root)
+                if (block := store.pool.get(entry[0])) is None or block.tier is Tier.COLD
+            ]
+            record = store.agents.get(agent) if agent is not None else None
+            ask = agent is not None and (record is None or record.etag == record.stored)
+            if not unknown and not ask:
+                return None
+            known = record.stored if record is not None else None
+            future = store.disk.probe(agent if ask else None, known, [h for h, *_ in unknown])
+            self._discoveries.append(Discovery(agent if ask else None, tokens, unknown, future))
+            return future
+
+    def apply(self) -> None:
+        """Adopt what the shared tier answered (on the engine thread: it may free hot KV)."""
+        with self.store.lock:
+            done = [d for d in self._discoveries if d.future.done()]
+            if not done:
+                return
+            self._discoveries = [d for d in self._discoveries if not d.future.done()]
+            for d in done:
+                if d.future.exception() is not None:
+                    log.info("the shared warm tier did not answer (%s): serving from memory", d.future.exception())
+                    continue
+                self._adopt(d, d.future.result())
+
+    def _adopt(self, d: Discovery, probe: Probe) -> None:
+        """Blocks the shared tier holds become WARM here; a newer manifest becomes the agent's
+        record (an older one never does: its version is compared with what was known when
+        asked, and a write of ours still queued means ours is newer)."""
+        store = self.store
+        for h, parent, start, end in d.unknown:
+            size = probe.sizes.get(h)
+            if size:
+                block = store.pool.get(h) or store.pool.add(Block(h, parent, tuple(d.tokens[start:end]), start))
+                if not block.disk_bytes:
+                    store.pool.set_disk(block, size)
+        if d.agent is None or probe.manifest is True:
+            return
+        record = store.agents.get(d.agent)
+        if record is not None and (record.etag != record.stored or record.stored != probe.known):
+            return  # this server committed a turn of the agent since it asked
+        if probe.manifest is None:
+            if record is not None and record.stored is not None:
+                store.forget(d.agent)  # ended by another server or `cache rm`: a delete wins
+            return
+        manifest, etag = probe.manifest
+        chain = store.names.chain(manifest.tokens, manifest.root)
+        if manifest.fingerprint != store.disk.fingerprint or [h for h, *_ in chain] != manifest.blocks:
+            log.warning("the shared tier's manifest of an agent does not match its tokens: ignored")
+            return
+        now_wall, now = time.time(), time.monotonic()
+        last_used = now - max(0.0, now_wall - manifest.last_used)
+        asked = {h for h, *_ in d.unknown}
+        blocks = []
+        for h, parent, start, end in chain:
+            block = store.pool.get(h) or store.pool.add(
+                Block(h, parent, tuple(manifest.tokens[start:end]), start, last_used=last_used)
+            )
+            if block.tier is Tier.COLD and h not in asked:
+                # Not asked about (outside this request): held there, presumably; a miss on
+                # reading it is recomputed like a damaged file.
+                store.pool.set_disk(block, store.disk.block_bytes(end - start))
+            blocks.append(block)
+        store.point_agent(d.agent, list(manifest.tokens), blocks, manifest.root)
+        record = store.agents[d.agent]
+        record.etag = record.stored = etag
+        record.last_used = manifest.last_used
+
+    def manifest_written(self, agent: AgentKey, etag: str, ok: bool) -> None:
+        """The writer's word on a manifest: in the shared tier now, or given way to a later
+        or other turn there (this server's record is then stale: its next turn adopts that)."""
+        with self.store.lock:
+            record = self.store.agents.get(agent)
+            if record is None:
+                return
+            if ok:
+                record.stored = etag
+            elif record.etag == etag:
+                record.etag = record.stored = None

@@ -1,0 +1,77 @@
+"""The records the store keeps and hands out: an agent's latest sequence (`AgentRecord`), a
+request's plan over cached blocks and the pins behind it (`Segment`, `Lease`), what a commit
+asks to be written (`Persist`), and what the API shows of an agent (`AgentInfo`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_memory.memory.blockfile import Tensors
+from agent_memory.memory.blocks import Block
+from agent_memory.memory.disk import BlockRecord, DiskTier
+from agent_memory.memory.folder import Manifest
+
+
+@dataclass
+class AgentRecord:
+    tokens: list[int]
+    blocks: list[str]  # hashes, in order
+    root: str | None = None  # the namespace its hash chain starts from (hashing.py)
+    last_used: float = field(default_factory=time.time)  # wall clock, for people
+    # A shared warm tier's manifest versions: of the latest state here (written or queued),
+    # and of the latest known to be in the store. They differ while a write is queued.
+    etag: str | None = None
+    stored: str | None = None
+
+
+@dataclass
+class Segment:
+    """Request tokens [start, end): from `block`'s first tokens, or recomputed if block is None."""
+
+    start: int
+    end: int
+    block: Block | None
+
+
+@dataclass
+class Lease:
+    """What a running sequence holds: the plan for its cached prefix and the pins behind it."""
+
+    segments: list[Segment]
+    blocks: list[Block]
+
+    @property
+    def end(self) -> int:
+        return self.segments[-1].end if self.segments else 0
+
+
+@dataclass
+class Persist:
+    """What a commit asks to be written to disk: new blocks (with the KV they had when
+    committed, so eviction meanwhile cannot take it) and the agent's manifest, in that order."""
+
+    blocks: list[tuple[BlockRecord, Any]] = field(default_factory=list)
+    manifest: Manifest | None = None
+    base: str | None = None  # shared tier: the manifest version this one replaces
+    etag: str | None = None  # and its own
+
+    def write(self, disk: DiskTier, tensors: Callable[[Any], Tensors]) -> None:
+        """Queue the writes; `tensors` turns a hot payload into a block file's numpy arrays."""
+        for record, payload in self.blocks:
+            disk.save_block(record, tensors(payload))
+        if self.manifest is not None:
+            disk.save_agent(self.manifest, self.base, self.etag)
+
+
+@dataclass
+class AgentInfo:
+    id: str
+    tokens: int
+    blocks: dict[str, int]  # by tier
+    hot_bytes: int
+    exact_bytes: int  # the part of hot_bytes at the precision it was computed at
+    disk_bytes: int
+    last_used: float
