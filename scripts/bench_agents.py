@@ -1,22 +1,41 @@
 #!/usr/bin/env python3
-"""Multi-agent benchmark for OpenAI-compatible servers: agent-memory against mlx-lm's server.
+"""Multi-agent benchmark for OpenAI-compatible servers: agent-memory against mlx-lm's server and vllm-mlx.
 
 The workload: N agents x M turns. Every agent's system message is one shared ~1,000-token
 document (tool descriptions and an operating policy, generated here deterministically) plus a
 persona line of its own; optionally a pre-existing conversation (`--history-tokens`). Agent i
-starts after i x `--stagger` seconds and then runs its turns back to back, each turn appending
-the user's message and the assistant's reply. Greedy decoding, streaming with usage, so every
-request yields its time to first token (TTFT) and `usage.prompt_tokens_details.cached_tokens`.
-The agent id goes out as `prompt_cache_key` and as `X-Agent-Id`.
+starts after i x `--stagger` seconds and then runs its turns, `--think` seconds apart, each
+turn appending the user's message and the assistant's reply. Greedy decoding, streaming with
+usage, so every request yields its time to first token (TTFT) and
+`usage.prompt_tokens_details.cached_tokens` (n/a where a server does not report it). The agent
+id goes out as `prompt_cache_key` and as `X-Agent-Id`.
 
-When the script starts the server itself it then restarts it on the same cache folder and
-lets every agent take one more turn: agent-memory reloads the agents from disk, mlx-lm's
-server (prompt caches in memory only) starts from nothing.
+When the script starts the servers itself it then restarts each on the same cache folder,
+twice, and lets every agent take one more turn after each restart: first a crash (SIGKILL,
+`--crash-delay` seconds after the last turn, as an OOM kill or a power cut would), then a
+graceful restart (SIGTERM). agent-memory reloads its agents from disk; mlx-lm's server keeps
+prompt caches in memory only; vllm-mlx saves its RAM prefix cache to ~/.cache/vllm-mlx when
+it is stopped gracefully (here a private HOME inside its cache folder) and reloads it at start.
+
+The three servers, started here on the same model folder, each in its own process, with
+Debian's OpenBLAS for MLX's CPU matmuls (agent-memory loads it itself; the others get it
+through LD_PRELOAD), HF_HUB_OFFLINE=1:
+
+    ours      python -m agent_memory serve (its defaults)
+    mlx-lm    python -m mlx_lm server (its defaults: prompt cache in RAM)
+    vllm-mlx  vllm-mlx serve --continuous-batching --enable-prefix-cache --ssd-cache-dir DIR
+              (0.6.0, in its own venv .venv-peers/vllm-mlx, created on first use, or with
+              `--setup-vllm-mlx`: pip install --no-deps vllm-mlx==0.6.0 plus mlx[cpu],
+              mlx-lm>=0.31.3,<0.32 and its server's imports; no torch)
 
     # one server, started here on the demo model
     .venv/bin/python scripts/bench_agents.py --serve ours
-    # both servers, alternating, same workload, ratios ours/peer
+    # all three servers, alternating, same workload, ratios ours/peer and the targets
     .venv/bin/python scripts/bench_agents.py --compare --repeats 2 --json bench.json
+    # 12 agents x 3 turns, 5 s think time between an agent's turns
+    .venv/bin/python scripts/bench_agents.py --compare --repeats 2 --agents 12 --turns 3 --think 5
+    # where our server's time goes (queue, disk reads, prefill, fsync), from a trace of its engine
+    .venv/bin/python scripts/bench_agents.py --serve ours --trace
     # returning agents with a 2,000-token history: cold vs warm vs after restart
     .venv/bin/python scripts/bench_agents.py --serve ours --history-tokens 2000
     # any running server (no restart phase)
@@ -24,7 +43,8 @@ server (prompt caches in memory only) starts from nothing.
     # grow agents and history; plots into docs/img
     .venv/bin/python scripts/bench_agents.py --scale --compare --scale-agents 8,32 --scale-history 1000,4000
 
-Only the standard library, httpx and (for --scale plots) matplotlib.
+Only the standard library, httpx and (for --scale plots) matplotlib; `--trace` imports the
+server's own package in the server's process.
 """
 
 from __future__ import annotations
@@ -50,6 +70,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agent-memory/models/smollm2-135m-instruct"
@@ -150,9 +171,51 @@ def prior_history(agent: int, tokens: int) -> list[dict]:
     return messages
 
 
+
 # --------------------------------------------------------------------------------------
 # Servers
 # --------------------------------------------------------------------------------------
+
+SERVERS = ("ours", "mlx-lm", "vllm-mlx")
+PEERS = ("mlx-lm", "vllm-mlx")
+ALIASES = {"peer": "mlx-lm", "mlx_lm": "mlx-lm", "vllm": "vllm-mlx", "vllm_mlx": "vllm-mlx"}
+
+VLLM_MLX = "vllm-mlx==0.6.0"
+# Its server's own imports on Linux CPU; `--no-deps` keeps out torch, torchvision, gradio, opencv.
+VLLM_MLX_DEPS = ["mlx[cpu]", "mlx-lm>=0.31.3,<0.32", "fastapi", "uvicorn", "python-multipart", "psutil",
+                 "jsonschema", "requests", "tabulate", "pillow", "pytz", "transformers"]
+VLLM_MLX_VENV = REPO / ".venv-peers" / "vllm-mlx"
+
+
+def vllm_mlx_setup_line(venv: Path = VLLM_MLX_VENV) -> str:
+    pip = f"{venv}/bin/pip install -q"
+    return (f"python3.11 -m venv {venv} && {pip} --no-deps {VLLM_MLX} && "
+            f"{pip} {' '.join(shlex.quote(d) for d in VLLM_MLX_DEPS)}")
+
+
+def ensure_vllm_mlx(venv: Path, install: bool = True) -> Path:
+    """The vllm-mlx executable in its own venv; the venv is made here on first use (the
+    project's .venv is never touched)."""
+    exe = venv / "bin" / "vllm-mlx"
+    if exe.exists():
+        return exe
+    if not install:
+        raise SystemExit(f"vllm-mlx is not installed at {venv}; create it with:\n  {vllm_mlx_setup_line(venv)}")
+    print(f"vllm-mlx is not installed: creating its own venv at {venv} — pip install --no-deps {VLLM_MLX}, "
+          f"then {', '.join(VLLM_MLX_DEPS)} (no torch; the project's .venv is not changed). "
+          f"One time, a few minutes.", flush=True)
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    try:
+        subprocess.run([base, "-m", "venv", str(venv)], check=True)
+        subprocess.run(pip + ["--no-deps", VLLM_MLX], check=True)
+        subprocess.run(pip + VLLM_MLX_DEPS, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        shutil.rmtree(venv, ignore_errors=True)
+        raise SystemExit(f"could not install vllm-mlx ({e}); by hand:\n  {vllm_mlx_setup_line(venv)}") from e
+    print(f"vllm-mlx installed in {venv}", flush=True)
+    return exe
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -176,6 +239,21 @@ def find_openblas() -> str | None:
     return None
 
 
+def process_tree(pid: int) -> list[int]:
+    """The process and its descendants (Linux)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
 def proc_status(pid: int) -> dict[str, int]:
     """VmRSS / VmHWM of a process, in bytes (Linux); {} elsewhere or once it is gone."""
     out = {}
@@ -191,15 +269,20 @@ def proc_status(pid: int) -> dict[str, int]:
 
 
 def has_openblas(pid: int) -> bool | None:
+    """Whether Debian's OpenBLAS is mapped (numpy's own bundled OpenBLAS does not count)."""
+    lib = find_openblas()
+    real = os.path.realpath(lib) if lib else None
     try:
         with open(f"/proc/{pid}/maps") as f:
-            return "libopenblas" in f.read()
+            maps = f.read()
     except OSError:
         return None
+    return bool(real and real in maps) or "libopenblas.so.0" in maps
 
 
 class RSSSampler:
-    """Polls a process's VmRSS in a thread; peak = max(sampled VmRSS, VmHWM read at stop)."""
+    """Polls the VmRSS of a process and its children in a thread; peak = max(sampled sum,
+    the process's own VmHWM read at stop)."""
 
     def __init__(self, pid: int, interval: float = 0.1) -> None:
         self.pid, self.interval = pid, interval
@@ -215,10 +298,11 @@ class RSSSampler:
             self._stop.wait(self.interval)
 
     def _sample(self) -> None:
-        st = proc_status(self.pid)
-        if st:
-            self.last = st.get("VmRSS", 0)
-            self.peak = max(self.peak, self.last, st.get("VmHWM", 0))
+        own = proc_status(self.pid)
+        if own:
+            pids = process_tree(self.pid)
+            self.last = own.get("VmRSS", 0) + sum(proc_status(p).get("VmRSS", 0) for p in pids[1:])
+            self.peak = max(self.peak, self.last, own.get("VmHWM", 0))
 
     def stop(self) -> int:
         self._sample()
@@ -228,15 +312,19 @@ class RSSSampler:
 
 
 class ManagedServer:
-    """One of the two servers, run as a child process on a free loopback port."""
+    """One of the servers, run as a child process (its own session) on a free loopback port."""
 
-    def __init__(self, kind: str, model: str, cache_dir: Path, log_dir: Path, args: argparse.Namespace) -> None:
+    def __init__(self, kind: str, model: str, cache_dir: Path, log_dir: Path, args: argparse.Namespace,
+                 trace: bool = False) -> None:
         self.kind, self.model, self.cache_dir, self.log_dir = kind, model, cache_dir, log_dir
         self.opts = args
+        self.trace = trace
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.starts = 0
         self.log_path: Path | None = None
+        self.logs: list[Path] = []
+        self.traces: list[Path] = []
         self._log = None
         self.load_s: float | None = None
 
@@ -254,24 +342,47 @@ class ManagedServer:
 
     def command(self) -> list[str]:
         if self.kind == "ours":
-            cmd = shlex.split(self.opts.ours_cmd) + ["--model", self.model, "--port", str(self.port),
-                                                     "--cache-dir", str(self.cache_dir)]
-            return cmd + shlex.split(self.opts.ours_args)
-        cmd = shlex.split(self.opts.peer_cmd) + ["--model", self.model, "--port", str(self.port), "--temp", "0",
-                                                 "--log-level", "WARNING"]
-        return cmd + shlex.split(self.opts.peer_args)
+            serve = ["--model", self.model, "--port", str(self.port), "--cache-dir", str(self.cache_dir)]
+            serve += shlex.split(self.opts.ours_args)
+            if self.trace:
+                path = self.log_dir / f"{self.cache_dir.name}-trace-start{self.starts}.jsonl"
+                self.traces.append(path)
+                return [sys.executable, str(Path(__file__).resolve()), "--traced-serve", str(path), "serve"] + serve
+            return shlex.split(self.opts.ours_cmd) + serve
+        if self.kind == "mlx-lm":
+            cmd = shlex.split(self.opts.peer_cmd) + ["--model", self.model, "--port", str(self.port), "--temp", "0",
+                                                     "--log-level", "WARNING"]
+            return cmd + shlex.split(self.opts.peer_args)
+        exe = ensure_vllm_mlx(self.opts.vllm_venv, install=not self.opts.no_install)
+        # Prefix cache: on by default (memory-aware, 20 % of RAM); said anyway, for the reader.
+        cmd = [str(exe), "serve", self.model, "--host", "127.0.0.1", "--port", str(self.port),
+               "--served-model-name", Path(self.model).name, "--continuous-batching", "--enable-prefix-cache",
+               "--ssd-cache-dir", str(self.cache_dir / "ssd")]
+        return cmd + shlex.split(self.opts.vllm_args)
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                "TOKENIZERS_PARALLELISM": "false"}
         env.pop("AGENT_MEMORY_API_KEY", None)
-        if self.kind == "peer":
+        if self.kind == "ours":
+            # The checkout whose code runs (default this one): a clean worktree of a commit keeps
+            # a measurement still while others edit this one.
+            env["PYTHONPATH"] = ":".join(filter(None, [str(self.opts.ours_dir), env.get("PYTHONPATH")]))
+            env["BENCH_OURS_DIR"] = str(self.opts.ours_dir)
+        else:
             lib = find_openblas()
             if lib:
                 env["LD_PRELOAD"] = ":".join(filter(None, [lib, env.get("LD_PRELOAD")]))
             else:
-                print("warning: libopenblas.so.0 not found; mlx_lm.server will use MLX's slow reference BLAS",
+                print(f"warning: libopenblas.so.0 not found; {self.kind} will use MLX's slow reference BLAS",
                       file=sys.stderr)
+        if self.kind == "vllm-mlx":
+            # It saves its RAM prefix cache under ~/.cache/vllm-mlx on SIGTERM and loads it at
+            # start: a HOME of its own per cache folder, so runs never see each other's.
+            home = self.cache_dir / "home"
+            home.mkdir(parents=True, exist_ok=True)
+            env["HOME"] = str(home)
+            env.pop("XDG_CACHE_HOME", None)
         return env
 
     def start(self, timeout: float = 300) -> None:
@@ -279,24 +390,36 @@ class ManagedServer:
         self.starts += 1
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_dir / f"{self.kind}-{self.cache_dir.name}-start{self.starts}.log"
+        self.logs.append(self.log_path)
         self._log = open(self.log_path, "ab")
         t0 = time.monotonic()
+        cwd = self.opts.ours_dir if self.kind == "ours" else REPO
         self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=self.env(),
-                                     cwd=REPO, start_new_session=True)
+                                     cwd=cwd, start_new_session=True)
         wait_ready(self.root, timeout, self.proc, self.log_path)
         self.load_s = time.monotonic() - t0
 
-    def stop(self, timeout: float = 60) -> int | None:
+    def stop(self, mode: str = "graceful", timeout: float = 120) -> int | None:
+        """graceful: SIGTERM and wait (the server saves what it saves on the way out); crash:
+        SIGKILL to its whole process group, nothing saved beyond what is already on disk."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                print(f"warning: {self.kind} did not stop within {timeout}s of SIGTERM; killing it", file=sys.stderr)
-                self.proc.kill()
+            if mode == "crash":
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 self.proc.wait()
+            else:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    print(f"warning: {self.kind} did not stop within {timeout}s of SIGTERM; killing it",
+                          file=sys.stderr)
+                    self.proc.kill()
+                    self.proc.wait()
         code = self.proc.returncode
         self.proc = None
         if self._log:
@@ -324,6 +447,308 @@ def wait_ready(root: str, timeout: float, proc: subprocess.Popen | None = None, 
     raise RuntimeError(f"{root} not ready after {timeout:.0f}s (log: {log})")
 
 
+def vllm_log_fetches(log: Path) -> list[tuple[int, int]]:
+    """(prompt tokens, cached tokens) of each request, from vllm-mlx's own log: its
+    `[cache_fetch]` lines (RAM prefix cache) and `[ssd_promote]` lines (its SSD tier). Its API
+    reports no cached tokens."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return []
+    found: dict[str, list[int]] = {}
+    for m in re.finditer(r"\[cache_fetch\] request=(\S+) (HIT|MISS) prompt_tokens=(\d+)(?: cached=(\d+))?", text):
+        found[m.group(1)] = [int(m.group(3)), int(m.group(4) or 0) if m.group(2) == "HIT" else 0]
+    for m in re.finditer(r"\[ssd_promote\] request=(\S+) .*?promote: (\d+)/(\d+) tokens from SSD", text):
+        if m.group(1) in found:
+            found[m.group(1)][1] = int(m.group(2))
+    return [(p, c) for p, c in found.values()]
+
+
+# --------------------------------------------------------------------------------------
+# --trace: our server, with its engine's steps timed from outside (nothing in it changed)
+# --------------------------------------------------------------------------------------
+
+def traced_serve(trace_path: str, argv: list[str]) -> None:
+    """Run `agent-memory <argv>` in this process with timing wrappers around engine methods:
+    each request's arrival, planning (the cache lookup that starts its disk reads), reads done,
+    prefill calls, first token and end; every decode step; every disk-writer job with the
+    fsyncs inside it; every commit's block count. One JSON line per event, flushed, so a
+    SIGKILL loses little. The wrappers only observe: arguments and results pass unchanged."""
+    sys.path.insert(0, os.environ.get("BENCH_OURS_DIR") or str(REPO))
+    import agent_memory.blas  # noqa: F401  (OpenBLAS before MLX)
+    from agent_memory.engine.decode_batch import DecodeBatch
+    from agent_memory.engine.loop import BatchEngine
+    from agent_memory.engine.sequence import Sequence, Status
+    from agent_memory.memory.disk import DiskTier
+    from agent_memory.memory.store_records import Persist
+
+    out = open(trace_path, "a", buffering=1)
+    lock = threading.Lock()
+    clock = time.perf_counter
+    seqs: dict[int, dict] = {}
+    local = threading.local()
+    commits = {"n": 0}
+    block_commit: dict[str, int] = {}
+    agent_commit: dict[str, int] = {}
+
+    def emit(**event) -> None:
+        with lock:
+            out.write(json.dumps(event, separators=(",", ":")) + "\n")
+
+    emit(kind="start", t=clock(), wall=time.time(), pid=os.getpid(), code=str(Path(agent_memory.blas.__file__).parent))
+
+    def info(seq) -> dict:
+        d = seqs.get(seq.id)
+        if d is None:
+            d = seqs[seq.id] = {"seq": seq.id, "agent": seq.request.agent, "prompt": len(seq.prompt),
+                                "submitted": seq.submitted, "prefill_only": bool(getattr(seq, "prefill_only", False)),
+                                "prefill_calls": [], "reads": 0, "reads_done": None}
+        return d
+
+    orig_plan = BatchEngine._plan
+
+    def plan(self, seq):
+        t = clock()
+        result = orig_plan(self, seq)
+        d = info(seq)
+        d["plan"], d["plan_end"] = t, clock()
+        d["cached"] = seq.lease.end if seq.lease is not None else 0
+        d["reads"] = len(seq.reads)
+
+        def read_done(_future, d=d):
+            now = clock()
+            d["reads_done"] = max(d["reads_done"] or 0.0, now)
+
+        for future in list(seq.reads.values()):
+            future.add_done_callback(read_done)
+        return result
+
+    orig_prefill = BatchEngine._prefill
+
+    def prefill(self, seq):
+        d = info(seq)
+        t = clock()
+        pos = seq.pos
+        try:
+            return orig_prefill(self, seq)
+        finally:
+            end = clock()
+            d["prefill_calls"].append((t, end, seq.pos - pos))
+            emit(kind="prefill", seq=seq.id, t0=t, t1=end, tokens=seq.pos - pos, followup=d["prefill_only"])
+            if seq.status in (Status.DECODING, Status.FINISHED) and "prefill_end" not in d:
+                d["prefill_end"] = end
+
+    orig_take = Sequence.take
+
+    def take(self, token, finish):
+        first = self.usage.completion_tokens == 0
+        result = orig_take(self, token, finish)
+        if first:
+            info(self)["first_token"] = clock()
+        return result
+
+    orig_end = BatchEngine._end
+
+    def end(self, seq, reason, cache=None, tokens=None, error=None):
+        already = seq.status is Status.FINISHED
+        result = orig_end(self, seq, reason, cache, tokens, error)
+        if not already:
+            d = info(seq)
+            seqs.pop(seq.id, None)
+            d.update(kind="seq", end=clock(), reason=reason, hot=seq.usage.hot_tokens, warm=seq.usage.warm_tokens,
+                     completion=seq.usage.completion_tokens)
+            emit(**d)
+        return result
+
+    orig_step = DecodeBatch.step
+
+    def step(self):
+        t = clock()
+        n = len(self)
+        result = orig_step(self)
+        emit(kind="decode", t0=t, t1=clock(), n=n)
+        return result
+
+    orig_fsync = os.fsync
+
+    def fsync(fd):
+        t = clock()
+        try:
+            return orig_fsync(fd)
+        finally:
+            acc = getattr(local, "fsync", None)
+            if acc is not None:
+                acc.append(clock() - t)
+
+    orig_job = DiskTier._run_job
+
+    def run_job(self, kind, key, data):
+        local.fsync = []
+        t = clock()
+        try:
+            return orig_job(self, kind, key, data)
+        finally:
+            end = clock()
+            syncs, local.fsync = local.fsync, None
+            commit = None
+            if kind == "save_block":
+                commit = block_commit.pop(key.hash, None)
+            elif kind == "save_agent":
+                commit = agent_commit.get(key.id)
+            emit(kind="job", job=kind, t0=t, t1=end, fsync_s=sum(syncs), fsyncs=len(syncs), commit=commit)
+
+    orig_write = Persist.write
+
+    def write(self, disk, tensors):
+        commits["n"] += 1
+        c = commits["n"]
+        for record, _ in self.blocks:
+            block_commit[record.hash] = c
+        if self.manifest is not None:
+            agent_commit[self.manifest.key.id] = c
+        t = clock()
+        result = orig_write(self, disk, tensors)
+        emit(kind="commit", commit=c, t=t, t1=clock(), blocks=len(self.blocks),
+             agent=self.manifest.key.id if self.manifest is not None else None)
+        return result
+
+    BatchEngine._plan, BatchEngine._prefill, BatchEngine._end = plan, prefill, end
+    Sequence.take, DecodeBatch.step = take, step
+    os.fsync, DiskTier._run_job, Persist.write = fsync, run_job, write
+
+    from agent_memory.cli import main as cli_main
+
+    sys.argv = ["agent-memory", *argv]
+    cli_main()
+
+
+def read_trace(paths: list[Path]) -> list[list[dict]]:
+    """Each start's events (a cut-off last line, from a SIGKILL, is dropped)."""
+    starts = []
+    for path in paths:
+        events = []
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            lines = []
+        for line in lines:
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                pass
+        starts.append(events)
+    return starts
+
+
+def _overlap(a0: float, a1: float, spans: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(a1, b1) - max(a0, b0)) for b0, b1 in spans)
+
+
+def analyze_trace(starts: list[list[dict]], phase_of_start: list[list[str]], records: list["Record"]) -> dict:
+    """Per phase, medians of where each request's TTFT went (server clock): queued before its
+    lookup (split: behind other requests' prefills, in decode steps, other), its disk reads,
+    its prefill (its own compute, others' prefills and decode steps interleaved), the first
+    decode step. Plus arrival -> warm blocks read, and the disk writer: fsyncs per file and per
+    commit, commit -> durable."""
+    by_key: dict[tuple[str, int], list[str]] = {}
+    for r in records:
+        if r.prompt_tokens is not None and not r.error:
+            by_key.setdefault((f"bench-agent-{r.agent:03d}", r.prompt_tokens), []).append(r.phase)
+    rows: dict[str, list[dict]] = {}
+    fsync_file, fsync_commit, durable, files_per_commit, write_job = [], [], [], [], []
+    for events, phases in zip(starts, phase_of_start):
+        prefills = [(e["t0"], e["t1"], e["seq"]) for e in events if e.get("kind") == "prefill"]
+        decodes = [(e["t0"], e["t1"]) for e in events if e.get("kind") == "decode"]
+        for e in events:
+            if e.get("kind") != "seq" or e.get("prefill_only") or e.get("first_token") is None:
+                continue
+            cands = [p for p in by_key.get((e.get("agent"), e.get("prompt")), []) if p in phases]
+            if not cands:
+                continue
+            phase = cands[0]
+            sub, plan = e["submitted"], e.get("plan", e["submitted"])
+            ready = max(e.get("plan_end", plan), e.get("reads_done") or 0.0)
+            calls = e.get("prefill_calls") or []
+            p0 = calls[0][0] if calls else ready
+            p1 = e.get("prefill_end", calls[-1][1] if calls else ready)
+            own = [(a, b) for a, b, _ in calls]
+            others = [(a, b) for a, b, s in prefills if s != e["seq"]]
+            row = {
+                "ttft": e["first_token"] - sub,
+                "queue": plan - sub,
+                "queue_behind_prefills": _overlap(sub, plan, others),
+                "queue_in_decode_steps": _overlap(sub, plan, decodes),
+                "reads": (e["reads_done"] - e.get("plan_end", plan)) if e.get("reads_done") else 0.0,
+                "wait_after_lookup": max(0.0, p0 - ready),
+                "prefill": p1 - p0,
+                "prefill_own": sum(b - a for a, b in own),
+                "prefill_others": _overlap(p0, p1, others),
+                "prefill_decode_steps": _overlap(p0, p1, decodes),
+                "first_step": e["first_token"] - p1,
+                "new_tokens": e["prompt"] - (e.get("cached") or 0),
+                "warm_blocks": e.get("reads", 0),
+                "arrival_to_warm_read": (e["reads_done"] - sub) if e.get("reads_done") else None,
+            }
+            rows.setdefault(phase, []).append(row)
+        per_commit: dict[int, list[float]] = {}
+        commit_t = {e["commit"]: e["t"] for e in events if e.get("kind") == "commit"}
+        commit_blocks = {e["commit"]: e["blocks"] for e in events if e.get("kind") == "commit"}
+        last_job: dict[int, float] = {}
+        for e in events:
+            if e.get("kind") != "job":
+                continue
+            if e["job"].startswith("save"):
+                fsync_file.append(e["fsync_s"])
+                write_job.append(e["t1"] - e["t0"])
+            if e.get("commit") is not None:
+                per_commit.setdefault(e["commit"], []).append(e["fsync_s"])
+                last_job[e["commit"]] = max(last_job.get(e["commit"], 0.0), e["t1"])
+        for c, syncs in per_commit.items():
+            fsync_commit.append(sum(syncs))
+            files_per_commit.append(len(syncs))
+            if c in commit_t and c in last_job:
+                durable.append(last_job[c] - commit_t[c])
+        del commit_blocks
+    med = lambda xs: pct([x for x in xs if x is not None], 0.5)  # noqa: E731
+    phases_out = {}
+    for phase, rs in rows.items():
+        keys = [k for k in rs[0] if k not in ("new_tokens", "warm_blocks")]
+        phases_out[phase] = {"n": len(rs), **{k: med([r[k] for r in rs]) for k in keys},
+                             "new_tokens": med([r["new_tokens"] for r in rs]),
+                             "warm_blocks": med([r["warm_blocks"] for r in rs])}
+    return {"phases": phases_out, "disk": {
+        "files": len(fsync_file), "commits": len(fsync_commit),
+        "fsync_per_file_median": med(fsync_file), "fsync_per_file_p90": pct(fsync_file, 0.9),
+        "write_job_median": med(write_job),
+        "files_per_commit_median": med(files_per_commit),
+        "fsync_per_commit_median": med(fsync_commit), "fsync_per_commit_p90": pct(fsync_commit, 0.9),
+        "commit_to_durable_median": med(durable), "commit_to_durable_p90": pct(durable, 0.9),
+        "commit_to_durable_max": max(durable) if durable else None}}
+
+
+def trace_table(levers: dict) -> str:
+    ms = lambda v: "n/a" if v is None else f"{v * 1000:.0f}"  # noqa: E731
+    lines = ["| phase | n | TTFT | queued | ↳ behind others' prefills | ↳ in decode steps | disk reads | "
+             "prefill span | ↳ own compute | ↳ others' prefills | ↳ decode steps | first step | arrival → warm read | "
+             "new tokens |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for phase in ("first", "later", "crash", "graceful"):
+        p = levers["phases"].get(phase)
+        if not p:
+            continue
+        lines.append(f"| {phase} | {p['n']} | {ms(p['ttft'])} | {ms(p['queue'])} | {ms(p['queue_behind_prefills'])} | "
+                     f"{ms(p['queue_in_decode_steps'])} | {ms(p['reads'])} | {ms(p['prefill'])} | "
+                     f"{ms(p['prefill_own'])} | {ms(p['prefill_others'])} | {ms(p['prefill_decode_steps'])} | "
+                     f"{ms(p['first_step'])} | {ms(p['arrival_to_warm_read'])} | {fmt(p['new_tokens'], digits=0)} |")
+    d = levers["disk"]
+    lines.append("")
+    lines.append(f"disk writer: {d['files']} files in {d['commits']} commits; fsync per file median "
+                 f"{ms(d['fsync_per_file_median'])} ms (p90 {ms(d['fsync_per_file_p90'])}), write job median "
+                 f"{ms(d['write_job_median'])} ms; files per commit median {fmt(d['files_per_commit_median'], digits=0)}, "
+                 f"fsync per commit median {ms(d['fsync_per_commit_median'])} ms (p90 {ms(d['fsync_per_commit_p90'])}); "
+                 f"commit -> last file durable median {ms(d['commit_to_durable_median'])} ms "
+                 f"(p90 {ms(d['commit_to_durable_p90'])}, max {ms(d['commit_to_durable_max'])})")
+    return "\n".join(lines)
+
 # --------------------------------------------------------------------------------------
 # The workload
 # --------------------------------------------------------------------------------------
@@ -331,13 +756,14 @@ def wait_ready(root: str, timeout: float, proc: subprocess.Popen | None = None, 
 @dataclass
 class Record:
     agent: int
-    phase: str  # "first" | "later" | "restart"
+    phase: str  # "first" | "later" | "crash" | "graceful"
     turn: int
     start: float = 0.0
     ttft: float | None = None
     latency: float | None = None
     prompt_tokens: int | None = None
-    cached_tokens: int | None = None
+    cached_tokens: int | None = None  # None where the server does not report it
+    log_cached_tokens: int | None = None  # vllm-mlx: what its own log says it reused
     hot_tokens: int | None = None
     warm_tokens: int | None = None
     completion_tokens: int | None = None
@@ -408,7 +834,8 @@ async def one_request(client: httpx.AsyncClient, base_url: str, model: str, agen
 
 async def run_phase(base_url: str, model: str, agents: list[Agent], turns: int, phase_of, first_turn: int,
                     args) -> tuple[list[Record], float]:
-    """Every agent starts after index x stagger seconds and runs `turns` turns back to back."""
+    """Every agent starts after index x stagger seconds and runs `turns` turns, `--think`
+    seconds apart (the time an agent spends on a reply, or a tool, before its next turn)."""
     limits = httpx.Limits(max_connections=len(agents) + 4, max_keepalive_connections=len(agents) + 4)
     timeout = httpx.Timeout(args.request_timeout, connect=30)
     records: list[Record] = []
@@ -418,6 +845,8 @@ async def run_phase(base_url: str, model: str, agents: list[Agent], turns: int, 
             await asyncio.sleep(delay)
             for k in range(turns):
                 turn = first_turn + k
+                if k and args.think:
+                    await asyncio.sleep(args.think)
                 agent.messages.append({"role": "user", "content": user_message(agent.index, turn)})
                 rec, reply = await one_request(client, base_url, model, agent, args)
                 rec.phase, rec.turn = phase_of(turn), turn
@@ -461,17 +890,21 @@ async def probe_shared_prefix(base_url: str, model: str, doc: str, args) -> int 
 
 
 def fetch_cache_state(root: str) -> dict:
-    """Hot/disk bytes as agent-memory reports them (GET /v1/agents and /metrics); {} for other servers."""
+    """Hot/disk bytes as agent-memory reports them (GET /v1/agents and /metrics): hot split into
+    exact (as computed) and quantized (cooled); {} for other servers."""
     out: dict = {}
     try:
         r = httpx.get(root + "/v1/agents", timeout=30)
         if r.status_code == 200:
             body = r.json()
-            for key in ("hot_bytes", "disk_bytes", "hot_budget_bytes", "hot_blocks", "warm_blocks", "cold_blocks"):
+            for key in ("hot_bytes", "hot_exact_bytes", "hot_quantized_bytes", "disk_bytes", "hot_budget_bytes",
+                        "hot_blocks", "warm_blocks", "cold_blocks"):
                 if key in body:
                     out[key] = body[key]
-            out["agents"] = len(body.get("data", []))
-            out["agent_tokens"] = {a["id"]: a.get("tokens") for a in body.get("data", [])}
+            data = body.get("data", [])
+            out["agents"] = len(data)
+            out["agent_tokens"] = {a["id"]: a.get("tokens") for a in data}
+            out["agent_bytes"] = {a["id"]: a.get("bytes") for a in data}
     except (httpx.HTTPError, ValueError):
         pass
     try:
@@ -485,11 +918,27 @@ def fetch_cache_state(root: str) -> dict:
 
 
 def kv_precision_from_log(log: Path | None) -> str | None:
+    """The precision agent-memory's hot tier cools blocks to ("KV cached as q4g64")."""
     try:
         m = re.findall(r"KV cached as (\w+)", log.read_text(errors="replace"))
     except (OSError, AttributeError):
         return None
     return m[-1] if m else None
+
+
+def weights_dtype(model_dir: Path) -> str | None:
+    """The dtype of the first tensor in the model's safetensors (its KV is computed at it)."""
+    names = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        try:
+            with open(path, "rb") as f:
+                header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        except (OSError, ValueError):
+            continue
+        for name, entry in header.items():
+            if name != "__metadata__" and isinstance(entry, dict) and entry.get("dtype") in names:
+                return names[entry["dtype"]]
+    return None
 
 
 def model_geometry(model_dir: str | None) -> dict:
@@ -505,7 +954,7 @@ def model_geometry(model_dir: str | None) -> dict:
     heads = cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads", heads)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    dtype = str(cfg.get("torch_dtype", cfg.get("dtype", "float16")))
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or weights_dtype(Path(model_dir)) or "float16")
     elem = 4 if "32" in dtype else 2
     return {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype, "bytes_per_element": elem,
             "kv_bytes_per_token": layers * kv_heads * head_dim * 2 * elem,
@@ -515,6 +964,10 @@ def model_geometry(model_dir: str | None) -> dict:
 # --------------------------------------------------------------------------------------
 # Statistics
 # --------------------------------------------------------------------------------------
+
+PHASES = ("first", "later", "crash", "graceful")
+RESTARTS = ("crash", "graceful")
+
 
 def pct(values: list[float], q: float) -> float | None:
     if not values:
@@ -530,52 +983,71 @@ def ttft_stats(records: list[Record]) -> dict:
     return {"median": pct(vals, 0.5), "p90": pct(vals, 0.9), "n": len(vals)}
 
 
-def hit_ratio(records: list[Record]) -> float | None:
+def hit_ratio(records: list[Record], field_name: str = "cached_tokens") -> float | None:
     ok = [r for r in records if not r.error and r.prompt_tokens]
-    if not ok or any(r.cached_tokens is None for r in ok):
+    if not ok or any(getattr(r, field_name) is None for r in ok):
         return None  # the server does not report cached tokens
-    return sum(r.cached_tokens for r in ok) / sum(r.prompt_tokens for r in ok)
+    return sum(getattr(r, field_name) for r in ok) / sum(r.prompt_tokens for r in ok)
 
 
 def ratio(a, b) -> float | None:
     return a / b if a is not None and b not in (None, 0) else None
 
 
-def summarize(records: list[Record], wall: float, restart_records: list[Record], restart_wall: float | None) -> dict:
-    first = [r for r in records if r.phase == "first"]
-    later = [r for r in records if r.phase == "later"]
-    ok = [r for r in records if not r.error]
+def summarize(records: list[Record], walls: dict[str, float]) -> dict:
+    """records: every request of a run; walls: seconds of each phase ("turns", "crash", "graceful")."""
+    of = {p: [r for r in records if r.phase == p] for p in PHASES}
+    main = of["first"] + of["later"]
+    ok = [r for r in main if not r.error]
     completion = sum(r.completion_tokens or 0 for r in ok)
-    agent0 = [r for r in first if r.agent == 0 and r.ttft is not None]
+    agent0 = [r for r in of["first"] if r.agent == 0 and r.ttft is not None]
+    wall = walls.get("turns")
     out = {
         "wall_s": wall,
-        "restart_wall_s": restart_wall,
-        # The whole workload: the turns, then one more turn each after the restart.
-        "workload_wall_s": wall + (restart_wall or 0.0),
-        "requests": len(records) + len(restart_records),
-        "errors": sum(1 for r in records + restart_records if r.error),
-        "ttft": {"first": ttft_stats(first), "later": ttft_stats(later), "restart": ttft_stats(restart_records),
-                 "cold_agent0": agent0[0].ttft if agent0 else None},
+        "phase_wall_s": walls,
+        # The whole workload: the turns, then one more turn each after a restart.
+        "workload_wall_s": {k: wall + walls[k] if wall is not None and walls.get(k) is not None else None
+                            for k in RESTARTS},
+        "requests": len(records),
+        "errors": sum(1 for r in records if r.error),
+        "ttft": {**{p: ttft_stats(of[p]) for p in PHASES}, "cold_agent0": agent0[0].ttft if agent0 else None},
         "output_tok_s": completion / wall if wall else None,
         "completion_tokens": completion,
         "prompt_tokens": sum(r.prompt_tokens or 0 for r in ok),
         "cached_tokens": sum(r.cached_tokens or 0 for r in ok),
-        "hit_ratio": {"all": hit_ratio(records), "first": hit_ratio(first), "later": hit_ratio(later),
-                      "restart": hit_ratio(restart_records)},
+        "hit_ratio": {"all": hit_ratio(main), **{p: hit_ratio(of[p]) for p in PHASES}},
+        "log_hit_ratio": {"all": hit_ratio(main, "log_cached_tokens"),
+                          **{p: hit_ratio(of[p], "log_cached_tokens") for p in PHASES}},
     }
     t = out["ttft"]
     out["ratios"] = {
         "cold_over_later": ratio(t["first"]["median"], t["later"]["median"]),
-        "cold_over_restart": ratio(t["first"]["median"], t["restart"]["median"]),
+        **{f"cold_over_{k}": ratio(t["first"]["median"], t[k]["median"]) for k in RESTARTS},
         "cold_agent0_over_later": ratio(t["cold_agent0"], t["later"]["median"]),
-        "cold_agent0_over_restart": ratio(t["cold_agent0"], t["restart"]["median"]),
+        **{f"cold_agent0_over_{k}": ratio(t["cold_agent0"], t[k]["median"]) for k in RESTARTS},
     }
     return out
 
 
 # --------------------------------------------------------------------------------------
-# One run: (start server) -> agents x turns -> (restart) -> one more turn each
+# One run: (start server) -> agents x turns -> crash, one more turn each -> graceful restart,
+# one more turn each
 # --------------------------------------------------------------------------------------
+
+def restart_plan(args) -> list[str]:
+    if args.no_restart or args.restart == "none":
+        return []
+    return ["crash", "graceful"] if args.restart == "both" else [args.restart]
+
+
+def model_name_for(kind: str, args) -> str:
+    if args.model_name:
+        return args.model_name
+    # mlx_lm.server loads whatever `model` names (a hub id or path) unless it is "default_model".
+    if kind == "mlx-lm":
+        return "default_model"
+    return Path(args.model).name if args.model else "default"
+
 
 def run_workload(kind: str, args, agents_n: int, turns: int, history_tokens: int, work_dir: Path,
                  tag: str) -> dict:
@@ -589,12 +1061,10 @@ def run_workload(kind: str, args, agents_n: int, turns: int, history_tokens: int
         cache_dir = work_dir / f"{tag}-cache"
         if cache_dir.exists():
             shutil.rmtree(cache_dir)
-        server = ManagedServer(kind, args.model, cache_dir, work_dir, args)
+        server = ManagedServer(kind, args.model, cache_dir, work_dir, args, trace=args.trace and kind == "ours")
         server.start(args.start_timeout)
         base_url, root, pid = server.base_url, server.root, server.pid
-    # mlx_lm.server loads whatever `model` names (a hub id or path) unless it is "default_model".
-    model_name = args.model_name or ("default_model" if kind == "peer" else
-                                     Path(args.model).name if args.model else "default")
+    model_name = model_name_for(kind, args)
 
     doc = shared_document(args.system_tokens)
     agents = [Agent(i, [{"role": "system", "content": doc + "\n\n" + persona(i)}] + prior_history(i, history_tokens))
@@ -602,82 +1072,148 @@ def run_workload(kind: str, args, agents_n: int, turns: int, history_tokens: int
 
     result: dict = {"server": kind, "tag": tag, "agents": agents_n, "turns": turns, "history_tokens": history_tokens,
                     "system_tokens_target": args.system_tokens, "max_tokens": args.max_tokens,
-                    "stagger_s": args.stagger, "geometry": geometry, "pid": pid,
+                    "stagger_s": args.stagger, "think_s": args.think, "geometry": geometry, "pid": pid,
                     "openblas": has_openblas(pid) if pid else None,
-                    "load_s": server.load_s if server else None,
-                    "log": str(server.log_path) if server else None}
+                    "load_s": server.load_s if server else None, "uptime": load_average()}
     sampler = RSSSampler(pid) if pid else None
-    restart_records: list[Record] = []
-    restart_wall = None
+    records: list[Record] = []
+    walls: dict[str, float] = {}
+    phase_of_start = [["first", "later"]]
+    peaks = []
     try:
         if not args.no_warmup:
             asyncio.run(warm_up(base_url, model_name, args))
-        print(f"  [{tag}] {kind}: {agents_n} agents x {turns} turns, history {history_tokens} tokens ...", flush=True)
-        records, wall = asyncio.run(run_phase(base_url, model_name, agents, turns,
-                                              lambda t: "first" if t == 0 else "later", 0, args))
+        print(f"  [{tag}] {kind}: {agents_n} agents x {turns} turns, history {history_tokens} tokens, "
+              f"think {args.think:g}s (load {load_average()}) ...", flush=True)
+        recs, walls["turns"] = asyncio.run(run_phase(base_url, model_name, agents, turns,
+                                                     lambda t: "first" if t == 0 else "later", 0, args))
+        records += recs
+        last_turn_end = time.monotonic()
         result["cache_after_turns"] = fetch_cache_state(root)
         result["probe_shared_prefix_tokens"] = asyncio.run(probe_shared_prefix(base_url, model_name, doc, args))
         if sampler:
-            result["peak_rss_bytes_turns"] = sampler.stop()
+            peaks.append(sampler.stop())
             result["rss_after_turns_bytes"] = sampler.last
             sampler = None
-        if server and not args.no_restart:
-            server.stop()
+        plan = restart_plan(args) if server else []
+        if not plan:
+            result["restart_skipped"] = "external server" if kind == "external" else "--no-restart"
+        for n, mode in enumerate(plan):
+            if mode == "crash":
+                # As an OOM kill or a power cut would: a few seconds after the last turn ended.
+                time.sleep(max(0.0, args.crash_delay - (time.monotonic() - last_turn_end)))
+                result["crash_delay_s"] = time.monotonic() - last_turn_end
+            server.stop(mode)
             server.start(args.start_timeout)
             base_url, root = server.base_url, server.root
-            result["restart_load_s"] = server.load_s
+            result[f"{mode}_load_s"] = server.load_s
             sampler = RSSSampler(server.pid)
             if not args.no_warmup:
                 asyncio.run(warm_up(base_url, model_name, args))
-            restart_records, restart_wall = asyncio.run(run_phase(base_url, model_name, agents, 1,
-                                                                  lambda t: "restart", turns, args))
-            result["cache_after_restart"] = fetch_cache_state(root)
-            result["peak_rss_bytes_restart"] = sampler.stop()
+            print(f"  [{tag}] {kind}: after a {mode} restart (ready in {server.load_s:.1f}s), one more turn each ...",
+                  flush=True)
+            recs, walls[mode] = asyncio.run(run_phase(base_url, model_name, agents, 1, lambda t, m=mode: m,
+                                                      turns + n, args))
+            records += recs
+            last_turn_end = time.monotonic()
+            phase_of_start.append([mode])
+            result[f"cache_after_{mode}"] = fetch_cache_state(root)
+            peaks.append(sampler.stop())
             sampler = None
-        elif kind == "external" or args.no_restart:
-            result["restart_skipped"] = "external server" if kind == "external" else "--no-restart"
     finally:
         if sampler:
             sampler.stop()
         if server:
             server.stop()
 
-    result.update(summarize(records, wall, restart_records, restart_wall))
-    result["peak_rss_bytes"] = max(result.get("peak_rss_bytes_turns") or 0, result.get("peak_rss_bytes_restart") or 0) or None
+    if kind == "vllm-mlx" and server:
+        # Its own log's count, per start, matched to the requests of the phase by prompt length.
+        for log, phases in zip(server.logs, phase_of_start):
+            fetches = vllm_log_fetches(log)
+            for r in records:
+                if r.phase in phases and r.prompt_tokens is not None:
+                    hit = next((f for f in fetches if f[0] == r.prompt_tokens), None)
+                    if hit is not None:
+                        fetches.remove(hit)
+                        r.log_cached_tokens = hit[1]
+    result.update(summarize(records, walls))
+    result["peak_rss_bytes"] = max(peaks) if peaks and max(peaks) else None
+    result["log"] = [str(p) for p in server.logs] if server else None
+    if server and server.traces:
+        result["trace"] = [str(p) for p in server.traces]
+        result["levers"] = analyze_trace(read_trace(server.traces), phase_of_start, records)
 
     # Hot KV against the ideal: one copy of the shared prefix plus each agent's own tokens.
-    ok_first = [r for r in records if r.phase == "first" and not r.error and r.agent > 0 and r.cached_tokens]
+    main = [r for r in records if r.phase in ("first", "later")]
+    ok_first = [r for r in main if r.phase == "first" and not r.error and r.agent > 0 and r.cached_tokens]
     shared = max([r.cached_tokens for r in ok_first] + [result.get("probe_shared_prefix_tokens") or 0]) or None
     last_of: dict[int, Record] = {}
-    for r in records:
+    for r in main:
         if not r.error and r.prompt_tokens is not None:
             if r.agent not in last_of or r.turn > last_of[r.agent].turn:
                 last_of[r.agent] = r
     totals = {a: r.prompt_tokens + (r.completion_tokens or 0) for a, r in last_of.items()}
-    first_prompt = [r.prompt_tokens for r in records if r.phase == "first" and r.prompt_tokens]
+    first_prompt = [r.prompt_tokens for r in main if r.phase == "first" and r.prompt_tokens]
     result["tokens_first_prompt_median"] = pct(first_prompt, 0.5)
     result["shared_prefix_tokens"] = shared
-    kvb = geometry.get("kv_bytes_per_token")
-    # agent-memory may keep KV quantized at rest (its log says "KV cached as q4g64"); the ideal
-    # is then taken at that precision: bits per element plus a scale and a bias per group.
-    precision = kv_precision_from_log(server.log_path) if server and kind == "ours" else None
+    exact_kvb = geometry.get("kv_bytes_per_token")  # as computed: the model's dtype
+    # agent-memory keeps hot KV exact while an agent is active and quantizes it when it cools
+    # (its log: "KV cached as q4g64"): the ideal prices each token at the precision held.
+    precision = kv_precision_from_log(server.logs[0]) if server and kind == "ours" else None
     result["kv_precision"] = precision or geometry.get("dtype")
-    if kvb and precision and precision.startswith("q"):
+    quant_kvb = exact_kvb
+    if exact_kvb and precision and precision.startswith("q"):
         bits, group = (int(x) for x in precision[1:].split("g"))
         elem = geometry["bytes_per_element"]
-        kvb = kvb * (bits / 8 + 2 * elem / group) / elem
-    result["kv_bytes_per_token_cached"] = kvb
-    if kvb and totals:
-        s = shared or 0
-        unique = s + sum(t - s for t in totals.values())
-        result["ideal_hot_bytes"] = unique * kvb
-        result["unshared_hot_bytes"] = sum(totals.values()) * kvb
+        quant_kvb = exact_kvb * (bits / 8 + 2 * elem / group) / elem
+    result["kv_bytes_per_token_exact"] = exact_kvb
+    result["kv_bytes_per_token_quantized"] = quant_kvb
     cache = result.get("cache_after_turns") or {}
     hot = cache.get("hot_bytes", cache.get("metrics_hot_bytes"))
-    result["hot_bytes"] = hot
-    result["hot_over_ideal"] = ratio(hot, result.get("ideal_hot_bytes"))
-    result["records"] = [asdict(r) for r in records + restart_records]
+    exact = cache.get("hot_exact_bytes", cache.get("metrics_hot_exact_bytes"))
+    quant = cache.get("hot_quantized_bytes", cache.get("metrics_hot_quantized_bytes"))
+    if hot is None and exact is not None and quant is not None:
+        hot = exact + quant
+    result["hot_bytes"], result["hot_exact_bytes"], result["hot_quantized_bytes"] = hot, exact, quant
+    if exact_kvb and totals:
+        s = shared or 0
+        unique = s + sum(t - s for t in totals.values())
+        result["unique_tokens"] = unique
+        result["ideal_hot_bytes_exact"] = unique * exact_kvb
+        result["ideal_hot_bytes_quantized"] = unique * quant_kvb
+        held = None
+        if exact is not None and quant is not None:
+            held = exact / exact_kvb + quant / quant_kvb  # tokens held hot, at either precision
+        elif hot is not None:
+            held = hot / quant_kvb
+        if held:
+            result["hot_tokens_held"] = held
+            # The ideal at the mix of precisions actually held.
+            result["ideal_hot_bytes"] = unique * hot / held
+            result["hot_over_ideal"] = held / unique
+        result["unshared_hot_bytes"] = sum(totals.values()) * exact_kvb
+    result["records"] = [asdict(r) for r in records]
     return result
+
+
+def code_version(args) -> str | None:
+    """Our server's commit, and whether its checkout has uncommitted changes under agent_memory/."""
+    try:
+        d = str(args.ours_dir)
+        head = subprocess.run(["git", "-C", d, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", d, "status", "--porcelain", "--", "agent_memory"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return f"{head}{' + uncommitted changes' if dirty else ''}" if head else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 # --------------------------------------------------------------------------------------
@@ -710,80 +1246,168 @@ def median_of(runs: list[dict], getter) -> float | None:
 
 METRICS = {
     "wall_s": lambda r: r["wall_s"],
-    "workload_wall_s": lambda r: r["workload_wall_s"],
-    "ttft_first_median": lambda r: r["ttft"]["first"]["median"],
-    "ttft_first_p90": lambda r: r["ttft"]["first"]["p90"],
-    "ttft_later_median": lambda r: r["ttft"]["later"]["median"],
-    "ttft_later_p90": lambda r: r["ttft"]["later"]["p90"],
-    "ttft_restart_median": lambda r: r["ttft"]["restart"]["median"],
-    "ttft_restart_p90": lambda r: r["ttft"]["restart"]["p90"],
+    "workload_wall_crash_s": lambda r: r["workload_wall_s"]["crash"],
+    "workload_wall_graceful_s": lambda r: r["workload_wall_s"]["graceful"],
     "ttft_cold_agent0": lambda r: r["ttft"]["cold_agent0"],
     "output_tok_s": lambda r: r["output_tok_s"],
-    "hit_ratio_all": lambda r: r["hit_ratio"]["all"],
-    "hit_ratio_later": lambda r: r["hit_ratio"]["later"],
-    "hit_ratio_restart": lambda r: r["hit_ratio"]["restart"],
     "peak_rss_bytes": lambda r: r["peak_rss_bytes"],
     "hot_bytes": lambda r: r["hot_bytes"],
+    "hot_exact_bytes": lambda r: r.get("hot_exact_bytes"),
+    "hot_quantized_bytes": lambda r: r.get("hot_quantized_bytes"),
     "ideal_hot_bytes": lambda r: r.get("ideal_hot_bytes"),
+    "ideal_hot_bytes_exact": lambda r: r.get("ideal_hot_bytes_exact"),
+    "ideal_hot_bytes_quantized": lambda r: r.get("ideal_hot_bytes_quantized"),
     "errors": lambda r: r["errors"],
-    "cold_over_later": lambda r: r["ratios"]["cold_over_later"],
-    "cold_over_restart": lambda r: r["ratios"]["cold_over_restart"],
     "first_prompt_tokens": lambda r: r["tokens_first_prompt_median"],
+    "crash_load_s": lambda r: r.get("crash_load_s"),
+    "graceful_load_s": lambda r: r.get("graceful_load_s"),
 }
+for _p in PHASES:
+    METRICS[f"ttft_{_p}_median"] = lambda r, p=_p: r["ttft"][p]["median"]
+    METRICS[f"ttft_{_p}_p90"] = lambda r, p=_p: r["ttft"][p]["p90"]
+    METRICS[f"hit_ratio_{_p}"] = lambda r, p=_p: r["hit_ratio"][p]
+    METRICS[f"log_hit_ratio_{_p}"] = lambda r, p=_p: r["log_hit_ratio"][p]
+for _k in RESTARTS:
+    METRICS[f"cold_over_{_k}"] = lambda r, k=_k: r["ratios"][f"cold_over_{k}"]
+METRICS["hit_ratio_all"] = lambda r: r["hit_ratio"]["all"]
+METRICS["log_hit_ratio_all"] = lambda r: r["log_hit_ratio"]["all"]
+METRICS["cold_over_later"] = lambda r: r["ratios"]["cold_over_later"]
 
 
 def aggregate(runs: list[dict]) -> dict:
     return {name: median_of(runs, get) for name, get in METRICS.items()} | {"runs": len(runs)}
 
 
+def hit_cell(s: dict, phase: str) -> str:
+    """Cached/prompt tokens as the API reports them; where it reports none, n/a (and what the
+    server's own log says, in parentheses, where it says anything)."""
+    v, log = s.get(f"hit_ratio_{phase}"), s.get(f"log_hit_ratio_{phase}")
+    if v is None and log is not None:
+        return f"n/a (log {log:.2f})"
+    return fmt(v)
+
+
+def hot_cell(s: dict) -> str:
+    if s.get("hot_exact_bytes") is not None:
+        return f"{mb(s['hot_exact_bytes'])} + {mb(s['hot_quantized_bytes'])} / {mb(s['ideal_hot_bytes'])}"
+    return f"{mb(s['hot_bytes'])} / {mb(s['ideal_hot_bytes'])}"
+
+
 def table(summary: dict[str, dict]) -> str:
-    head = ("| server | runs | prompt tok (1st) | wall s | TTFT first med / p90 | TTFT later med / p90 | "
-            "TTFT restart med / p90 | out tok/s | hit later | hit restart | peak RSS MB | hot MB / ideal MB | errors |")
+    head = ("| server | runs | prompt tok (1st) | wall s (turns) | TTFT first med / p90 | TTFT later med / p90 | "
+            "TTFT after crash med / p90 | TTFT after graceful med / p90 | out tok/s | hit later | hit crash | "
+            "hit graceful | ready s crash / graceful | peak RSS MB | hot MB exact + Q / ideal | errors |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, s in summary.items():
         lines.append(
             f"| {name} | {s['runs']} | {fmt(s['first_prompt_tokens'], digits=0)} | {fmt(s['wall_s'], digits=1)} | "
             f"{fmt(s['ttft_first_median'])} / {fmt(s['ttft_first_p90'])} | "
             f"{fmt(s['ttft_later_median'])} / {fmt(s['ttft_later_p90'])} | "
-            f"{fmt(s['ttft_restart_median'])} / {fmt(s['ttft_restart_p90'])} | {fmt(s['output_tok_s'], digits=1)} | "
-            f"{fmt(s['hit_ratio_later'])} | {fmt(s['hit_ratio_restart'])} | {mb(s['peak_rss_bytes'])} | "
-            f"{mb(s['hot_bytes'])} / {mb(s['ideal_hot_bytes'])} | {fmt(s['errors'], digits=0)} |")
+            f"{fmt(s['ttft_crash_median'])} / {fmt(s['ttft_crash_p90'])} | "
+            f"{fmt(s['ttft_graceful_median'])} / {fmt(s['ttft_graceful_p90'])} | {fmt(s['output_tok_s'], digits=1)} | "
+            f"{hit_cell(s, 'later')} | {hit_cell(s, 'crash')} | {hit_cell(s, 'graceful')} | "
+            f"{fmt(s['crash_load_s'], digits=1)} / {fmt(s['graceful_load_s'], digits=1)} | {mb(s['peak_rss_bytes'])} | "
+            f"{hot_cell(s)} | {fmt(s['errors'], digits=0)} |")
     return "\n".join(lines)
 
 
 def cold_table(summary: dict[str, dict]) -> str:
-    lines = ["| server | TTFT cold (1st turn) | TTFT cold agent 0 | TTFT warm (next turn) | TTFT after restart | "
-             "cold / warm | cold / after restart |", "|---|---|---|---|---|---|---|"]
+    lines = ["| server | TTFT cold (1st turn) | TTFT cold agent 0 | TTFT warm (next turn) | TTFT after crash | "
+             "TTFT after graceful restart | cold / warm | cold / after crash | cold / after graceful |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, s in summary.items():
         lines.append(f"| {name} | {fmt(s['ttft_first_median'])} | {fmt(s['ttft_cold_agent0'])} | "
-                     f"{fmt(s['ttft_later_median'])} | {fmt(s['ttft_restart_median'])} | "
-                     f"{fmt(s['cold_over_later'], 'x', 1)} | {fmt(s['cold_over_restart'], 'x', 1)} |")
+                     f"{fmt(s['ttft_later_median'])} | {fmt(s['ttft_crash_median'])} | "
+                     f"{fmt(s['ttft_graceful_median'])} | {fmt(s['cold_over_later'], 'x', 1)} | "
+                     f"{fmt(s['cold_over_crash'], 'x', 1)} | {fmt(s['cold_over_graceful'], 'x', 1)} |")
     return "\n".join(lines)
 
 
+COMPARED = [
+    ("workload_wall_crash_s", "workload wall s (turns + turn after a crash)"),
+    ("workload_wall_graceful_s", "workload wall s (turns + turn after a graceful restart)"),
+    ("wall_s", "wall s, turns only"),
+    ("ttft_first_median", "first-turn TTFT median"),
+    ("ttft_later_median", "later-turn TTFT median"),
+    ("ttft_crash_median", "TTFT median after a crash"),
+    ("ttft_graceful_median", "TTFT median after a graceful restart"),
+    ("output_tok_s", "output tok/s"),
+    ("hit_ratio_later", "hit ratio, later turns"),
+    ("hit_ratio_crash", "hit ratio after a crash"),
+    ("hit_ratio_graceful", "hit ratio after a graceful restart"),
+    ("peak_rss_bytes", "peak server RSS"),
+]
+
+
 def compare_table(summary: dict[str, dict]) -> tuple[str, dict]:
-    ours, peer = summary.get("ours"), summary.get("peer")
-    if not ours or not peer:
+    ours = summary.get("ours")
+    peers = [k for k in PEERS if k in summary]
+    if not ours or not peers:
         return "", {}
-    keys = [("workload_wall_s", "workload wall time (turns + turn after restart)"), ("wall_s", "wall time, turns only"), ("ttft_first_median", "first-turn TTFT median"),
-            ("ttft_later_median", "later-turn TTFT median"), ("ttft_restart_median", "after-restart TTFT median"),
-            ("output_tok_s", "output tok/s"), ("hit_ratio_all", "hit ratio (all main turns)"),
-            ("hit_ratio_later", "hit ratio (later turns)"), ("hit_ratio_restart", "hit ratio (after restart)"),
-            ("peak_rss_bytes", "peak server RSS")]
-    ratios = {k: ratio(ours[k], peer[k]) for k, _ in keys}
-    lines = ["| metric | ours | peer | ours / peer |", "|---|---|---|---|"]
-    for k, label in keys:
-        if k == "peak_rss_bytes":
-            a, b = mb(ours[k]) + " MB", mb(peer[k]) + " MB"
-        else:
-            a, b = fmt(ours[k], digits=3), fmt(peer[k], digits=3)
-        lines.append(f"| {label} | {a} | {b} | {fmt(ratios[k], 'x', 2)} |")
+    ratios = {p: {k: ratio(ours[k], summary[p][k]) for k, _ in COMPARED} for p in peers}
+    head = "| metric | ours | " + " | ".join(peers) + " | " + " | ".join(f"ours / {p}" for p in peers) + " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for k, label in COMPARED:
+        cells = []
+        for name in ["ours"] + peers:
+            v = summary[name][k]
+            if k == "peak_rss_bytes":
+                cells.append(mb(v) + " MB" if v is not None else "n/a")
+            elif k.startswith("hit_ratio") and v is None:
+                cells.append(hit_cell(summary[name], k.removeprefix("hit_ratio_")))
+            else:
+                cells.append(fmt(v, digits=3 if k.startswith("hit") else 2))
+        lines.append(f"| {label} | " + " | ".join(cells) + " | " +
+                     " | ".join(fmt(ratios[p][k], "x", 2) for p in peers) + " |")
     return "\n".join(lines), ratios
+
+
+def targets(summary: dict[str, dict]) -> tuple[str, list[dict]]:
+    """The issue's targets, each against the peers it names, with the numbers."""
+    ours = summary.get("ours")
+    peers = [k for k in PEERS if k in summary]
+    if not ours or not peers:
+        return "", []
+    rows = []
+
+    def add(name: str, value, limit: float, better: str, against: str) -> None:
+        met = None if value is None else (value <= limit if better == "<=" else value >= limit)
+        rows.append({"target": name, "against": against, "value": value, "limit": limit, "met": met})
+
+    for p in peers:
+        add("later-turn TTFT ≤ 0.4× each peer's", ratio(ours["ttft_later_median"], summary[p]["ttft_later_median"]),
+            0.4, "<=", p)
+    for kind in RESTARTS:
+        key = f"workload_wall_{kind}_s"
+        vals = {p: summary[p][key] for p in peers if summary[p][key] is not None}
+        if vals:
+            fastest = min(vals, key=vals.get)
+            add(f"workload wall time (turns + turn after a {'crash' if kind == 'crash' else 'graceful restart'}) "
+                "≤ 0.6× the faster peer's", ratio(ours[key], vals[fastest]), 0.6, "<=", fastest)
+    for p in peers:
+        add("after a crash, TTFT ≥ 5× better than each peer's",
+            ratio(summary[p]["ttft_crash_median"], ours["ttft_crash_median"]), 5.0, ">=", p)
+    if "vllm-mlx" in summary:
+        add("after a graceful restart, TTFT no worse than vllm-mlx's",
+            ratio(ours["ttft_graceful_median"], summary["vllm-mlx"]["ttft_graceful_median"]), 1.0, "<=", "vllm-mlx")
+    rss = {p: summary[p]["peak_rss_bytes"] for p in peers if summary[p]["peak_rss_bytes"]}
+    if rss:
+        smaller = min(rss, key=rss.get)
+        add("peak RSS ≤ 0.6× the smaller peer's", ratio(ours["peak_rss_bytes"], rss[smaller]), 0.6, "<=", smaller)
+    lines = ["| target | against | measured | met |", "|---|---|---|---|"]
+    for r in rows:
+        shown = fmt(r["value"], "×", 2)
+        lines.append(f"| {r['target']} | {r['against']} | {shown} | "
+                     f"{'n/a' if r['met'] is None else ('yes' if r['met'] else '**no**')} |")
+    return "\n".join(lines), rows
 
 
 # --------------------------------------------------------------------------------------
 # --scale
 # --------------------------------------------------------------------------------------
+
+COLORS = {"ours": "tab:blue", "mlx-lm": "tab:orange", "vllm-mlx": "tab:green", "external": "tab:gray"}
+
 
 def plot_scale(points: list[dict], plot_dir: Path) -> list[str]:
     import matplotlib
@@ -798,28 +1422,38 @@ def plot_scale(points: list[dict], plot_dir: Path) -> list[str]:
         if not pts:
             continue
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-        for server, color in (("ours", "tab:blue"), ("peer", "tab:orange")):
+        for server in SERVERS + ("external",):
+            color = COLORS[server]
             sp = sorted((p for p in pts if p["server"] == server), key=lambda p: p[xkey])
             if not sp:
                 continue
             xs = [p[xkey] for p in sp]
             for metric, style, label in (("ttft_later_median", "-o", "later turns"),
-                                         ("ttft_restart_median", "--s", "after restart"),
+                                         ("ttft_crash_median", "--s", "after a crash"),
+                                         ("ttft_graceful_median", "-.d", "after a graceful restart"),
                                          ("ttft_first_median", ":^", "first turn")):
-                ys = [p[metric] for p in sp]
+                ys = [p.get(metric) for p in sp]
                 if any(y is not None for y in ys):
                     ax1.plot(xs, [math.nan if y is None else y for y in ys], style, color=color,
                              label=f"{server}: {label}")
             ax2.plot(xs, [(p["peak_rss_bytes"] or math.nan) / 2**20 for p in sp], "-o", color=color,
                      label=f"{server}: peak RSS")
             if server == "ours":
-                ax2.plot(xs, [(p["hot_bytes"] or math.nan) / 2**20 for p in sp], "--s", color=color,
-                         label="ours: hot KV")
-                ax2.plot(xs, [(p["ideal_hot_bytes"] or math.nan) / 2**20 for p in sp], ":", color="gray",
-                         label="ideal KV (shared prefix once)")
+                exact = [(p.get("hot_exact_bytes") or 0) / 2**20 for p in sp]
+                quant = [(p.get("hot_quantized_bytes") or 0) / 2**20 for p in sp]
+                ax2.plot(xs, [(e + q) or math.nan for e, q in zip(exact, quant)], "--s", color=color,
+                         label="ours: hot KV, all")
+                exact, quant = [e or math.nan for e in exact], [q or math.nan for q in quant]  # log scale: 0 not drawn
+                ax2.plot(xs, exact, "--^", color="tab:cyan", label="ours: hot KV exact (as computed)")
+                ax2.plot(xs, quant, "--v", color="tab:purple", label="ours: hot KV quantized (cooled)")
+                ax2.plot(xs, [(p.get("ideal_hot_bytes_exact") or math.nan) / 2**20 for p in sp], ":", color="gray",
+                         label="ideal KV, all exact (shared prefix once)")
+                ax2.plot(xs, [(p.get("ideal_hot_bytes_quantized") or math.nan) / 2**20 for p in sp], ":",
+                         color="silver", label="ideal KV, all quantized")
         ax1.set(xlabel=xlabel, ylabel="TTFT median (s)", title=f"Time to first token vs {xlabel}")
         ax1.set_yscale("log")
         ax2.set(xlabel=xlabel, ylabel="MiB", title=f"Server memory vs {xlabel}")
+        ax2.set_yscale("log")
         for ax in (ax1, ax2):
             if axis == "agents":
                 ax.set_xscale("log", base=2)
@@ -841,13 +1475,31 @@ def int_list(s: str) -> list[int]:
     return [int(float(x)) for x in s.split(",") if x.strip()]
 
 
+def server_list(s: str) -> list[str]:
+    out = []
+    for name in s.split(","):
+        name = ALIASES.get(name.strip(), name.strip())
+        if name == "both":
+            out += ["ours", "mlx-lm"]
+        elif name == "all":
+            out += list(SERVERS)
+        elif name in SERVERS:
+            out.append(name)
+        elif name:
+            raise argparse.ArgumentTypeError(f"unknown server {name!r} (ours, mlx-lm, vllm-mlx, both, all)")
+    return list(dict.fromkeys(out))
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("server")
-    g.add_argument("--serve", choices=["ours", "peer", "both"], default=None,
-                   help="start the server(s) here (default: ours, unless --base-url is given)")
-    g.add_argument("--compare", action="store_true", help="same as --serve both")
+    g.add_argument("--serve", type=server_list, default=None, metavar="LIST",
+                   help="start these servers here, comma-separated: ours, mlx-lm (or peer), vllm-mlx, both "
+                        "(ours,mlx-lm), all (default: ours, unless --base-url is given)")
+    g.add_argument("--compare", action="store_true", help="ours and --peers (default: all three)")
+    g.add_argument("--peers", type=server_list, default=list(PEERS), metavar="LIST",
+                   help="with --compare: the peers (default mlx-lm,vllm-mlx)")
     g.add_argument("--base-url", help="benchmark a running server instead (no restart phase)")
     g.add_argument("--server-pid", type=int, help="with --base-url: its PID, to sample memory")
     g.add_argument("--model", default=None, help=f"model folder for the started servers (default {DEMO_MODEL})")
@@ -856,21 +1508,39 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--api-key", default="unused")
     g.add_argument("--ours-cmd", default=f"{shlex.quote(sys.executable)} -m agent_memory serve")
     g.add_argument("--ours-args", default="", help="extra flags for agent-memory serve, e.g. '--hot-budget-mb 512'")
-    g.add_argument("--peer-cmd", default=f"{shlex.quote(sys.executable)} -m mlx_lm server")
+    g.add_argument("--ours-dir", type=Path, default=REPO,
+                   help="the checkout whose agent_memory our server runs (default this one; e.g. a git worktree "
+                        "of a commit, unaffected by edits in progress here)")
+    g.add_argument("--peer-cmd", default=f"{shlex.quote(sys.executable)} -m mlx_lm server",
+                   help="mlx-lm's server command")
     g.add_argument("--peer-args", default="", help="extra flags for mlx_lm server")
-    g.add_argument("--repeats", type=int, default=1, help="runs per server, alternating ours/peer")
+    g.add_argument("--vllm-venv", type=Path, default=VLLM_MLX_VENV,
+                   help=f"vllm-mlx's own venv (default {VLLM_MLX_VENV.relative_to(REPO)}; made on first use)")
+    g.add_argument("--vllm-args", default="", help="extra flags for vllm-mlx serve")
+    g.add_argument("--no-install", action="store_true", help="never create vllm-mlx's venv; fail instead")
+    g.add_argument("--setup-vllm-mlx", action="store_true", help="create vllm-mlx's venv and exit")
+    g.add_argument("--repeats", type=int, default=1, help="runs per server, alternating between the servers")
     g.add_argument("--start-timeout", type=float, default=300)
     g.add_argument("--work-dir", type=Path, default=None, help="cache folders and logs (default: a temp dir)")
     g.add_argument("--keep", action="store_true", help="keep the work dir (always kept when a run fails)")
+    g.add_argument("--trace", action="store_true",
+                   help="our server only: time its engine's steps from outside (queue, disk reads, prefill, "
+                        "fsync); a table of where TTFT goes")
 
     w = p.add_argument_group("workload")
     w.add_argument("--agents", type=int, default=8)
     w.add_argument("--turns", type=int, default=4)
+    w.add_argument("--think", type=float, default=0.0, help="seconds between an agent's reply and its next turn")
     w.add_argument("--system-tokens", type=int, default=1000, help="size of the shared system document")
     w.add_argument("--history-tokens", type=int, default=0, help="each agent's pre-existing conversation")
     w.add_argument("--max-tokens", type=int, default=64)
     w.add_argument("--stagger", type=float, default=0.5, help="agent i starts after i x this many seconds")
-    w.add_argument("--no-restart", action="store_true", help="skip the restart phase")
+    w.add_argument("--restart", choices=["both", "crash", "graceful", "none"], default="both",
+                   help="after the turns: a crash (SIGKILL), then a graceful restart (SIGTERM), one more turn "
+                        "each after each (default both)")
+    w.add_argument("--crash-delay", type=float, default=3.0,
+                   help="seconds from the last turn's end to the SIGKILL (default 3)")
+    w.add_argument("--no-restart", action="store_true", help="skip the restart phases (= --restart none)")
     w.add_argument("--no-warmup", action="store_true", help="no tiny request after each server start")
     w.add_argument("--request-timeout", type=float, default=900)
 
@@ -887,30 +1557,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     o.add_argument("--json", type=Path, help="write every number (and every request) here")
     args = p.parse_args(argv)
 
+    if args.setup_vllm_mlx:
+        return args
     if args.compare:
-        args.serve = "both"
+        args.serve = ["ours"] + [k for k in args.peers if k != "ours"]
     if args.base_url and args.serve:
         p.error("--base-url and --serve/--compare exclude each other")
     if not args.base_url and not args.serve:
-        args.serve = "ours"
+        args.serve = ["ours"]
     if args.serve:
         args.model = str(Path(args.model or DEMO_MODEL).expanduser())
         if not (Path(args.model) / "config.json").exists():
             p.error(f"no model at {args.model} (run: agent-memory models fetch demo)")
+    if args.trace and args.serve and "ours" not in args.serve:
+        p.error("--trace times our server: --serve ours")
     return args
 
 
 def servers_of(args) -> list[str]:
     if args.base_url:
         return ["external"]
-    return ["ours", "peer"] if args.serve == "both" else [args.serve]
+    return list(args.serve)
 
 
 def clip_history(args, history: int, turns: int) -> int:
     ctx = model_geometry(args.model or args.model_dir).get("context")
     if not ctx:
         return history
-    need = args.system_tokens + 64 + (turns + 1) * (args.max_tokens + 40)
+    need = args.system_tokens + 64 + (turns + 1 + len(restart_plan(args))) * (args.max_tokens + 40)
     if history + need > ctx:
         clipped = max(0, ctx - need)
         print(f"note: history {history} + ~{need} workload tokens exceed the model's context ({ctx}); "
@@ -924,14 +1598,24 @@ def _exit_on_signal(signum, frame) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--traced-serve"]:
+        traced_serve(argv[1], argv[2:])
+        return 0
     args = parse_args(argv)
+    if args.setup_vllm_mlx:
+        print(ensure_vllm_mlx(args.vllm_venv))
+        return 0
+    if "vllm-mlx" in (args.serve or []):
+        ensure_vllm_mlx(args.vllm_venv, install=not args.no_install)  # before any run, not in the middle
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-agents-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     print(f"work dir: {work_dir}", flush=True)
     servers = servers_of(args)
-    out: dict = {"argv": sys.argv[1:], "model": args.model or args.model_dir, "started": time.strftime("%FT%T%z"),
+    out: dict = {"argv": argv, "model": args.model or args.model_dir, "started": time.strftime("%FT%T%z"),
+                 "load_average_at_start": load_average(), "ours_code": code_version(args),
                  "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     failed = False
     try:
@@ -947,19 +1631,23 @@ def main(argv=None) -> int:
                     r = run_workload(kind, args, n, args.scale_turns, h, work_dir, tag)
                     runs.append(r)
                     agg = aggregate([r])
-                    points.append({"axis": axis, "server": kind, "agents": n, "history_tokens": h, **agg})
-                    print(f"    TTFT later {fmt(agg['ttft_later_median'])}s, restart "
-                          f"{fmt(agg['ttft_restart_median'])}s, peak RSS {mb(agg['peak_rss_bytes'])} MB, "
-                          f"errors {agg['errors']}", flush=True)
+                    points.append({"axis": axis, "server": kind, "agents": n, "history_tokens": h,
+                                   "uptime": r.get("uptime"), **agg})
+                    print(f"    TTFT later {fmt(agg['ttft_later_median'])}s, after crash "
+                          f"{fmt(agg['ttft_crash_median'])}s, after graceful {fmt(agg['ttft_graceful_median'])}s, "
+                          f"peak RSS {mb(agg['peak_rss_bytes'])} MB, hot {mb(agg['hot_exact_bytes'])} exact + "
+                          f"{mb(agg['hot_quantized_bytes'])} quantized MB, errors {agg['errors']}", flush=True)
             out["scale"] = points
             out["runs"] = runs
-            lines = ["| axis | server | agents | history | TTFT first | TTFT later | TTFT restart | hit later | "
-                     "peak RSS MB | hot MB / ideal MB | errors |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            lines = ["| axis | server | agents | history | TTFT first | TTFT later | TTFT after crash | "
+                     "TTFT after graceful | hit later | peak RSS MB | hot MB exact + Q / ideal | load at start | "
+                     "errors |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for pt in points:
                 lines.append(f"| {pt['axis']} | {pt['server']} | {pt['agents']} | {pt['history_tokens']} | "
                              f"{fmt(pt['ttft_first_median'])} | {fmt(pt['ttft_later_median'])} | "
-                             f"{fmt(pt['ttft_restart_median'])} | {fmt(pt['hit_ratio_later'])} | "
-                             f"{mb(pt['peak_rss_bytes'])} | {mb(pt['hot_bytes'])} / {mb(pt['ideal_hot_bytes'])} | "
+                             f"{fmt(pt['ttft_crash_median'])} | {fmt(pt['ttft_graceful_median'])} | "
+                             f"{hit_cell(pt, 'later')} | {mb(pt['peak_rss_bytes'])} | {hot_cell(pt)} | "
+                             f"{pt['uptime'].split()[0] if pt.get('uptime') else 'n/a'} | "
                              f"{fmt(pt['errors'], digits=0)} |")
             text = "\n".join(lines)
             print("\n" + text)
@@ -973,7 +1661,7 @@ def main(argv=None) -> int:
             history = clip_history(args, args.history_tokens, args.turns)
             runs = []
             for rep in range(args.repeats):
-                for kind in servers:
+                for kind in servers:  # alternating: ours, mlx-lm, vllm-mlx, ours, ...
                     runs.append(run_workload(kind, args, args.agents, args.turns, history, work_dir, f"{kind}-r{rep}"))
             out["runs"] = runs
             summary = {k: aggregate([r for r in runs if r["server"] == k]) for k in servers}
@@ -985,15 +1673,25 @@ def main(argv=None) -> int:
             if cmp_text:
                 text += "\n\n" + cmp_text
                 out["ratios_ours_over_peer"] = ratios
-            kvb = next((r["geometry"].get("kv_bytes_per_token") for r in runs if r.get("geometry")), None)
-            shared = next((r["shared_prefix_tokens"] for r in runs if r["server"] == "ours"), None)
-            prec = next((r.get("kv_precision") for r in runs if r["server"] == "ours"), None)
-            kvc = next((r.get("kv_bytes_per_token_cached") for r in runs if r["server"] == "ours"), None)
-            text += (f"\n\n{args.agents} agents x {args.turns} turns (+1 after restart), history {history} tokens, "
-                     f"shared system ~{args.system_tokens} tokens (shared prefix seen: {fmt(shared)}), "
-                     f"max_tokens {args.max_tokens}, stagger {args.stagger}s; KV bytes/token {fmt(kvb)} at the model's "
-                     f"dtype" + (f", {fmt(kvc, digits=0)} as ours caches it ({prec}; the ideal uses this)"
-                                 if kvc and kvc != kvb else ""))
+            tgt_text, tgt_rows = targets(summary)
+            if tgt_text:
+                text += "\n\n" + tgt_text
+                out["targets"] = tgt_rows
+            levers = [r["levers"] for r in runs if r.get("levers")]
+            if levers:
+                out["levers"] = levers
+                for i, lv in enumerate(levers):
+                    text += f"\n\nours, run {i + 1}: where the time goes (medians, ms, server clock)\n\n" + trace_table(lv)
+            r0 = next((r for r in runs if r["server"] == "ours"), runs[0] if runs else {})
+            kvb, kvq = r0.get("kv_bytes_per_token_exact"), r0.get("kv_bytes_per_token_quantized")
+            text += (f"\n\n{args.agents} agents x {args.turns} turns, think {args.think:g}s (+1 turn after each of: "
+                     f"{', '.join(restart_plan(args)) or 'no restart'}; crash {args.crash_delay:g}s after the last "
+                     f"turn), history {history} tokens, shared system ~{args.system_tokens} tokens (shared prefix "
+                     f"seen: {fmt(r0.get('shared_prefix_tokens'))}), max_tokens {args.max_tokens}, stagger "
+                     f"{args.stagger}s; KV bytes/token {fmt(kvb)} exact" +
+                     (f", {fmt(kvq, digits=0)} {r0.get('kv_precision')} (cooled)" if kvq and kvq != kvb else "") +
+                     f"; ours: {out.get('ours_code')} ({args.ours_dir})"
+                     "; load average per run: " + ", ".join(f"{r['tag']} {r.get('uptime')}" for r in runs))
             print("\n" + text)
             out["table"] = text
         failed = any(r["errors"] for r in out.get("runs", []))
