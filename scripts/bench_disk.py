@@ -39,7 +39,8 @@ import mlx.core as mx  # noqa: E402
 
 from agent_memory.config import default_cache_dir  # noqa: E402
 from agent_memory.memory import blockfile  # noqa: E402
-from agent_memory.memory.folder import BLOCK_TOKENS, Folder, tokens_text  # noqa: E402
+from agent_memory.memory.folder import Folder  # noqa: E402
+from agent_memory.memory.records import BLOCK_TOKENS, tokens_text  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
 
 # SmolLM2-135M, the demo model, as the server sees it.

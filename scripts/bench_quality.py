@@ -41,7 +41,7 @@ from mlx_lm.models.cache import BatchKVCache
 from agent_memory.config import default_cache_dir
 from agent_memory.engine import kv
 from agent_memory.engine.quantized import BatchQuantizedKVCache
-from agent_memory.memory.folder import BLOCK_TOKENS
+from agent_memory.memory.records import BLOCK_TOKENS
 from agent_memory.models.registry import resolve_model
 
 TEXTS = [Path("/usr/share/common-licenses/GPL-3"), Path("/usr/share/common-licenses/Apache-2.0")]

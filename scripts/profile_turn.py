@@ -34,7 +34,7 @@ from openai import OpenAI  # noqa: E402
 from agent_memory.config import default_cache_dir  # noqa: E402
 from agent_memory.engine.loader import load_model  # noqa: E402
 from agent_memory.memory import blockfile  # noqa: E402
-from agent_memory.memory.folder import BLOCK_TOKENS  # noqa: E402
+from agent_memory.memory.records import BLOCK_TOKENS  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
 from agent_memory.models.registry import resolve_model  # noqa: E402
 

@@ -21,7 +21,8 @@ from agent_memory.cli.cache.commands import cache_app
 from agent_memory.cli.cache.render import human_age, human_bytes, parse_duration
 from agent_memory.memory import blockfile
 from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.folder import Folder, Manifest, folder_name, tokens_text
+from agent_memory.memory.folder import Folder, folder_name
+from agent_memory.memory.records import Manifest, tokens_text
 from agent_memory.memory.hashing import BlockNames
 
 REPO = Path(__file__).resolve().parent.parent

@@ -25,7 +25,8 @@ from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError
 from agent_memory.memory.blocks import Tier
 from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.folder import AgentKey, Folder, Manifest
+from agent_memory.memory.folder import Folder
+from agent_memory.memory.records import AgentKey, Manifest
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.store import AgentCacheStore
 

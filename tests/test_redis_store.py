@@ -15,7 +15,7 @@ from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError
 from agent_memory.memory.blocks import Tier
 from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.folder import AgentKey, BlockRecord, Manifest
+from agent_memory.memory.records import AgentKey, BlockRecord, Manifest
 from agent_memory.memory.redis_store import RedisStore
 from agent_memory.memory.redis_url import check_url, redact
 from agent_memory.memory.store import AgentCacheStore

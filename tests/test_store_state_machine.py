@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from agent_memory.memory.blocks import Tier
-from agent_memory.memory.folder import AgentKey
+from agent_memory.memory.records import AgentKey
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.prefix import common_prefix
 from agent_memory.memory.store import AgentCacheStore

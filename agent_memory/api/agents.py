@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from agent_memory.api.errors import APIError
 from agent_memory.api.pipeline import tenant
 from agent_memory.api.state import ServerState, ready_state
-from agent_memory.memory.folder import AgentKey
+from agent_memory.memory.records import AgentKey
 from agent_memory.memory.store_records import AgentInfo
 
 router = APIRouter()

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from agent_memory.chat.conversation import Message, ToolCall
 from agent_memory.memory import blockfile
-from agent_memory.memory.folder import AgentKey, agent_file_stem, entries, unlink_regular
+from agent_memory.memory.folder import entries, unlink_regular
+from agent_memory.memory.records import AgentKey, agent_file_stem
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import mlx.core as mx
 from agent_memory.engine import kv
 from agent_memory.engine.sequence import Sequence, canonical_reply
 from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.folder import AgentKey
+from agent_memory.memory.records import AgentKey
 from agent_memory.memory.store import AgentCacheStore
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status, new_sequence
 from agent_memory.memory.blocks import Tier
 from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.folder import BLOCK_TOKENS, AgentKey
+from agent_memory.memory.records import BLOCK_TOKENS, AgentKey
 from agent_memory.memory.store import AgentCacheStore
 from agent_memory.memory.store_records import Segment
 from agent_memory.metrics import Metrics

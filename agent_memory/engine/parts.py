@@ -16,7 +16,7 @@ from agent_memory.engine.loader import LoadedModel, load_model
 from agent_memory.engine.prefill import Prefiller
 from agent_memory.engine.warm import open_warm_tier
 from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.folder import BLOCK_TOKENS
+from agent_memory.memory.records import BLOCK_TOKENS
 from agent_memory.memory.store import AgentCacheStore
 
 log = logging.getLogger(__name__)

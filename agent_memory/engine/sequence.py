@@ -15,7 +15,7 @@ from agent_memory.engine.loader import LoadedModel
 from agent_memory.engine.requests import GenerationRequest, Sink, TextDelta, Usage
 from agent_memory.engine.sampling import make_sampler
 from agent_memory.engine.stops import StopMatcher
-from agent_memory.memory.folder import AgentKey
+from agent_memory.memory.records import AgentKey
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.store import AgentCacheStore
 from agent_memory.memory.store_records import Lease, Segment

@@ -24,7 +24,8 @@ from pathlib import Path
 from agent_memory.engine import kv
 from agent_memory.engine.loader import LoadedModel
 from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.folder import BLOCK_TOKENS, Folder, FolderScan, entries, folder_name
+from agent_memory.memory.folder import Folder, FolderScan, entries, folder_name
+from agent_memory.memory.records import BLOCK_TOKENS
 from agent_memory.memory.redis_store import RedisStore
 
 log = logging.getLogger(__name__)

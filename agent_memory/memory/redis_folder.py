@@ -12,7 +12,8 @@ from pathlib import PurePosixPath
 
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import Layout
-from agent_memory.memory.folder import HASH_RE, FileInfo, FolderScan, Manifest
+from agent_memory.memory.folder import FileInfo, FolderScan
+from agent_memory.memory.records import HASH_RE, Manifest
 from agent_memory.memory.redis_keys import BLOCK_TTL_S, DELETE_MANIFEST, PREFIX, SCAN_COUNT, RedisNamespace
 from agent_memory.memory.redis_url import connect
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 
-from agent_memory.memory.folder import AgentKey, Manifest, agent_file_stem
+from agent_memory.memory.records import AgentKey, Manifest, agent_file_stem
 from agent_memory.memory.redis_url import connect, redact, store_root
 
 PREFIX = "am"

@@ -26,7 +26,8 @@ import numpy as np
 
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import Layout
-from agent_memory.memory.folder import AgentKey, FolderScan, Manifest
+from agent_memory.memory.folder import FolderScan
+from agent_memory.memory.records import AgentKey, Manifest
 from agent_memory.memory.redis_keys import (
     BLOCK_TTL_S,
     CAS_MANIFEST,

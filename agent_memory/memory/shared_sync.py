@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent_memory.memory.blocks import Block, Tier
-from agent_memory.memory.folder import AgentKey
+from agent_memory.memory.records import AgentKey
 from agent_memory.memory.warmstore import Probe
 
 if TYPE_CHECKING:

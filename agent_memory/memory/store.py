@@ -26,7 +26,8 @@ from typing import Any
 
 from agent_memory.memory.blocks import Block, BlockPool, Tier
 from agent_memory.memory.disk import BlockRecord, DiskTier
-from agent_memory.memory.folder import AgentKey, FolderScan, Manifest
+from agent_memory.memory.folder import FolderScan
+from agent_memory.memory.records import AgentKey, Manifest
 from agent_memory.memory.hashing import BlockNames
 from agent_memory.memory.prefix import PrefixMatcher
 from agent_memory.memory.shared_sync import SharedTierSync

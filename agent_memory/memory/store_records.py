@@ -12,7 +12,7 @@ from typing import Any
 from agent_memory.memory.blockfile import Tensors
 from agent_memory.memory.blocks import Block
 from agent_memory.memory.disk import BlockRecord, DiskTier
-from agent_memory.memory.folder import Manifest
+from agent_memory.memory.records import Manifest
 
 
 @dataclass

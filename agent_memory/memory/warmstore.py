@@ -34,7 +34,8 @@ import numpy as np
 
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError, Layout
-from agent_memory.memory.folder import AgentKey, Folder, FolderScan, Manifest
+from agent_memory.memory.folder import Folder, FolderScan
+from agent_memory.memory.records import AgentKey, Manifest
 
 log = logging.getLogger(__name__)
 

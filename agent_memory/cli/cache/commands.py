@@ -1,9 +1,9 @@
 """`agent-memory cache`: look into and tidy the warm tier on disk without loading any model.
 
-It reads the very files the server writes (memory/folder.py, memory/blockfile.py) and never
-imports MLX, so it starts at once and runs where MLX cannot. What it looks at: scan.py; what it
-checks and deletes, and in which order: operations.py; a running server: server.py; what it
-prints: render.py.
+It reads the very files the server writes (memory/folder.py, memory/records.py,
+memory/blockfile.py) and never imports MLX, so it starts at once and runs where MLX cannot.
+What it looks at: scan.py; what it checks and deletes, and in which order: operations.py; a
+running server: server.py; what it prints: render.py.
 """
 
 from __future__ import annotations

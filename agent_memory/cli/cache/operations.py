@@ -20,7 +20,8 @@ from pathlib import Path
 
 from agent_memory.cli.cache.scan import ModelFolder
 from agent_memory.cli.cache.server import LiveServer
-from agent_memory.memory.folder import BLOCK_META_KEYS, FOLDER_RE, AgentKey, BlockRecord, FileInfo, Manifest
+from agent_memory.memory.folder import BLOCK_META_KEYS, FOLDER_RE, FileInfo
+from agent_memory.memory.records import AgentKey, BlockRecord, Manifest
 from agent_memory.memory.hashing import BlockNames
 
 GRACE_S = 600.0  # younger orphans and temp files may belong to a write the server is making

@@ -14,17 +14,8 @@ from pathlib import Path
 from agent_memory.cli.common import fail, settings
 from agent_memory.cli.cache.render import printable
 from agent_memory.config import Settings
-from agent_memory.memory.folder import (
-    BLOCK_TOKENS,
-    FOLDER_RE,
-    BlockRecord,
-    Folder,
-    FolderScan,
-    Manifest,
-    AgentKey,
-    agent_file_stem,
-    model_folders,
-)
+from agent_memory.memory.folder import FOLDER_RE, Folder, FolderScan, model_folders
+from agent_memory.memory.records import BLOCK_TOKENS, AgentKey, BlockRecord, Manifest, agent_file_stem
 
 
 @dataclass

@@ -1,0 +1,182 @@
+"""The records of the cache folder's format, wherever they are stored (a folder, a shared
+Redis): who an agent is (`AgentKey`) and the name its manifest is stored under, an agent's
+manifest (its token ids and block hashes), what a block file says about its block, and the
+record of the server running on a folder. Each parse checks what it reads: token ids must fit
+the hash chain's uint32 packing (hashing.py), hashes must be block hashes. No MLX here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from agent_memory.memory import blockfile
+
+BLOCK_TOKENS = 64  # tokens per block; a sequence's last block may be shorter
+HASH_RE = re.compile(r"^[0-9a-f]{32}$")
+MANIFEST_VERSION = 1
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_TOKEN_ID = 2**32  # block hashes pack token ids as uint32 (hashing.py)
+
+
+class AgentKey(NamedTuple):
+    """An agent: its id within its tenant (an API key's name; "" with one key or none). A
+    stored Responses-API response is agent-like: kind "response", its id the response id."""
+
+    id: str
+    tenant: str = ""
+    kind: str = "agent"
+
+
+def agent_file_stem(key: AgentKey | str) -> str:
+    key = AgentKey(key) if isinstance(key, str) else key
+    # surrogatepass: total over every Python string, though the API admits only valid Unicode.
+    raw = key.id.encode("utf-8", "surrogatepass")
+    if key.tenant or key.kind != "agent":
+        raw = b"\0".join([key.tenant.encode("utf-8", "surrogatepass"), raw, key.kind.encode()])
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+def tokens_text(tokens) -> str:
+    """How token ids are written in block metadata (compared exactly on read)."""
+    return json.dumps(list(tokens), separators=(",", ":"))
+
+
+def valid_tokens(tokens: object) -> bool:
+    return isinstance(tokens, list) and all(type(t) is int and 0 <= t < MAX_TOKEN_ID for t in tokens)
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """What a block file says about its block, besides the tensors and the folder's fields."""
+
+    hash: str
+    parent: str | None
+    start: int
+    tokens: tuple[int, ...]
+
+    def meta(self) -> dict[str, str]:
+        """The block file's metadata that names the block (DiskTier adds the folder's fields)."""
+        parent = self.parent or ""
+        return {"hash": self.hash, "parent": parent, "start": str(self.start), "tokens": tokens_text(self.tokens)}
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> BlockRecord:
+        """Parse a block file's metadata; ValueError says what is wrong with it."""
+        block_hash, parent, start = meta.get("hash"), meta.get("parent") or None, meta.get("start")
+        try:
+            tokens = json.loads(meta.get("tokens") or "null")
+        except (ValueError, TypeError, RecursionError) as e:
+            raise ValueError(f"unreadable token ids: {e}") from e
+        if not (isinstance(block_hash, str) and HASH_RE.match(block_hash)):
+            raise ValueError("its hash is not a block hash")
+        if not tokens or not valid_tokens(tokens):
+            raise ValueError("its metadata holds no valid token ids")
+        if parent is not None and not (isinstance(parent, str) and HASH_RE.match(parent)):
+            raise ValueError("its parent is not a block hash")
+        if not (isinstance(start, str) and start.isascii() and start.isdigit()):
+            raise ValueError("its start position is not a number")
+        return cls(block_hash, parent, int(start), tuple(tokens))
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """server.json: a server process serving the folder. While it lives, agents are ended
+    through it (the `cache` commands), never by deleting files it still counts."""
+
+    pid: int
+    url: str  # base URL, http://host:port
+    started: float  # wall clock
+    path: Path
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether a process of this id exists (signal 0 checks without sending anything)."""
+    if type(pid) is not int or not 0 < pid < 2**31:  # 0 and -1 would name process groups
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        return True
+    return True
+
+
+@dataclass
+class Manifest:
+    agent: str
+    fingerprint: str
+    tokens: list[int]
+    blocks: list[str]
+    last_used: float  # wall clock
+    path: Path | None = None
+    tenant: str = ""
+    root: str | None = None  # where its hash chain starts: its namespace (hashing.py)
+    kind: str = "agent"
+
+    @property
+    def key(self) -> AgentKey:
+        return AgentKey(self.agent, self.tenant, self.kind)
+
+    def to_bytes(self) -> bytes:
+        data = {
+            "version": MANIFEST_VERSION,
+            "agent": self.agent,
+            "fingerprint": self.fingerprint,
+            "last_used": self.last_used,
+            "blocks": self.blocks,
+            "tokens": self.tokens,
+        }
+        if self.tenant:
+            data["tenant"] = self.tenant
+        if self.kind != "agent":
+            data["kind"] = self.kind
+        if self.root:
+            data["root"] = self.root
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest:
+        """Parse and check a manifest; ValueError says what is wrong with it."""
+        with blockfile.open_regular(path) as f:
+            if os.fstat(f.fileno()).st_size > MAX_MANIFEST_BYTES:
+                raise ValueError("manifest too large")
+            raw = f.read()
+        return cls.parse(raw, path.stem, path)
+
+    @classmethod
+    def parse(cls, raw: bytes, stem: str, path: Path | None = None) -> Manifest:
+        """Check a manifest's bytes, stored under `stem` (a file name, or a Redis key's end)."""
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise ValueError("manifest too large")
+        try:
+            data = json.loads(raw)
+        except RecursionError as e:  # deeply nested JSON: a bad file, not a crash
+            raise ValueError("manifest nested too deeply") from e
+        if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
+            raise ValueError("not a manifest of this version")
+        agent, tokens, blocks = data.get("agent"), data.get("tokens"), data.get("blocks")
+        tenant, root, kind = data.get("tenant", ""), data.get("root"), data.get("kind", "agent")
+        if not isinstance(tenant, str) or not (root is None or (isinstance(root, str) and HASH_RE.match(root))):
+            raise ValueError("tenant must be a string and root a block hash")
+        if kind not in ("agent", "response"):
+            raise ValueError("kind must be agent or response")
+        if not isinstance(agent, str) or agent_file_stem(AgentKey(agent, tenant, kind)) != stem:
+            raise ValueError("agent id does not match the file name")
+        # Out-of-range ids would raise OverflowError later, in the hash chain.
+        if not valid_tokens(tokens):
+            raise ValueError("tokens must be a list of token ids (integers 0 <= id < 2**32)")
+        if not isinstance(blocks, list) or not all(isinstance(h, str) and HASH_RE.match(h) for h in blocks):
+            raise ValueError("blocks must be a list of block hashes")
+        last_used = data.get("last_used")
+        if type(last_used) not in (int, float) or not isinstance(data.get("fingerprint"), str):
+            raise ValueError("missing fingerprint or last_used")
+        if not abs(last_used) < 1e15:  # also false for NaN and inf; float(10**400) would overflow
+            raise ValueError("last_used is not a time")
+        return cls(agent, data["fingerprint"], tokens, blocks, float(last_used), path, tenant, root, kind)
