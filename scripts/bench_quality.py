@@ -17,8 +17,13 @@ the way an agent's conversation grows. How the server uses a precision:
   mlx-lm's QuantizedKVCache (the batched cache decodes the same tokens, tests/test_quantized.py).
 
 Greedy agreement: float KV's greedy continuation (256 tokens after a 1,024-token prompt) fed
-back through each scheme: the share of positions where the scheme's top token is the same. Decode speed: tok/s for 1 and 8 sequences decoding together over a
---context-token history, with the batch caches the engine uses.
+back through each scheme: the share of positions where the scheme's top token is the same
+(teacher-forced). Free-running: the scheme generates its own greedy reply from the restored
+prompt; the share of the reply before its first token unlike float KV's (what a user who
+repeats a temperature-0 request sees). Decode speed: tok/s for 1 and 8 sequences decoding
+together over a --context-token history, with the batch caches the engine uses.
+
+    .venv/bin/python scripts/bench_quality.py --schemes exact,q4g64,q8g64   # some schemes only
 """
 
 from __future__ import annotations
@@ -62,13 +67,20 @@ class Scheme:
         return f"Q{self.precision.bits} g{self.precision.group_size}, {mode}"
 
 
-def schemes() -> list[Scheme]:
-    out = [Scheme(FULL)]
+def schemes(wanted: str | None) -> list[Scheme]:
+    """Every scheme, or those named: exact, q4g64, q4g64-dq (decode-quantized), ..."""
+    out = {"exact": Scheme(FULL)}
     for bits in (8, 4):
         for group in (32, 64):
             for decode_quantized in (False, True):
-                out.append(Scheme(kv.KVPrecision(bits, group), decode_quantized))
-    return out
+                name = f"q{bits}g{group}" + ("-dq" if decode_quantized else "")
+                out[name] = Scheme(kv.KVPrecision(bits, group), decode_quantized)
+    if wanted is None:
+        return list(out.values())
+    unknown = [w for w in wanted.split(",") if w not in out]
+    if unknown:
+        raise SystemExit(f"unknown schemes {unknown}; known: {', '.join(out)}")
+    return [out[w] for w in wanted.split(",")]
 
 
 class Runner:
@@ -145,6 +157,19 @@ def agreement(model, prompt: list[int], reference: list[int], scheme: Scheme) ->
     return sum(a == b for a, b in zip(picks, reference)) / len(reference)
 
 
+def free_running(model, prompt: list[int], reference: list[int], scheme: Scheme) -> float:
+    """The share of the scheme's own greedy reply before its first token unlike the reference."""
+    runner = Runner(model, scheme)
+    runner.forward(prompt[:-1])
+    runner.new_request()
+    token = prompt[-1]
+    for i, expected in enumerate(reference):
+        token = runner.forward([token])[-1].argmax().item()
+        if token != expected:
+            return i / len(reference)
+    return 1.0
+
+
 def decode_speed(model, scheme: Scheme, batch: int, context: int, steps: int) -> float:
     """Aggregate tok/s of `batch` sequences decoding together over `context` cached tokens."""
     history = mx.random.randint(0, 1000, (1, context), key=mx.random.key(0))
@@ -179,6 +204,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4, help="prompts for greedy agreement")
     parser.add_argument("--context-tokens", type=int, default=1024, help="history for the decode speed")
     parser.add_argument("--decode-steps", type=int, default=32)
+    parser.add_argument("--schemes", default=None, help="comma-separated: exact, q4g64, q4g64-dq, ... (default: all)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     args.model = str(resolve_model(args.model, default_cache_dir() / "models"))  # never a hub
@@ -191,11 +217,12 @@ def main() -> None:
 
     references = [greedy(model, p, args.generate) for p in prompts]
     results, base = [], None
-    for scheme in schemes():
+    for scheme in schemes(args.schemes):
         t0 = time.perf_counter()
         ppl = perplexity(model, ids, starts, scheme)
         base = base or ppl
         agree = [agreement(model, p, r, scheme) for p, r in zip(prompts, references)]
+        free = [free_running(model, p, r, scheme) for p, r in zip(prompts, references)]
         row = {
             "scheme": scheme.name,
             "bits": scheme.precision.bits,
@@ -204,6 +231,7 @@ def main() -> None:
             "perplexity": ppl,
             "perplexity_change": ppl / base - 1,
             "greedy_agreement": sum(agree) / len(agree),
+            "free_running_match": sum(free) / len(free),
             "kv_bytes_per_1k_tokens": kv_bytes_per_1k_tokens(model, scheme.precision),
             "decode_tok_s": {
                 n: decode_speed(model, scheme, n, args.context_tokens, args.decode_steps) for n in (1, 8)
@@ -215,12 +243,12 @@ def main() -> None:
     print(f"\nmodel: {Path(args.model).name}   machine: {platform.machine()}, {os.cpu_count()} cores")
     print(f"perplexity: {args.windows} windows of {WINDOW} tokens in {STEP}-token steps; greedy: "
           f"{args.prompts} prompts x {args.generate} tokens; decode over {args.context_tokens} cached tokens\n")
-    print("| KV | perplexity | vs float | greedy agreement | KV bytes / 1k tokens "
+    print("| KV | perplexity | vs float | greedy agreement | free-running, same until | KV bytes / 1k tokens "
           "| decode tok/s, 1 | decode tok/s, 8 |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['scheme']} | {r['perplexity']:.3f} | {r['perplexity_change'] * 100:+.2f} % "
-              f"| {r['greedy_agreement'] * 100:.1f} % "
+              f"| {r['greedy_agreement'] * 100:.1f} % | {r['free_running_match'] * 100:.1f} % "
               f"| {r['kv_bytes_per_1k_tokens'] / 2**20:.1f} MiB | {r['decode_tok_s'][1]:.1f} | {r['decode_tok_s'][8]:.1f} |")
     if args.json:
         args.json.write_text(json.dumps({"model": Path(args.model).name, "results": results}, indent=2))
