@@ -64,7 +64,7 @@ class Settings(BaseSettings):
         description="The warm tier in a Redis shared by several servers, redis://HOST:PORT/DB "
         "(default: the cache folder). Its maxmemory bounds it; see docs/scale-out.md.",
     )
-    kv_bits: KVBits = Field(4, description="Precision of cached KV: 4, 8 or 16 (unquantized).")
+    kv_bits: KVBits = Field(4, description="Precision cached KV cools to (exact while hot): 4, 8 or 16 (unquantized).")
     kv_group_size: Annotated[int, one_of(32, 64, 128)] = Field(64, description="Quantization group size for KV: 32, 64 or 128.")
     disk_kv_bits: KVBits | None = Field(None, description="KV precision on disk (default: --kv-bits).")
     decode_quantized: bool = Field(

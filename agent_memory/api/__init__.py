@@ -1,1 +1,2 @@
-"""The HTTP API: FastAPI app, OpenAI adapter, agent routes, middleware."""
+"""The HTTP API: the FastAPI app, the OpenAI, Anthropic Messages and Responses routes, agent
+routes, the dashboard, middleware."""

@@ -19,7 +19,8 @@ class EngineConfig:
     warm_store: str | None = None  # a redis:// URL: the warm tier shared with other servers
     disk_precision: kv.KVPrecision | None = None  # None: the same as `precision`
     # False: a running sequence attends to full-precision KV (its cached prefix dequantized
-    # once, its own new tokens never quantized) and only blocks at rest are quantized.
+    # once, its own new tokens never quantized); blocks are exact while hot and quantized only
+    # when they cool (the hot budget's pressure) or go to disk.
     # True: it attends to quantized KV too (least memory; +10 % perplexity at Q4, slower on CPU).
     decode_quantized: bool = False
     # Memory for weights, hot KV and running requests' working caches; None: no limit.

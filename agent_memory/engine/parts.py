@@ -1,5 +1,6 @@
 """Everything the engine thread works with, built once at start from its config: the model,
-the warm tier, the store (restored from disk), the decode batch, the prefiller, the committer
+the warm tier, the store (restored from the cache folder; a shared tier's agents are probed
+later), the decode batch, the prefiller, the committer
 and the memory left for running requests."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Prefill one sequence from its plan, a chunk at a time: runs of cached blocks are appended to
-its working cache as KV (read from memory or disk, converted to the working precision), gaps
+its working cache as KV (from memory, or read from disk and brought to the hot precision, then
+converted to the working precision), gaps
 and the new suffix are computed by the model."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ class Sequence:
     detokenizer: Detokenizer
     stops: StopMatcher
     sampler: Any
-    processors: list  # mlx-lm logits processors (logit_bias)
+    processors: list  # mlx-lm logits processors (logit_bias, the grammar's mask)
     usage: Usage
     cache: list | None  # the working cache while prefilling; the decode batch holds it after
     agent: AgentKey | None  # whose memory the result joins; None once that agent was deleted

@@ -1,10 +1,12 @@
 """AgentCacheStore: each agent's latest sequence, the blocks behind it, and the hot budget.
 
-The engine thread calls `lookup` before a prefill and `commit` after a sequence ends; HTTP
+The engine thread calls `lookup` before a prefill and `commit` when a prefill ends (the prompt,
+offered for reuse) and when the sequence ends (prompt and reply); HTTP
 handlers read `agents()` under the same lock. Eviction follows Pensieve's retention value:
 recompute cost per byte over idle time, so an idle agent's cheap early blocks leave first, and
 a block a running sequence uses never leaves. A block nobody refers to stays only while hot;
-with a disk tier (see `disk`), agents' blocks become WARM once their file is durable.
+with a disk tier (see `disk`), an agent's block gains a file once it is durable, and is WARM
+when it leaves memory.
 
 With a shared warm tier (several servers on one Redis: `disk.shared`), the store holds what
 this server has seen: agents are not restored at start but probed when a request arrives
@@ -124,8 +126,8 @@ class AgentCacheStore:
             self._evict_hot()
 
     def commit(self, agent: AgentKey | None, tokens: Sequence[int], cut: KVCutter, root: str | None = None) -> Persist:
-        """Store a finished sequence (after releasing its lease): its blocks become hot and the
-        agent points at it. Returns what the caller should write to the disk tier."""
+        """Store a sequence's tokens (a finished one after releasing its lease): its blocks become
+        hot and the agent points at it. Returns what the caller should write to the disk tier."""
         with self.lock:
             now = time.monotonic()
             blocks = []

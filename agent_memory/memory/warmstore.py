@@ -19,8 +19,8 @@ so servers of other models or precisions never see each other's blocks.
 - **Budget**: `usage()` says what the store holds and may hold; `evicts_itself` whether it drops
   blocks on its own when full (then no server evicts from it).
 
-Every call here does I/O: DiskTier's writer and reader threads make them, never the event loop
-or the engine thread. No MLX here: the `cache` commands use the stores too.
+Every call here does I/O: DiskTier's writer and reader threads make them, never the event loop;
+the engine thread only at start (open, usage, a bad manifest's quarantine). No MLX here: the `cache` commands use the stores too.
 """
 
 from __future__ import annotations
