@@ -150,11 +150,10 @@ async def chat_completions(
     if body.stream:
         frames = _chat_sse(state, generation, completion_id, body.include_usage(), parser, answering(state, body.model))
         return StreamingResponse(frames, media_type="text/event-stream")
-    events = await pipeline.collect(state, generation, request)
-    if events is None:
+    collected = await pipeline.collect_text(state, generation, request)
+    if collected is None:
         return Response(status_code=499)
-    finished = events[-1]
-    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    text, finished = collected
     content, calls = parser.split(text) if parser else (text, [])
     message: dict = {"role": "assistant", "content": content if content or not calls else None}
     if calls:
@@ -197,11 +196,10 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
         model = answering(state, body.model)
         frames = _sse(state, generation, completion_id, "text_completion", body.include_usage(), None, chunks, model)
         return StreamingResponse(frames, media_type="text/event-stream")
-    events = await pipeline.collect(state, generation, request)
-    if events is None:
+    collected = await pipeline.collect_text(state, generation, request)
+    if collected is None:
         return Response(status_code=499)
-    finished = events[-1]
-    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    text, finished = collected
     return {
         "id": completion_id,
         "object": "text_completion",

@@ -19,7 +19,7 @@ from agent_memory.api.schemas import MAX_AGENT_ID
 from agent_memory.api.state import ServerState
 from agent_memory.chat.conversation import Conversation
 from agent_memory.chat.grammar import GrammarError
-from agent_memory.engine.requests import Event, Failed, Finished, GenerationRequest, SamplingParams
+from agent_memory.engine.requests import Event, Failed, Finished, GenerationRequest, SamplingParams, TextDelta
 
 T = TypeVar("T")
 
@@ -220,6 +220,14 @@ async def collect(state: ServerState, generation: GenerationRequest, request: Re
         return work.result()
     work.cancel()
     return None
+
+
+async def collect_text(state: ServerState, generation: GenerationRequest, request: Request) -> tuple[str, Finished] | None:
+    """Run a request to the end: its whole text and how it finished (None: the client left)."""
+    collected = await collect(state, generation, request)
+    if collected is None:
+        return None
+    return "".join(e.text for e in collected if isinstance(e, TextDelta)), collected[-1]
 
 
 async def with_keepalive(source: AsyncIterator[T], seconds: float) -> AsyncIterator[T | None]:

@@ -158,15 +158,15 @@ async def create_response(body: ResponsesRequest, request: Request, state: Serve
 
     if body.stream:
         return StreamingResponse(_stream(state, generation, draft, parser, keep), media_type="text/event-stream")
-    events = await pipeline.collect(state, generation, request)
-    if events is None:
+    collected = await pipeline.collect_text(state, generation, request)
+    if collected is None:
         return Response(status_code=499)
-    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    text, finished = collected
     content, calls = parser.split(text) if parser else (text, [])
     if content or not calls:
         draft.output.append(message_item(new_id("msg"), content))
     draft.output += [call_item(new_id("fc"), c) for c in calls]
-    return keep(content, calls, events[-1])
+    return keep(content, calls, finished)
 
 
 async def _stream(state: ServerState, generation: GenerationRequest, draft: Draft, parser, keep) -> AsyncIterator[str]:
