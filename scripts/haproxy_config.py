@@ -4,9 +4,9 @@
     python scripts/haproxy_config.py 10.0.0.11:8000 10.0.0.12:8000 10.0.0.13:8000 > haproxy.cfg
     haproxy -c -f haproxy.cfg && haproxy -W -f haproxy.cfg
 
-Each server gets `id N` in the order given: the consistent-hash ring is placed by id, so keep a
-server's line (and id) when others come and go, and append new ones at the end. Two HAProxy
-instances with the same list route every agent alike. docs/scale-out/haproxy.cfg is this
+Each server's `id` is a hash of its host:port: the consistent-hash ring is placed by id, so a
+server keeps its place (and its agents) when others come and go, whatever the order of the
+list. Two HAProxy instances with the same servers route every agent alike. docs/scale-out/haproxy.cfg is this
 script's output for three servers on one machine (a test keeps it so).
 
 Needs only the standard library: it runs where HAProxy runs.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import zlib
 
 TEMPLATE = """\
 # HAProxy 2.6 (Debian bookworm): agent-affinity router for agent-memory servers.
@@ -79,17 +80,21 @@ def render(
     bind: str = "127.0.0.1:8080",
     stats: str = "127.0.0.1:8404",
     admin_socket: str = "/run/haproxy-agent-memory.sock",
-    maxconn: int = 4096,
+    maxconn: int = 400,
 ) -> str:
-    """The config for these servers (host:port each), given ids 1, 2, ... in this order."""
+    """The config for these servers (host:port each), each with an id hashed from its address."""
     if not servers:
         raise ValueError("name at least one server (host:port)")
-    lines = []
+    lines, ids = [], set()
     for i, address in enumerate(servers, 1):
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"{address!r} is not host:port")
-        lines.append(f"    server s{i} {address} id {i} check")
+        server_id = 1 + zlib.crc32(address.encode()) % (2**31 - 2)
+        if server_id in ids:
+            raise ValueError(f"{address!r} is listed twice (or its id collides: give it another name)")
+        ids.add(server_id)
+        lines.append(f"    server s{i} {address} id {server_id} check")
     return TEMPLATE.format(
         servers="\n".join(lines), bind=bind, stats=stats, admin_socket=admin_socket, maxconn=maxconn
     )
@@ -103,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--admin-socket", default="/run/haproxy-agent-memory.sock", help="admin socket (drain: set server agent_memory/s2 state maint)"
     )
-    parser.add_argument("--maxconn", type=int, default=4096, help="most concurrent connections (default 4096)")
+    parser.add_argument(
+        "--maxconn", type=int, default=400, help="most concurrent connections (default 400: fits ulimit -n 1024)"
+    )
     args = parser.parse_args(argv)
     try:
         sys.stdout.write(

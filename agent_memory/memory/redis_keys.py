@@ -10,7 +10,8 @@ Keys, for a namespace `ns` (the folder name: `<model>-<fingerprint>-<precision>`
     am:ns:b:<hash>     string  a block: the very bytes of its block file, with a TTL
 
 `{ns}` is a hash tag: manifests and the reference counts share a slot, so one Lua script changes
-both at once (in Redis Cluster too), while blocks spread over every slot. <stem> is the manifest
+both at once, and would share a slot in Redis Cluster, while blocks would spread over every slot
+(the client here is a single node's: Cluster is not supported yet, docs/scale-out.md). <stem> is the manifest
 file's name (a hash of tenant and agent id): agent ids never become key names.
 """
 
