@@ -38,6 +38,8 @@ from pathlib import Path
 
 import httpx
 
+from agent_memory.memory.prefix import common_prefix
+
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agent-memory/models/smollm2-135m-instruct"
 QUESTIONS = ["What is a KV cache?", "Why does reusing it save time?"]
@@ -201,15 +203,6 @@ EXAMPLES = {
 
 
 # -- where a turn stops matching ---------------------------------------------------------------
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
 
 def diagnose(turns: list[dict], versions: list[tuple[float, list[int]]], tokenizer) -> None:
     """Fill in, for each turn after the first, what the agent's cache held when the turn was

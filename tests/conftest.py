@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Literal
 from pathlib import Path
 
 import httpx
@@ -139,3 +140,29 @@ def tiers(response) -> tuple[int, int]:
     """(hot_tokens, warm_tokens) of a response's usage."""
     d = response.usage.prompt_tokens_details
     return d.model_extra["hot_tokens"], d.model_extra["warm_tokens"]
+
+
+def weather_agent(model, max_tokens: int, **agent_kw):
+    """An OpenAI Agents SDK agent with one function tool and a required first call (the tests
+    of both the chat-completions and the Responses model run it); returns it and the cities
+    its tool was called with."""
+    from agents import Agent, ModelSettings, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    seen: list[str] = []
+
+    @function_tool
+    def get_weather(city: Literal["Paris", "Oslo", "Lima"]) -> str:
+        """The forecast for a city."""
+        seen.append(city)
+        return f"Sunny in {city}."
+
+    agent = Agent(
+        name="forecaster",
+        instructions="Answer weather questions with the get_weather tool.",
+        tools=[get_weather],
+        model=model,
+        model_settings=ModelSettings(tool_choice="required", max_tokens=max_tokens, temperature=0),
+        **agent_kw,
+    )
+    return agent, seen

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Literal
 
 import openai
 import pytest
 
-from tests.conftest import Server
+from tests.conftest import Server, weather_agent
 
 WEATHER = {
     "type": "object",
@@ -119,23 +118,11 @@ def test_json_schema_output_and_errors(server):
 
 
 def test_the_agents_sdk_default_model_runs_on_responses(server):
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from agents import OpenAIResponsesModel, Runner
 
-    set_tracing_disabled(True)
-    seen = []
-
-    @function_tool
-    def get_weather(city: Literal["Paris", "Oslo", "Lima"]) -> str:
-        """The forecast for a city."""
-        seen.append(city)
-        return f"Sunny in {city}."
-
-    agent = Agent(
-        name="forecaster",
-        instructions="Answer weather questions with the get_weather tool.",
-        tools=[get_weather],
-        model=OpenAIResponsesModel(model="tiny", openai_client=server.async_client()),
-        model_settings=ModelSettings(tool_choice="required", max_tokens=60, temperature=0),
+    agent, seen = weather_agent(
+        OpenAIResponsesModel(model="tiny", openai_client=server.async_client()),
+        max_tokens=60,
         # The tiny model's free text runs to max_tokens, which the SDK reads as a failed turn
         # under Responses: end the run with the tool's result.
         tool_use_behavior="stop_on_first_tool",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Literal
 
 import httpx
 import jsonschema
@@ -14,7 +13,7 @@ import pytest
 
 from agent_memory.chat.conversation import Conversation, Message, Tool, ToolChoice
 from agent_memory.chat.grammar import GrammarCompiler
-from tests.conftest import Server
+from tests.conftest import Server, weather_agent
 
 WEATHER = {
     "type": "object",
@@ -245,24 +244,9 @@ def test_bad_tools_and_schemas_are_400_naming_the_field(server, body, param):
 
 
 def test_the_openai_agents_sdk_runs_an_agent_with_a_tool(server):
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from agents import OpenAIChatCompletionsModel, Runner
 
-    set_tracing_disabled(True)
-    seen = []
-
-    @function_tool
-    def get_weather(city: Literal["Paris", "Oslo", "Lima"]) -> str:
-        """The forecast for a city."""
-        seen.append(city)
-        return f"Sunny in {city}."
-
-    agent = Agent(
-        name="forecaster",
-        instructions="Answer weather questions with the get_weather tool.",
-        tools=[get_weather],
-        model=OpenAIChatCompletionsModel(model="tiny", openai_client=server.async_client()),
-        model_settings=ModelSettings(tool_choice="required", max_tokens=40, temperature=0),
-    )
+    agent, seen = weather_agent(OpenAIChatCompletionsModel(model="tiny", openai_client=server.async_client()), 40)
     result = asyncio.run(Runner.run(agent, "What is the weather in Oslo?", max_turns=4))
     assert seen and seen[0] in ("Paris", "Oslo", "Lima")
     assert isinstance(result.final_output, str)

@@ -31,7 +31,7 @@ from agent_memory.memory.disk import BlockRecord, DiskTier
 from agent_memory.memory.folder import FolderScan
 from agent_memory.memory.records import AgentKey, Manifest
 from agent_memory.memory.hashing import BlockNames
-from agent_memory.memory.prefix import PrefixMatcher
+from agent_memory.memory.prefix import PrefixMatcher, common_prefix
 from agent_memory.memory.shared_sync import SharedTierSync
 from agent_memory.memory.store_records import AgentInfo, AgentRecord, Lease, Persist, Segment
 
@@ -90,13 +90,7 @@ class AgentCacheStore:
         cached, for ordering work (the lookup proper comes later, when the work starts)."""
         with self.lock:
             record = self.agents.get(agent) if agent is not None else None
-            known = record.tokens if record is not None else []
-            n = 0
-            for a, b in zip(known, tokens):
-                if a != b:
-                    break
-                n += 1
-            return n
+            return common_prefix(record.tokens, tokens) if record is not None else 0
 
     def lookup(self, tokens: Sequence[int], root: str | None = None) -> Lease:
         """Plan the longest reusable prefix of `tokens` in a namespace and pin its blocks."""
