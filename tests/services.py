@@ -32,6 +32,19 @@ def need(binary: str, package: str) -> str:
     return path
 
 
+
+def stop_process(proc: subprocess.Popen | None) -> bool:
+    """SIGTERM, then SIGKILL after 10 s; whether there was a running process to stop."""
+    if proc is None or proc.poll() is not None:
+        return False
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return True
+
 class RedisServer:
     """redis-server with no persistence, bounded like production (volatile-lru)."""
 
@@ -68,13 +81,7 @@ class RedisServer:
         return redis.Redis.from_url(self.url)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None
 
     def __enter__(self) -> RedisServer:
@@ -128,12 +135,6 @@ class HAProxy:
         raise RuntimeError("haproxy did not start")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if stop_process(self.proc):
             self.log.close()
         self.proc = None
