@@ -147,9 +147,10 @@ class BatchEngine:
         return self.scheduler.fits(self._seqs.values(), seq, self._bytes_per_token, self._working_budget)
 
     def _drain(self, block: bool) -> bool:
-        """Run queued calls; False once stop was asked. Before waiting idle, the memory of a
-        burst goes back to the system."""
-        if block:
+        """Run queued calls; False once stop was asked. Before waiting with no sequence left,
+        the memory of a burst goes back to the system (not while a sequence only waits for its
+        disk reads: each read wakes the loop)."""
+        if block and not self._seqs:
             give_back_memory()
         try:
             item = self._inbox.get(block=block)
@@ -325,7 +326,7 @@ class BatchEngine:
         else:  # waiting or prefilling: keep what was computed
             self._end(seq, "cancelled", seq.cache, seq.prompt[: seq.pos])
 
-    def _end_agent(self, agent: AgentKey) -> bool:
+    def _end_agent(self, agent: AgentKey) -> bool | Future:
         for seq in self._seqs.values():
             if seq.agent == agent:
                 seq.agent = None

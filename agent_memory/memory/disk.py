@@ -240,13 +240,19 @@ class DiskTier:
 
     def _free(self, hashes: Iterable[str]) -> None:
         """Delete blocks that no manifest in the shared store names any more, unless this
-        server still uses them (a manifest naming them may be queued here)."""
+        server still uses them (a manifest naming them may be queued here). It never raises: the
+        manifest's change succeeded, and a block that cannot be deleted now is only space, which
+        its TTL gives back."""
         hashes = list(hashes)
-        if hashes:
-            keep = self.still_used(hashes)
+        if not hashes:
+            return
+        keep = self.still_used(hashes)
+        try:
             for h in hashes:
                 if h not in keep:
                     self.store.delete_block(h)
+        except Exception as e:  # noqa: BLE001 - the manifest write it follows succeeded
+            log.info("could not free %d unused blocks in the shared tier (%s): their TTL will", len(hashes), e)
 
     def _refresh_usage(self) -> None:
         self._usage_read = time.monotonic()

@@ -154,9 +154,14 @@ class Folder:
             if not stat.S_ISDIR(st.st_mode):
                 kind = "a link" if stat.S_ISLNK(st.st_mode) else "not a folder"
                 raise NotADirectoryError(errno.ENOTDIR, f"{kind}, where the cache keeps a folder", str(d))
+            if stat.S_IMODE(st.st_mode) != 0o700:  # opened without following: a link swapped in fails
+                fd = os.open(d.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
+                try:
+                    os.fchmod(fd, 0o700)
+                finally:
+                    os.close(fd)
         finally:
             os.close(parent_fd)
-        _make_private(d, st, 0o700)
 
     def _dir_fd(self, d: Path) -> int:
         """A folder of this model folder, opened for *at() calls: links the user placed are

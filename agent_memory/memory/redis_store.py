@@ -46,7 +46,6 @@ class RedisStore(RedisNamespace, WarmStore):
 
     def __init__(self, url: str, namespace: str, *, client=None) -> None:
         super().__init__(url, namespace, client=client)
-        self.evicts_itself = False  # known once the policy is read (usage)
         self.model_info: dict | None = None
         self._model_written = False
 
@@ -76,7 +75,7 @@ class RedisStore(RedisNamespace, WarmStore):
 
     def put_block(self, block_hash: str, chunks: list) -> int:
         self._write_model_info()
-        data = b"".join(bytes(c) if isinstance(c, memoryview) else c for c in chunks)
+        data = b"".join(chunks)  # memoryviews joined as they are: one copy
         key = self.block_key(block_hash)
         pipe = self.client.pipeline(transaction=False)
         pipe.set(key, data, nx=True, ex=BLOCK_TTL_S)
@@ -106,13 +105,6 @@ class RedisStore(RedisNamespace, WarmStore):
 
     def delete_block(self, block_hash: str) -> None:
         self.client.delete(self.block_key(block_hash))
-
-    def block_sizes(self, hashes: Iterable[str]) -> dict[str, int]:
-        hashes = list(hashes)
-        pipe = self.client.pipeline(transaction=False)
-        for h in hashes:
-            pipe.strlen(self.block_key(h))
-        return {h: n for h, n in zip(hashes, pipe.execute()) if n}
 
     # -- manifests -------------------------------------------------------------------------
 
@@ -170,7 +162,6 @@ class RedisStore(RedisNamespace, WarmStore):
     def usage(self) -> StoreUsage:
         info = self.client.info("memory")
         used, limit, policy = info.get("used_memory"), info.get("maxmemory") or None, info.get("maxmemory_policy")
-        self.evicts_itself = bool(limit) and str(policy).startswith("volatile-")
         note = None
         if not limit:
             note = "Redis has no maxmemory: nothing bounds the warm tier (set maxmemory and maxmemory-policy volatile-lru)"

@@ -66,10 +66,10 @@ class SharedTierSync:
     def apply(self) -> None:
         """Adopt what the shared tier answered (on the engine thread: it may free hot KV)."""
         with self.store.lock:
-            done = [d for d in self._discoveries if d.future.done()]
-            if not done:
-                return
-            self._discoveries = [d for d in self._discoveries if not d.future.done()]
+            done, waiting = [], []
+            for d in self._discoveries:  # one pass: a future may finish on the reader meanwhile
+                (done if d.future.done() else waiting).append(d)
+            self._discoveries = waiting
             for d in done:
                 if d.future.exception() is not None:
                     log.info("the shared warm tier did not answer (%s): serving from memory", d.future.exception())

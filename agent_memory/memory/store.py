@@ -224,11 +224,12 @@ class AgentCacheStore:
         with self.lock:
             return {h for h in hashes if (b := self.pool.get(h)) is not None and (b.refs or b.pins)}
 
-    def forget(self, agent: AgentKey) -> None:
-        """Drop an agent here only (the shared tier no longer has it)."""
+    def forget(self, agent: AgentKey) -> bool:
+        """Drop an agent here only (the shared tier no longer has it); whether it was here."""
         record = self.agents.pop(agent, None)
         if record is not None:
             self._unref(record.blocks)
+        return record is not None
 
     # -- agents -------------------------------------------------------------------------
 
@@ -237,13 +238,11 @@ class AgentCacheStore:
         its manifest there goes too, and blocks no other manifest names; an agent this server
         does not hold is looked for there only (a Future of whether it was there)."""
         with self.lock:
-            record = self.agents.pop(agent, None)
-            if record is not None:
-                self._unref(record.blocks)
-            if self.disk is None or (record is None and not self.shared):
-                return record is not None
+            held = self.forget(agent)
+            if self.disk is None or not (held or self.shared):
+                return held
             ended = self.disk.delete_agent(agent)
-            return True if record is not None else ended
+            return True if held else ended
 
     def agent_info(self, agent: AgentKey) -> AgentInfo | None:
         with self.lock:

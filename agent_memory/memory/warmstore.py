@@ -16,8 +16,8 @@ so servers of other models or precisions never see each other's blocks.
 - **Manifests** are small and mutable: an agent's tokens and block names. A write names the
   version it replaces (an etag): it fails, changing nothing, if the store holds another one.
   DiskTier decides what a failed write means (disk.py, `write_manifest`).
-- **Budget**: `usage()` says what the store holds and may hold; `evicts_itself` whether it drops
-  blocks on its own when full (then no server evicts from it).
+- **Budget**: `usage()` says what the store holds and may hold (a shared store evicts on its
+  own: no server evicts from it).
 
 Every call here does I/O: DiskTier's writer and reader threads make them, never the event loop;
 the engine thread only at start (open, usage, a bad manifest's quarantine). No MLX here: the `cache` commands use the stores too.
@@ -74,7 +74,6 @@ class StoreUsage:
 
 class WarmStore(ABC):
     shared = False  # several servers use it: see the module's doc
-    evicts_itself = False  # drops blocks on its own when full (Redis with a volatile-* policy)
     folder: Folder | None = None
 
     @property
