@@ -41,8 +41,10 @@ HEADERS = {
 
 
 def _route(path: str, name: str, media_type: str) -> None:
+    body = (STATIC / name).read_bytes()  # once, at import: no file I/O on the event loop
+
     async def asset() -> Response:
-        return Response((STATIC / name).read_bytes(), media_type=media_type, headers=HEADERS)
+        return Response(body, media_type=media_type, headers=HEADERS)
 
     router.add_api_route(path, asset, methods=["GET", "HEAD"], include_in_schema=False, name=f"dashboard:{name}")
 

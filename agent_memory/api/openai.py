@@ -36,19 +36,24 @@ def usage_dict(usage: Usage) -> dict:
     }
 
 
+def model_ids(state: ServerState) -> tuple[str, ...]:
+    """The served model's id (its folder's name), then the aliases it answers to."""
+    return (state.model_name, *aliases(state.model_name))
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
     """The served model under its id (its folder's name), then the aliases it answers to:
     `demo` for the demo model, so examples written for `--model demo` name a listed id."""
     state: ServerState = request.app.state.server
-    return {"object": "list", "data": [_model(state, i) for i in [state.model_name, *aliases(state.model_name)]]}
+    return {"object": "list", "data": [_model(state, i) for i in model_ids(state)]}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def retrieve_model(model_id: str, request: Request):
     """One model object (OpenAI's `client.models.retrieve`); 404 `model_not_found` otherwise."""
     state: ServerState = request.app.state.server
-    if model_id in (state.model_name, *aliases(state.model_name)):
+    if model_id in model_ids(state):
         return _model(state, model_id)
     body = error_body(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
     body["error"]["type"] = "invalid_request_error"  # OpenAI's own type for this 404
@@ -58,7 +63,7 @@ async def retrieve_model(model_id: str, request: Request):
 def answering(state: ServerState, requested: str | None) -> str:
     """The model id a reply names: the one asked for when it is one of the served model's ids
     (clients such as AutoGen check), else the served model's own."""
-    return requested if requested in (state.model_name, *aliases(state.model_name)) else state.model_name
+    return requested if requested in model_ids(state) else state.model_name
 
 
 def _model(state: ServerState, model_id: str) -> dict:

@@ -211,9 +211,12 @@ async def _stream(state: ServerState, generation: GenerationRequest, draft: Draf
             event("response.output_item.done", output_index=index, item=done),
         ]
 
+    started_calls = 0
+
     def feed(out) -> list[str]:
-        nonlocal open_item
+        nonlocal open_item, started_calls
         frames: list[str] = []
+        started_calls += isinstance(out, CallStart)
         if isinstance(out, CallStart) or (isinstance(out, ContentDelta) and (open_item is None or open_item["type"] != "message")):
             frames += close()
             text_parts.clear()
@@ -252,8 +255,9 @@ async def _stream(state: ServerState, generation: GenerationRequest, draft: Draf
             return
         else:
             outs, unfinished = parser.finish() if parser else ([], "")
-            if unfinished:
-                outs.append(ContentDelta(unfinished))
+            if unfinished and (parser is None or started_calls == len(parser.calls)):
+                outs.append(ContentDelta(unfinished))  # cut off before its name was whole: text
+            # (cut off in its arguments, a call keeps its item: the stream has sent it)
             for out in outs:
                 for frame in feed(out):
                     yield frame
