@@ -45,7 +45,7 @@ def test_one_line_per_request_says_what_it_did(tiny_model, tmp_path):
         assert httpx.delete(s.base_url + "/v1/agents/secret-agent-name").status_code == 200
         bad = httpx.post(s.base_url + "/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]})
         assert bad.status_code == 400
-        log = s.log()
+    log = s.log()  # once it has stopped: a request's line is written after its response is sent
     lines = [line for line in log.splitlines() if "agent_memory.requests" in line]
     (first,) = [line for line in lines if "request_id=req-one" in line]
     (second,) = [line for line in lines if "request_id=req-two" in line]
@@ -62,7 +62,7 @@ def test_one_line_per_request_says_what_it_did(tiny_model, tmp_path):
 def test_json_logs_and_agent_ids_on_request(tiny_model, tmp_path):
     with Server(tiny_model, tmp_path, "--log-format", "json", "--log-agent-ids") as s:
         chat(s, "named-agent", "Hello.")
-        log = s.log()
+    log = s.log()  # once it has stopped, as above
     records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     request = next(r for r in records if r.get("name") == "agent_memory.requests" and r["request"]["status"] == 200)
     assert request["request"]["agent"] == "named-agent" and request["levelname"] == "INFO"
