@@ -1,8 +1,9 @@
 """The memory limit, split: the model's weights, the hot tier's budget, and what is left for
-running requests' working caches. MLX is told the limit and keeps at most CACHE_LIMIT of
-freed buffers for reuse (at its default, a tenth of the limit, four agents left ~1.4 GB of
-idle buffers in the process). When the engine goes idle it empties that cache and asks glibc
-to hand free pages back (`malloc_trim`), so that the process shrinks back after a burst."""
+running requests' working caches. MLX is told the limit and keeps no freed buffers for reuse:
+at its default (a tenth of the limit) four agents left ~1.4 GB of idle buffers in the
+process, and even 128 MiB raised the peak of eight agents by ~150 MB with no speed to show
+for it (docs/benchmarks.md). When the engine goes idle it asks glibc to hand free pages back
+(`malloc_trim`), so that the process shrinks back after a burst."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from mlx.utils import tree_flatten
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
-CACHE_LIMIT = 128 * MIB
+CACHE_LIMIT = 0
 
 
 def _malloc_trim():
@@ -30,8 +31,7 @@ MALLOC_TRIM = _malloc_trim()
 
 
 def give_back_memory() -> None:
-    """Return freed memory to the system: MLX's cache of freed buffers, then glibc's free pages."""
-    mx.clear_cache()
+    """Return glibc's free pages to the system (MLX keeps no freed buffers of its own)."""
     if MALLOC_TRIM is not None:
         MALLOC_TRIM(0)
 
@@ -42,7 +42,7 @@ def weights_bytes(model) -> int:
 
 def working_budget(limit: int | None, model, hot_budget: int) -> int | None:
     """Bytes running requests may hold (None: unlimited), after telling MLX the limit."""
-    mx.set_cache_limit(CACHE_LIMIT if limit is None else min(CACHE_LIMIT, limit // 10))
+    mx.set_cache_limit(0)
     if limit is None:
         return None
     mx.set_memory_limit(limit)
