@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Future
 
 from fastapi import APIRouter, Depends, Request
 
@@ -55,8 +54,6 @@ async def get_agent(agent_id: str, request: Request, state: ServerState = Depend
 async def delete_agent(agent_id: str, request: Request, state: ServerState = Depends(ready_state)) -> dict:
     # Freeing KV arrays is MLX work: it happens on the engine thread.
     ended = await asyncio.wrap_future(state.engine.end_agent(AgentKey(agent_id, tenant(request))))
-    if isinstance(ended, Future):  # a shared warm tier is asked about an agent this server does not hold
-        ended = await asyncio.wrap_future(ended)
     if not ended:
         raise APIError(404, f"no agent '{agent_id}'", param="agent_id", code="agent_not_found")
     return {"id": agent_id, "object": "agent.deleted", "deleted": True}

@@ -79,9 +79,21 @@ class BatchEngine:
         self._inbox.put(lambda: self._cancel(seq_id))
 
     def end_agent(self, agent: AgentKey) -> Future:
-        """Forget an agent (future of whether it existed). Its running requests finish for their
-        clients but no longer join its memory: a delete wins over a turn in flight."""
-        return self.call(lambda: self._end_agent(agent))
+        """Forget an agent (future of whether it existed, here or, with a shared warm tier,
+        there). Its running requests finish for their clients but no longer join its memory:
+        a delete wins over a turn in flight."""
+        ended: Future = Future()
+
+        def settle(step: Future) -> None:
+            if step.exception() is not None:
+                ended.set_exception(step.exception())
+            elif isinstance(step.result(), Future):  # the shared tier is asked: wait for its answer
+                step.result().add_done_callback(settle)
+            else:
+                ended.set_result(step.result())
+
+        self.call(lambda: self._end_agent(agent)).add_done_callback(settle)
+        return ended
 
     def call(self, fn: Callable[[], Any]) -> Future:
         """Run fn on the engine thread (anything that frees or makes MLX arrays)."""
