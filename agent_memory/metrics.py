@@ -10,7 +10,7 @@ copies included), cold (tokens only, recomputed on demand). docs/grafana.json dr
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 SECONDS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -37,6 +37,26 @@ class BlockMoves:
                 moves = dict(store.moves)
             for (src, dst, reason), n in sorted(moves.items()):
                 family.add_metric([src, dst, reason], n)
+        yield family
+
+
+class BlockCounts:
+    """KV blocks by tier, counted in one walk of the pool per scrape (under the store's lock,
+    which the engine also takes: one walk, not one per tier)."""
+
+    def __init__(self, store_of) -> None:
+        self.store_of = store_of
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        family = GaugeMetricFamily("agent_memory_blocks", "KV blocks, by tier", labels=["tier"])
+        store = self.store_of()
+        if store is not None:
+            totals = store.totals()
+            for tier in ("hot", "warm", "cold"):
+                family.add_metric([tier], totals[f"{tier}_blocks"])
         yield family
 
 
@@ -86,7 +106,6 @@ class Metrics:
         self.sequences = Gauge("agent_memory_sequences", "Sequences in the engine, by state", ["state"], registry=r)
         self.cache_bytes = Gauge("agent_memory_cache_bytes", "Bytes of cached KV, by tier", ["tier"], registry=r)
         self.budget_bytes = Gauge("agent_memory_cache_budget_bytes", "The budget of a tier, in bytes", ["tier"], registry=r)
-        self.blocks = Gauge("agent_memory_blocks", "KV blocks, by tier", ["tier"], registry=r)
         self.agents = Gauge("agent_memory_agents", "Agents with cached KV", registry=r)
 
     def watch(self, engine) -> None:
@@ -99,7 +118,6 @@ class Metrics:
         self.cache_bytes.labels("warm").set_function(lambda: pool.disk_bytes)
         self.budget_bytes.labels("hot").set_function(lambda: engine.store.hot_budget_bytes)
         self.budget_bytes.labels("warm").set_function(lambda: engine.store.disk_budget_bytes if engine.disk else 0)
-        for tier in ("hot", "warm", "cold"):
-            self.blocks.labels(tier).set_function(lambda tier=tier: engine.store.count_blocks(tier))
         self.agents.set_function(lambda: len(engine.store.agents))
         self.registry.register(BlockMoves(lambda: engine.store))
+        self.registry.register(BlockCounts(lambda: engine.store))

@@ -272,10 +272,6 @@ class AgentCacheStore:
                 if (tenant is None or a.tenant == tenant) and a.kind == "agent"
             ]
 
-    def count_blocks(self, tier: str) -> int:
-        with self.lock:
-            return sum(1 for b in self.pool.blocks.values() if b.tier.value == tier)
-
     def totals(self) -> dict[str, int]:
         with self.lock:
             by_tier = {t: 0 for t in Tier}
