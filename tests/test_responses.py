@@ -148,3 +148,36 @@ def test_stored_responses_are_bounded_least_recently_used_first(tmp_path):
     reloaded.load()
     assert {reloaded.get("", r) is not None for r in ("resp_0", "resp_2")} == {True}
     assert reloaded.get("other-tenant", "resp_0") is None
+
+
+def test_a_streamed_reply_and_a_json_reply_are_built_alike():
+    """responses_reply.Reply, fed the same text in fragments or whole: the same output items
+    (text, call, then text after it as its own message), numbered events, and calls parsed."""
+    from agent_memory.api.responses_reply import Reply
+    from agent_memory.chat.toolcalls import ToolCallParser
+    from agent_memory.engine.requests import Finished, TextDelta, Usage
+
+    text = 'Checking. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call> Done.'
+    finished = Finished("stop", Usage(prompt_tokens=5, completion_tokens=9))
+
+    def build(pieces: list[str]) -> tuple[list[dict], list[str], Reply]:
+        output: list[dict] = []
+        reply = Reply(output, ToolCallParser())
+        frames = [f for p in pieces for f in reply.feed(TextDelta(p))] + reply.feed(finished)
+        return output, frames, reply
+
+    def shape(items: list[dict]) -> list[tuple]:
+        return [(i["type"], i.get("name"), i.get("arguments"), [c["text"] for c in i.get("content", [])]) for i in items]
+
+    whole, _, whole_reply = build([text])
+    streamed, frames, streamed_reply = build([text[i : i + 3] for i in range(0, len(text), 3)])
+    assert shape(streamed) == shape(whole)
+    assert [i["type"] for i in whole] == ["message", "function_call", "message"]
+    assert json.loads(whole[1]["arguments"]) == {"city": "Oslo"}
+    assert all(i["status"] == "completed" for i in streamed)
+    assert [json.loads(f.split("data: ", 1)[1])["sequence_number"] for f in frames] == list(range(len(frames)))
+    assert streamed_reply.text == whole_reply.text and [c.name for c in streamed_reply.calls] == ["get_weather"]
+    # A reply with nothing in it still has a message item.
+    empty: list[dict] = []
+    Reply(empty, None).feed(finished)
+    assert shape(empty) == [("message", None, None, [""])]

@@ -9,8 +9,6 @@ after a restart. Instructions are not carried over, as OpenAI specifies.
 
 from __future__ import annotations
 
-import json
-import secrets
 import time
 from collections.abc import AsyncIterator
 
@@ -20,18 +18,14 @@ from fastapi.responses import StreamingResponse
 from agent_memory.api import pipeline
 from agent_memory.api.errors import APIError
 from agent_memory.api.openai import tool_parser
+from agent_memory.api.responses_reply import Reply, new_id
 from agent_memory.api.responses_schemas import ResponsesRequest, input_messages
 from agent_memory.api.responses_store import StoredResponse
 from agent_memory.api.state import ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, ToolCall
-from agent_memory.chat.toolcalls import CallArguments, CallStart, ContentDelta
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta, Usage
 
 router = APIRouter()
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(16)}"
 
 
 def usage_dict(usage: Usage) -> dict:
@@ -47,16 +41,6 @@ def usage_dict(usage: Usage) -> dict:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
-
-
-def message_item(item_id: str, text: str, status: str = "completed") -> dict:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": [part] if status == "completed" else []}
-
-
-def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict:
-    args = call.arguments if status == "completed" else ""
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name, "arguments": args}
 
 
 class Draft:
@@ -148,123 +132,42 @@ async def create_response(body: ResponsesRequest, request: Request, state: Serve
         state, prepared.prompt, agent, body.max_output_tokens, sampling, request, "input", prepared.grammar, body.cache_salt
     )
     generation.agent_kind = kind
-    parser = tool_parser(state, conv)
+    reply = Reply(draft.output, tool_parser(state, conv))
 
-    def keep(content: str, calls: list[ToolCall], finished: Finished) -> dict:
+    def keep(finished: Finished) -> dict:
         result = draft.object(Draft.status(finished), finished.usage, finished.reason)
         if body.store:
-            state.responses.put(StoredResponse(draft.id, tenant, context + [_reply(content, calls)], result))
+            state.responses.put(StoredResponse(draft.id, tenant, context + [_reply(reply.text, reply.calls)], result))
         return result
 
     if body.stream:
-        return StreamingResponse(_stream(state, generation, draft, parser, keep), media_type="text/event-stream")
+        return StreamingResponse(_stream(state, generation, draft, reply, keep), media_type="text/event-stream")
     collected = await pipeline.collect_text(state, generation, request)
     if collected is None:
         return Response(status_code=499)
     text, finished = collected
-    content, calls = parser.split(text) if parser else (text, [])
-    if content or not calls:
-        draft.output.append(message_item(new_id("msg"), content))
-    draft.output += [call_item(new_id("fc"), c) for c in calls]
-    return keep(content, calls, finished)
+    reply.feed(TextDelta(text))
+    reply.feed(finished)
+    return keep(finished)
 
 
-async def _stream(state: ServerState, generation: GenerationRequest, draft: Draft, parser, keep) -> AsyncIterator[str]:
+async def _stream(state: ServerState, generation: GenerationRequest, draft: Draft, reply: Reply, keep) -> AsyncIterator[str]:
     """The `response.*` events: created and in_progress at once, then each output item opened,
-    filled (text deltas or argument deltas) and closed in turn, then completed."""
-    seq = 0
-
-    def event(kind: str, **fields) -> str:
-        nonlocal seq
-        payload = {"type": kind, "sequence_number": seq, **fields}
-        seq += 1
-        return f"event: {kind}\ndata: {json.dumps(payload)}\n\n"
-
-    text_parts: list[str] = []  # the message item's text so far, when one is open
-    open_item: dict | None = None
-    content: list[str] = []
-    calls: list[ToolCall] = []
-
-    def close() -> list[str]:
-        nonlocal open_item
-        if open_item is None:
-            return []
-        index, item = len(draft.output) - 1, open_item
-        open_item = None
-        if item["type"] == "message":
-            text = "".join(text_parts)
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            done = message_item(item["id"], text)
-            draft.output[index] = done
-            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            return [
-                event("response.output_text.done", **ids, text=text, logprobs=[]),
-                event("response.content_part.done", **ids, part=part),
-                event("response.output_item.done", output_index=index, item=done),
-            ]
-        call = ToolCall(item["call_id"], item["name"], "".join(text_parts))
-        calls.append(call)
-        done = call_item(item["id"], call)
-        draft.output[index] = done
-        return [
-            event("response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=call.arguments, name=call.name),
-            event("response.output_item.done", output_index=index, item=done),
-        ]
-
-    started_calls = 0
-
-    def feed(out) -> list[str]:
-        nonlocal open_item, started_calls
-        frames: list[str] = []
-        started_calls += isinstance(out, CallStart)
-        if isinstance(out, CallStart) or (isinstance(out, ContentDelta) and (open_item is None or open_item["type"] != "message")):
-            frames += close()
-            text_parts.clear()
-            if isinstance(out, CallStart):
-                open_item = call_item(new_id("fc"), ToolCall(out.id, out.name, ""), "in_progress")
-            else:
-                open_item = message_item(new_id("msg"), "", "in_progress")
-            draft.output.append(open_item)
-            frames.append(event("response.output_item.added", output_index=len(draft.output) - 1, item=open_item))
-            if open_item["type"] == "message":
-                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                ids = {"item_id": open_item["id"], "output_index": len(draft.output) - 1, "content_index": 0}
-                frames.append(event("response.content_part.added", **ids, part=part))
-        if isinstance(out, ContentDelta):
-            text_parts.append(out.text)
-            content.append(out.text)
-            ids = {"item_id": open_item["id"], "output_index": len(draft.output) - 1, "content_index": 0}
-            frames.append(event("response.output_text.delta", **ids, delta=out.text, logprobs=[]))
-        elif isinstance(out, CallArguments):
-            text_parts.append(out.text)
-            frames.append(event("response.function_call_arguments.delta", item_id=open_item["id"], output_index=len(draft.output) - 1, delta=out.text))
-        return frames
-
-    yield event("response.created", response=draft.object("in_progress"))
-    yield event("response.in_progress", response=draft.object("in_progress"))
+    filled (text deltas or argument deltas) and closed in turn (responses_reply.py), then
+    completed."""
+    yield reply.event("response.created", response=draft.object("in_progress"))
+    yield reply.event("response.in_progress", response=draft.object("in_progress"))
     async for engine_event in pipeline.events(state, generation):
-        if isinstance(engine_event, TextDelta):
-            outs = parser.feed(engine_event.text) if parser else [ContentDelta(engine_event.text)]
-            for out in outs:
-                for frame in feed(out):
-                    yield frame
-        elif isinstance(engine_event, Failed):
-            yield event("error", code=engine_event.code, message=engine_event.message, param=None)
+        if isinstance(engine_event, Failed):
+            yield reply.event("error", code=engine_event.code, message=engine_event.message, param=None)
             failed = {**draft.object("failed"), "error": {"code": "server_error", "message": engine_event.message}}
-            yield event("response.failed", response=failed)
+            yield reply.event("response.failed", response=failed)
             return
-        else:
-            outs, unfinished = parser.finish() if parser else ([], "")
-            if unfinished and (parser is None or started_calls == len(parser.calls)):
-                outs.append(ContentDelta(unfinished))  # cut off before its name was whole: text
-            # (cut off in its arguments, a call keeps its item: the stream has sent it)
-            for out in outs:
-                for frame in feed(out):
-                    yield frame
-            for frame in close():
-                yield frame
-            result = keep("".join(content), calls, engine_event)
-            yield event("response.completed" if result["status"] == "completed" else "response.incomplete", response=result)
+        for frame in reply.feed(engine_event):
+            yield frame
+        if isinstance(engine_event, Finished):
+            result = keep(engine_event)
+            yield reply.event("response.completed" if result["status"] == "completed" else "response.incomplete", response=result)
 
 
 @router.get("/v1/responses/{response_id}")

@@ -1,0 +1,121 @@
+"""The reply side of the Responses wire format (responses.py): the engine's events as output
+items — messages with their text, function calls with their arguments — the `response.*`
+events a stream sends about them, and the output a JSON reply holds. One `Reply` builds both,
+so a stream and a JSON reply cannot differ (anthropic_reply.py does the same for Messages)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+from agent_memory.chat.conversation import ToolCall
+from agent_memory.chat.toolcalls import CallArguments, CallStart, ContentDelta, OutputEvent, ToolCallParser
+from agent_memory.engine.requests import Finished, TextDelta
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(16)}"
+
+
+def _part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> dict:
+    content = [_part(text)] if status == "completed" else []
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict:
+    args = call.arguments if status == "completed" else ""
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name, "arguments": args}
+
+
+class Reply:
+    """One response's output, built from the engine's events. Items are opened, filled and
+    closed in the order the model writes them; a reply with no item at all gets an empty
+    message, so that every response has one."""
+
+    def __init__(self, output: list[dict], parser: ToolCallParser | None) -> None:
+        self.output = output  # the response's output items, filled in place
+        self.parser = parser
+        self.open: dict | None = None  # the item being written
+        self.parts: list[str] = []  # its text, or its arguments, so far
+        self.content: list[str] = []  # the text of every message item
+        self.calls: list[ToolCall] = []
+        self.started_calls = 0
+        self.sequence = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(self.content)
+
+    def event(self, kind: str, **fields) -> str:
+        """One SSE event, numbered in the order they are sent."""
+        payload = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(payload)}\n\n"
+
+    def feed(self, event: TextDelta | Finished) -> list[str]:
+        """The SSE events for one engine event; after Finished, every item is closed."""
+        if isinstance(event, TextDelta):
+            outs = self.parser.feed(event.text) if self.parser else [ContentDelta(event.text)]
+        else:
+            outs, unfinished = self.parser.finish() if self.parser else ([], "")
+            if unfinished and self.started_calls == len(self.parser.calls):
+                outs.append(ContentDelta(unfinished))  # cut off before its name was whole: text
+            # (cut off in its arguments, a call keeps its item: a stream has sent it)
+        frames = [frame for out in outs for frame in self._write(out)]
+        if isinstance(event, Finished):
+            if not self.output:
+                frames += self._start(message_item(new_id("msg"), "", "in_progress"))
+            frames += self._close()
+        return frames
+
+    def _write(self, out: OutputEvent) -> list[str]:
+        if isinstance(out, CallStart):
+            self.started_calls += 1
+            return self._start(call_item(new_id("fc"), ToolCall(out.id, out.name, ""), "in_progress"))
+        frames = []
+        if isinstance(out, ContentDelta) and (self.open is None or self.open["type"] != "message"):
+            frames = self._start(message_item(new_id("msg"), "", "in_progress"))
+        self.parts.append(out.text)
+        index = len(self.output) - 1
+        if isinstance(out, CallArguments):
+            return frames + [self.event("response.function_call_arguments.delta", item_id=self.open["id"], output_index=index, delta=out.text)]
+        self.content.append(out.text)
+        ids = {"item_id": self.open["id"], "output_index": index, "content_index": 0}
+        return frames + [self.event("response.output_text.delta", **ids, delta=out.text, logprobs=[])]
+
+    def _start(self, item: dict) -> list[str]:
+        frames = self._close()
+        self.open = item
+        self.parts = []
+        self.output.append(item)
+        index = len(self.output) - 1
+        frames.append(self.event("response.output_item.added", output_index=index, item=item))
+        if item["type"] == "message":
+            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            frames.append(self.event("response.content_part.added", **ids, part=_part("")))
+        return frames
+
+    def _close(self) -> list[str]:
+        if self.open is None:
+            return []
+        index, item, text = len(self.output) - 1, self.open, "".join(self.parts)
+        self.open = None
+        if item["type"] == "message":
+            done = self.output[index] = message_item(item["id"], text)
+            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            return [
+                self.event("response.output_text.done", **ids, text=text, logprobs=[]),
+                self.event("response.content_part.done", **ids, part=_part(text)),
+                self.event("response.output_item.done", output_index=index, item=done),
+            ]
+        call = ToolCall(item["call_id"], item["name"], text)
+        self.calls.append(call)
+        done = self.output[index] = call_item(item["id"], call)
+        return [
+            self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=text, name=call.name),
+            self.event("response.output_item.done", output_index=index, item=done),
+        ]
