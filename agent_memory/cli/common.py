@@ -53,13 +53,15 @@ def progress(*, counts: bool = False, transient: bool = False, disable: bool = F
 
 
 class ProgressReporter:
-    """Adapts progress(stage, done, total) callbacks to one rich bar per stage."""
+    """Adapts progress(stage, done, total) callbacks to one rich bar per stage; the bar of
+    `byte_stage` counts bytes (its task has the field `bytes`)."""
 
-    def __init__(self, bars: Progress) -> None:
+    def __init__(self, bars: Progress, byte_stage: str | None = None) -> None:
         self.bars = bars
+        self.byte_stage = byte_stage
         self.tasks: dict[str, int] = {}
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if stage not in self.tasks:
-            self.tasks[stage] = self.bars.add_task(stage, total=total)
+            self.tasks[stage] = self.bars.add_task(stage, total=total, bytes=stage == self.byte_stage)
         self.bars.update(self.tasks[stage], completed=done, total=total)

@@ -42,19 +42,6 @@ class _ForBytes(ProgressColumn):
         return self.otherwise.render(task) if self.otherwise else Text("")
 
 
-class _FetchReporter(ProgressReporter):
-    """progress(stage, done, total) callbacks as bars; the download's in bytes."""
-
-    def __init__(self, bars: Progress, byte_stage: str) -> None:
-        super().__init__(bars)
-        self.byte_stage = byte_stage
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if stage not in self.tasks:
-            self.tasks[stage] = self.bars.add_task(stage, total=total, bytes=stage == self.byte_stage)
-        self.bars.update(self.tasks[stage], completed=done, total=total)
-
-
 def _fetch_bars() -> Progress:
     return Progress(
         TextColumn("{task.description}"),
@@ -84,7 +71,7 @@ def models_fetch(
     models_dir = settings(cache_dir).models_dir
     try:
         with _fetch_bars() as bars:
-            path = fetch_demo(models_dir, keep_quantized=keep_quantized, progress=_FetchReporter(bars, DOWNLOAD_STAGE))
+            path = fetch_demo(models_dir, keep_quantized=keep_quantized, progress=ProgressReporter(bars, DOWNLOAD_STAGE))
     except ModelError as e:
         fail(e)
     typer.echo(path)

@@ -158,9 +158,15 @@ def open_cache(cache_dir: Path | None, warm_store: str | None, model: str | None
     return config, store_root(url), scan_cache(config.cache_dir, model, url)
 
 
+def model_names(folder: str, name: str | None) -> list[str]:
+    """What `--model` and `--filter model=` match: the model's name (model.json), its
+    folder's name, and the model name that folder name starts with."""
+    parsed = FOLDER_RE.match(folder)
+    return [n for n in (name, folder, parsed["model"] if parsed else None) if n]
+
+
 def _matches(layout: Folder, model: str) -> bool:
-    parsed = FOLDER_RE.match(layout.name)
-    return model in (layout.name, parsed and parsed["model"], layout.read_model_json()[0].get("name"))
+    return model in model_names(layout.name, layout.read_model_json()[0].get("name"))
 
 
 def find_agent(folders: list[ModelFolder], agent: str, tenant: str | None = None) -> tuple[ModelFolder, Manifest]:

@@ -16,8 +16,7 @@ from collections.abc import Callable
 import typer
 
 from agent_memory.cli.cache.render import parse_duration
-from agent_memory.cli.cache.scan import AgentRow
-from agent_memory.memory.folder import FOLDER_RE
+from agent_memory.cli.cache.scan import AgentRow, model_names
 
 _OPS: dict[str, Callable[[object, object], bool]] = {
     "=": operator.eq,
@@ -83,10 +82,7 @@ def compile_filter(expr: str, now: float) -> Callable[[AgentRow], bool]:
         want = op != "!="
 
         def text(row: AgentRow) -> bool:
-            values = [getattr(row, key)]
-            if key == "model":  # as --model: the model's name, its folder, or the name the folder starts with
-                parsed = FOLDER_RE.match(row.folder)
-                values += [row.folder, parsed["model"] if parsed else row.folder]
+            values = model_names(row.folder, row.model) if key == "model" else [getattr(row, key)]
             return any(fnmatch.fnmatchcase(v, value) for v in values) == want
 
         return text
