@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from agent_memory.chat.toolcalls import CallStart, ContentDelta, OutputEvent, ToolCallParser
+from agent_memory.chat.toolcalls import CallStart, ContentDelta, OutputEvent, ToolCallParser, reply_events
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
 def usage_dict(usage: Usage, output_tokens: int) -> dict:
@@ -60,15 +60,9 @@ class Reply:
 
     def feed(self, event: TextDelta | Finished) -> list[tuple[str, dict]]:
         """The SSE events (name, data) for one engine event; after Finished, the reply is whole."""
-        if isinstance(event, TextDelta):
-            if self.prewarm:
-                return []
-            outs = self.parser.feed(event.text) if self.parser else [ContentDelta(event.text)]
-        else:
-            outs, unfinished = self.parser.finish() if self.parser else ([], "")
-            if unfinished and self.started_calls == len(self.parser.calls):
-                outs.append(ContentDelta(unfinished))  # cut off before its name was whole: text
-            # (cut off in its arguments, a call keeps its tool_use block: a stream has sent it)
+        if isinstance(event, TextDelta) and self.prewarm:
+            return []
+        outs = reply_events(self.parser, event.text if isinstance(event, TextDelta) else None, self.started_calls)
         frames = [frame for out in outs for frame in self._write(out)]
         if isinstance(event, Finished):
             frames += self._stop()

@@ -9,7 +9,7 @@ import json
 import secrets
 
 from agent_memory.chat.conversation import ToolCall
-from agent_memory.chat.toolcalls import CallArguments, CallStart, ContentDelta, OutputEvent, ToolCallParser
+from agent_memory.chat.toolcalls import CallArguments, CallStart, ContentDelta, OutputEvent, ToolCallParser, reply_events
 from agent_memory.engine.requests import Finished, TextDelta
 
 
@@ -58,13 +58,7 @@ class Reply:
 
     def feed(self, event: TextDelta | Finished) -> list[str]:
         """The SSE events for one engine event; after Finished, every item is closed."""
-        if isinstance(event, TextDelta):
-            outs = self.parser.feed(event.text) if self.parser else [ContentDelta(event.text)]
-        else:
-            outs, unfinished = self.parser.finish() if self.parser else ([], "")
-            if unfinished and self.started_calls == len(self.parser.calls):
-                outs.append(ContentDelta(unfinished))  # cut off before its name was whole: text
-            # (cut off in its arguments, a call keeps its item: a stream has sent it)
+        outs = reply_events(self.parser, event.text if isinstance(event, TextDelta) else None, self.started_calls)
         frames = [frame for out in outs for frame in self._write(out)]
         if isinstance(event, Finished):
             if not self.output:

@@ -219,3 +219,17 @@ class ToolCallParser:
         out.append(CallStart(len(self.calls), call.id, call.name))
         out.append(CallArguments(len(self.calls), text))
         self.calls.append(call)
+
+
+def reply_events(parser: ToolCallParser | None, text: str | None, started_calls: int) -> list[OutputEvent]:
+    """A reply's output events for more generated text, or for its end (`text` None), given
+    how many calls the reply has started. At the end, a call cut off before its name was whole
+    is text; one cut off in its arguments stays a call (a stream has sent its start)."""
+    if text is not None:
+        return parser.feed(text) if parser else [ContentDelta(text)]
+    if parser is None:
+        return []
+    outs, unfinished = parser.finish()
+    if unfinished and started_calls == len(parser.calls):
+        outs.append(ContentDelta(unfinished))
+    return outs
