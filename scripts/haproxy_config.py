@@ -6,8 +6,9 @@
 
 Each server's `id` is a hash of its host:port: the consistent-hash ring is placed by id, so a
 server keeps its place (and its agents) when others come and go, whatever the order of the
-list. Two HAProxy instances with the same servers route every agent alike. docs/scale-out/haproxy.cfg is this
-script's output for three servers on one machine (a test keeps it so).
+list. Two HAProxy instances with the same servers route every agent alike.
+docs/scale-out/haproxy.cfg is this script's output for three servers on one machine (a test
+keeps it so).
 
 Needs only the standard library: it runs where HAProxy runs.
 """

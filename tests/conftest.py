@@ -8,8 +8,8 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Literal
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import openai

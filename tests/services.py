@@ -32,7 +32,6 @@ def need(binary: str, package: str) -> str:
     return path
 
 
-
 def stop_process(proc: subprocess.Popen | None) -> bool:
     """SIGTERM, then SIGKILL after 10 s; whether there was a running process to stop."""
     if proc is None or proc.poll() is not None:
@@ -44,6 +43,7 @@ def stop_process(proc: subprocess.Popen | None) -> bool:
         proc.kill()
         proc.wait()
     return True
+
 
 class RedisServer:
     """redis-server with no persistence, bounded like production (volatile-lru)."""

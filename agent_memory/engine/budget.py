@@ -17,7 +17,6 @@ from mlx.utils import tree_flatten
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
-CACHE_LIMIT = 0
 
 
 def _malloc_trim():

@@ -1,7 +1,7 @@
 """Everything the engine thread works with, built once at start from its config: the model,
 the warm tier, the store (restored from the cache folder; a shared tier's agents are probed
-later), the decode batch, the prefiller, the committer
-and the memory left for running requests."""
+later), the decode batch, the prefiller, the committer and the memory left for running
+requests."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Prefill one sequence from its plan, a chunk at a time: runs of cached blocks are appended to
 its working cache as KV (from memory, or read from disk and brought to the hot precision, then
-converted to the working precision), gaps
-and the new suffix are computed by the model."""
+converted to the working precision); gaps and the new suffix are computed by the model."""
 
 from __future__ import annotations
 

@@ -252,7 +252,7 @@ class DiskTier:
                 if h not in keep:
                     self.store.delete_block(h)
         except Exception as e:  # noqa: BLE001 - the manifest write it follows succeeded
-            log.info("could not free %d unused blocks in the shared tier (%s): their TTL will", len(hashes), e)
+            log.info("could not free %d unused blocks in the shared tier (%s): their TTL will expire them", len(hashes), e)
 
     def _refresh_usage(self) -> None:
         self._usage_read = time.monotonic()

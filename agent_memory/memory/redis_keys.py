@@ -11,8 +11,8 @@ Keys, for a namespace `ns` (the folder name: `<model>-<fingerprint>-<precision>`
 
 `{ns}` is a hash tag: manifests and the reference counts share a slot, so one Lua script changes
 both at once, and would share a slot in Redis Cluster, while blocks would spread over every slot
-(the client here is a single node's: Cluster is not supported yet, docs/scale-out.md). <stem> is the manifest
-file's name (a hash of tenant and agent id): agent ids never become key names.
+(the client here is a single node's: Cluster is not supported yet, docs/scale-out.md). <stem>
+is the manifest file's name (a hash of tenant and agent id): agent ids never become key names.
 """
 
 from __future__ import annotations

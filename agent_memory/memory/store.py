@@ -1,8 +1,8 @@
 """AgentCacheStore: each agent's latest sequence, the blocks behind it, and the hot budget.
 
 The engine thread calls `lookup` before a prefill and `commit` when a prefill ends (the prompt,
-offered for reuse) and when the sequence ends (prompt and reply); HTTP
-handlers read `agents()` under the same lock. Eviction follows Pensieve's retention value:
+offered for reuse) and when the sequence ends (prompt and reply); HTTP handlers read
+`agents()` under the same lock. Eviction follows Pensieve's retention value:
 recompute cost per byte over idle time, so an idle agent's cheap early blocks leave first, and
 a block a running sequence uses never leaves. A block nobody refers to stays only while hot;
 with a disk tier (see `disk`), an agent's block gains a file once it is durable, and is WARM

@@ -20,7 +20,8 @@ so servers of other models or precisions never see each other's blocks.
   own: no server evicts from it).
 
 Every call here does I/O: DiskTier's writer and reader threads make them, never the event loop;
-the engine thread only at start (open, usage, a bad manifest's quarantine). No MLX here: the `cache` commands use the stores too.
+the engine thread only at start (open, usage, a bad manifest's quarantine). No MLX here: the
+`cache` commands use the stores too.
 """
 
 from __future__ import annotations
