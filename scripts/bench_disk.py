@@ -33,15 +33,15 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
-
 import mlx.core as mx  # noqa: E402
 
 from agent_memory.config import default_cache_dir  # noqa: E402
+from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
 from agent_memory.memory import blockfile  # noqa: E402
 from agent_memory.memory.folder import Folder  # noqa: E402
-from agent_memory.memory.records import BLOCK_TOKENS, tokens_text  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
+from agent_memory.memory.records import BLOCK_TOKENS, tokens_text  # noqa: E402
+from agent_memory.precision import KVPrecision
 
 # SmolLM2-135M, the demo model, as the server sees it.
 DEMO = kv.KVShape(layers=30, kv_heads=3, k_dim=64, v_dim=64, dtype=mx.float32)
@@ -97,20 +97,20 @@ def dd_block_write(folder: Path, nbytes: int, runs: int) -> float:
     return float(np.median(rates))
 
 
-def payload(precision: kv.KVPrecision, seed: int) -> dict:
+def payload(precision: KVPrecision, seed: int) -> dict:
     """One block's tensors, numpy, as the server hands them to the disk tier."""
     mx.random.seed(seed)
     full = {
         name: mx.random.normal((DEMO.layers, DEMO.kv_heads, BLOCK_TOKENS, DEMO.k_dim), dtype=DEMO.dtype)
         for name in ("k", "v")
     }
-    tensors = kv.to_numpy(kv.convert(full, kv.KVPrecision(), precision))
+    tensors = kv.to_numpy(kv.convert(full, KVPrecision(), precision))
     layout = kv.block_layout(BLOCK_TOKENS, DEMO, precision)
     assert {n: (d, a.shape) for n, (d, a) in tensors.items()} == layout, "not the server's layout"
     return tensors
 
 
-def bench(folder: Path, precision: kv.KVPrecision, blocks: int) -> dict:
+def bench(folder: Path, precision: KVPrecision, blocks: int) -> dict:
     """Save `blocks` blocks durably, then load each back with every check."""
     layout = Folder(folder / precision.tag)
     layout.blocks.mkdir(parents=True)
@@ -176,7 +176,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="bench-disk-", dir=parent))
     try:
         writes, reads, direct = disk_bandwidth(folder)
-        precisions = [kv.KVPrecision(16), kv.KVPrecision(8, args.group_size), kv.KVPrecision(4, args.group_size)]
+        precisions = [KVPrecision(16), KVPrecision(8, args.group_size), KVPrecision(4, args.group_size)]
         rows = [bench(folder, p, args.blocks) for p in precisions]
         more = disk_bandwidth(folder)  # before and after: a drifting disk shows
     finally:

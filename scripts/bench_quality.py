@@ -48,15 +48,16 @@ from agent_memory.engine import kv
 from agent_memory.engine.quantized import BatchQuantizedKVCache
 from agent_memory.memory.records import BLOCK_TOKENS
 from agent_memory.models.registry import resolve_model
+from agent_memory.precision import KVPrecision
 
 TEXTS = [Path("/usr/share/common-licenses/GPL-3"), Path("/usr/share/common-licenses/Apache-2.0")]
 WINDOW, STEP = 1024, 128
-FULL = kv.KVPrecision()
+FULL = KVPrecision()
 
 
 @dataclass(frozen=True)
 class Scheme:
-    precision: kv.KVPrecision
+    precision: KVPrecision
     decode_quantized: bool = False
 
     @property
@@ -74,7 +75,7 @@ def schemes(wanted: str | None) -> list[Scheme]:
         for group in (32, 64):
             for decode_quantized in (False, True):
                 name = f"q{bits}g{group}" + ("-dq" if decode_quantized else "")
-                out[name] = Scheme(kv.KVPrecision(bits, group), decode_quantized)
+                out[name] = Scheme(KVPrecision(bits, group), decode_quantized)
     if wanted is None:
         return list(out.values())
     unknown = [w for w in wanted.split(",") if w not in out]
@@ -189,7 +190,7 @@ def decode_speed(model, scheme: Scheme, batch: int, context: int, steps: int) ->
     return batch * steps / (time.perf_counter() - start)
 
 
-def kv_bytes_per_1k_tokens(model, precision: kv.KVPrecision) -> int:
+def kv_bytes_per_1k_tokens(model, precision: KVPrecision) -> int:
     shape = kv.probe_shape(model, len(model.layers))
     dtype_bytes = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4}
     layout = kv.block_layout(1000, shape, precision)

@@ -219,7 +219,8 @@ def ttft(args) -> dict:
 def budget(args) -> dict:
     """Blocks of the demo model's Q4 size (header + tensors) into a Redis of 64 MB."""
     sys.path.insert(0, str(REPO))
-    from agent_memory.memory.records import AgentKey, Manifest
+    from agent_memory.agent_key import AgentKey
+    from agent_memory.memory.records import Manifest
     from agent_memory.memory.redis_store import RedisStore
 
     block = args.block_bytes

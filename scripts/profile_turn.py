@@ -25,18 +25,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
-
 import httpx  # noqa: E402
 import mlx.core as mx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
 from agent_memory.config import default_cache_dir  # noqa: E402
+from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
 from agent_memory.engine.loader import load_model  # noqa: E402
 from agent_memory.memory import blockfile  # noqa: E402
-from agent_memory.memory.records import BLOCK_TOKENS  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
+from agent_memory.memory.records import BLOCK_TOKENS  # noqa: E402
 from agent_memory.models.registry import resolve_model  # noqa: E402
+from agent_memory.precision import KVPrecision
 
 TEXT = Path("/usr/share/common-licenses/GPL-3")
 
@@ -65,13 +65,13 @@ def conversation(tokenizer, history_tokens: int) -> list[dict]:
     return messages
 
 
-def engine_parts(loaded, messages: list[dict], precision: kv.KVPrecision, work: Path) -> dict:
+def engine_parts(loaded, messages: list[dict], precision: KVPrecision, work: Path) -> dict:
     model, tokenizer = loaded.model, loaded.tokenizer
     turn = messages + [{"role": "user", "content": "Now summarise all of that in one sentence."}]
     t_tok, prompt = timed(lambda: tokenizer.apply_chat_template(turn, add_generation_prompt=True))
     history = tokenizer.apply_chat_template(messages, tokenize=True)
     cached = len(history) // BLOCK_TOKENS * BLOCK_TOKENS
-    full = kv.KVPrecision()
+    full = KVPrecision()
 
     def prefill(tokens, cache=None):
         cache = cache or kv.new_cache(loaded.num_layers, full)
@@ -182,7 +182,7 @@ def main() -> None:
     parser.add_argument("--kv-group-size", type=int, default=64)
     args = parser.parse_args()
     model_dir = resolve_model(args.model, default_cache_dir() / "models")
-    precision = kv.KVPrecision(args.kv_bits, args.kv_group_size)
+    precision = KVPrecision(args.kv_bits, args.kv_group_size)
     with tempfile.TemporaryDirectory(prefix="profile-turn-") as tmp:
         work = Path(tmp)
         loaded = load_model(model_dir)

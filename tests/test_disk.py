@@ -21,13 +21,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from safetensors.numpy import load_file
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError
 from agent_memory.memory.blocks import Tier
 from agent_memory.memory.disk import DiskTier
 from agent_memory.memory.folder import Folder
-from agent_memory.memory.records import AgentKey, Manifest
 from agent_memory.memory.hashing import namespace
+from agent_memory.memory.records import Manifest
 from agent_memory.memory.store import AgentCacheStore
 
 FINGERPRINT = "f" * 32

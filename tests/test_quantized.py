@@ -13,6 +13,7 @@ from mlx_lm.models.cache import QuantizedKVCache
 from agent_memory.engine import kv
 from agent_memory.engine.quantized import BatchQuantizedKVCache
 from agent_memory.memory import blockfile
+from agent_memory.precision import KVPrecision
 from tests.conftest import Server, ask, tiers
 
 PROMPTS = [
@@ -98,7 +99,7 @@ def test_quantized_blocks_round_trip_through_the_tiers_unchanged(model_and_token
     """Hot payload -> block file -> hot payload keeps every bit, and a running sequence's
     working cache gets the same dequantized values whichever tier the block came from."""
     model, prompts = model_and_tokens
-    precision = kv.KVPrecision(bits, group)
+    precision = KVPrecision(bits, group)
     cache = prefilled(model, prompts[0], bits, group)
     hot = kv.cut(cache, 0, 8)
     shape = kv.probe_shape(model, len(model.layers))
@@ -110,7 +111,7 @@ def test_quantized_blocks_round_trip_through_the_tiers_unchanged(model_and_token
     assert sorted(back) == sorted(hot)
     for name in hot:
         assert back[name].dtype == hot[name].dtype and mx.array_equal(back[name], hot[name]).item()
-    full = kv.KVPrecision()
+    full = KVPrecision()
     assert mx.array_equal(kv.convert(back, precision, full)["k"], kv.convert(hot, precision, full)["k"]).item()
 
 
@@ -119,7 +120,7 @@ def test_a_commit_keeps_whole_restored_blocks_and_cuts_the_rest_as_attended(mode
     computed. A block it restored whole keeps its stored bits; a block with its own tokens is
     cut exactly as the sequence attended to it, and cools to --kv-bits only when demoted."""
     model, prompts = model_and_tokens
-    precision, full = kv.KVPrecision(4, 32), kv.KVPrecision()
+    precision, full = KVPrecision(4, 32), KVPrecision()
     tokens = prompts[3]
     stored = kv.BlockKV(kv.cut(prefilled(model, tokens[:11], 4, 32), 0, 10), precision)  # at rest
     working = kv.new_cache(len(model.layers), full)

@@ -11,11 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError
 from agent_memory.memory.blocks import Tier
 from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.records import AgentKey, BlockRecord, Manifest
+from agent_memory.memory.records import BlockRecord, Manifest
 from agent_memory.memory.redis_store import RedisStore
 from agent_memory.memory.redis_url import check_url, redact
 from agent_memory.memory.store import AgentCacheStore

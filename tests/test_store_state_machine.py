@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.memory.blocks import Tier
-from agent_memory.memory.records import AgentKey
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.prefix import common_prefix
 from agent_memory.memory.store import AgentCacheStore

@@ -12,16 +12,18 @@ import hashlib
 import logging
 import time
 
+from agent_memory.agent_key import AgentKey
+
 log = logging.getLogger("agent_memory.requests")
 
 QUIET_PATHS = {"/health", "/metrics"}
 AGENT_PATH = "/v1/agents/"
 
 
-def shown_agent(agent: str | None, tenant: str, log_ids: bool) -> str | None:
+def shown_agent(agent: AgentKey | None, log_ids: bool) -> str | None:
     if agent is None or log_ids:
-        return agent
-    return hashlib.blake2b(f"{tenant}\0{agent}".encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+        return agent.id if agent is not None else None
+    return hashlib.blake2b(f"{agent.tenant}\0{agent.id}".encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
 
 
 def quiet(method: str, path: str) -> bool:
@@ -37,7 +39,7 @@ class AccessLogMiddleware:
     def shown_path(self, path: str, tenant: str) -> str:
         """An agent's route names the agent: hashed like the agent field."""
         if path.startswith(AGENT_PATH) and not self.log_agent_ids:
-            return AGENT_PATH + shown_agent(path[len(AGENT_PATH) :], tenant, False)
+            return AGENT_PATH + shown_agent(AgentKey(path[len(AGENT_PATH) :], tenant), False)
         return path
 
     async def __call__(self, scope, receive, send):

@@ -6,10 +6,10 @@ import asyncio
 
 from fastapi import APIRouter, Depends, Request
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.api.errors import APIError
 from agent_memory.api.pipeline import tenant
 from agent_memory.api.state import ServerState, ready_state
-from agent_memory.memory.records import AgentKey
 from agent_memory.memory.store_records import AgentInfo
 
 router = APIRouter()

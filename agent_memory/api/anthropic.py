@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.api import errors, pipeline
 from agent_memory.api.anthropic_reply import Reply, sse
 from agent_memory.api.anthropic_schemas import (
@@ -183,7 +184,7 @@ def claude_code_session(user_id: str) -> str | None:
     return match.group(1) if match else None
 
 
-def agent(body: MessagesRequest, request: Request) -> str | None:
+def agent(body: MessagesRequest, request: Request) -> AgentKey | None:
     """metadata.user_id, else X-Agent-Id, else None (anonymous: the prefix match alone). A
     Claude Code user id names `claude-code:<session>[:<subagent>]:<system prompt hash>`."""
     user_id = body.metadata.user_id if body.metadata is not None else None
@@ -194,7 +195,7 @@ def agent(body: MessagesRequest, request: Request) -> str | None:
             parts.append(subagent[:64])
         parts.append(hashlib.blake2b(system_text(body.system).encode(), digest_size=4).hexdigest())
         user_id = ":".join(parts)
-    return pipeline.agent_id([("metadata.user_id", user_id), ("X-Agent-Id", pipeline.utf8_header(request, "X-Agent-Id"))])
+    return pipeline.agent_key(request, [("metadata.user_id", user_id), ("X-Agent-Id", pipeline.utf8_header(request, "X-Agent-Id"))])
 
 
 # -- routes ------------------------------------------------------------------------------

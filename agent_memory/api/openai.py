@@ -80,14 +80,7 @@ def _model(state: ServerState, model_id: str) -> dict:
 def _generation(
     state: ServerState, body: SamplingFields, request: Request, prompt: list[int], prompt_param: str, grammar=None
 ) -> GenerationRequest:
-    agent = pipeline.agent_id(
-        [
-            ("prompt_cache_key", body.prompt_cache_key),
-            ("X-Agent-Id", pipeline.utf8_header(request, "X-Agent-Id")),
-            ("user", body.user),
-            ("metadata.user_id", (body.metadata or {}).get("user_id")),
-        ]
-    )
+    agent = pipeline.openai_agent(body, request)
     sampling = {
         "temperature": body.temperature,
         "top_p": body.top_p,

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.api.access_log import shown_agent
 from agent_memory.api.errors import APIError
 from agent_memory.api.schemas import MAX_AGENT_ID
@@ -40,14 +41,28 @@ def tenant(request: Request) -> str:
     return request.scope.get("state", {}).get("tenant", "")
 
 
-def agent_id(candidates: list[tuple[str, object]]) -> str | None:
-    """The first non-empty string of (param, value) candidates, in the wire format's order."""
+def agent_key(request: Request, candidates: list[tuple[str, object]]) -> AgentKey | None:
+    """The agent a request speaks for, in its tenant: the first non-empty string of (param,
+    value) candidates, in the wire format's order; None when it names none."""
     for param, value in candidates:
         if isinstance(value, str) and value:
             if len(value) > MAX_AGENT_ID:
                 raise APIError(400, f"agent ids are at most {MAX_AGENT_ID} characters", param=param)
-            return value
+            return AgentKey(value, tenant(request))
     return None
+
+
+def openai_agent(body: Any, request: Request) -> AgentKey | None:
+    """Where the OpenAI formats (chat, completions, Responses) name their agent, in order."""
+    return agent_key(
+        request,
+        [
+            ("prompt_cache_key", body.prompt_cache_key),
+            ("X-Agent-Id", utf8_header(request, "X-Agent-Id")),
+            ("user", body.user),
+            ("metadata.user_id", (body.metadata or {}).get("user_id")),
+        ],
+    )
 
 
 @dataclass
@@ -109,7 +124,7 @@ def check_length(state: ServerState, chars: int, param: str) -> None:
 def generation_request(
     state: ServerState,
     prompt: list[int],
-    agent: str | None,
+    agent: AgentKey | None,
     limit: int | None,
     sampling: dict,
     request: Request,
@@ -151,7 +166,7 @@ def generation_request(
         cache_salt=cache_salt or "",
     )
     state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
-    trace = {"agent": shown_agent(agent, generation.tenant, state.log_agent_ids), "prompt_tokens": len(prompt)}
+    trace = {"agent": shown_agent(agent, state.log_agent_ids), "prompt_tokens": len(prompt)}
     request.scope.setdefault("state", {})["trace"] = state.traces[generation] = trace
     return generation
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
+from agent_memory.agent_key import RESPONSE, AgentKey
 from agent_memory.api import pipeline
 from agent_memory.api.errors import APIError
 from agent_memory.api.openai import tool_parser
@@ -115,23 +116,12 @@ async def create_response(body: ResponsesRequest, request: Request, state: Serve
     conv = Conversation(system + context, tools, choice, body.parallel_tool_calls, output_format)
     prepared = await pipeline.prepare_chat(state, conv, ("input", "tools", "text.format"))
     draft = Draft(state, body, new_id("resp"))
-    if body.store:
-        agent, kind = draft.id, "response"  # the response is the unit of memory
-    else:
-        agent = pipeline.agent_id(
-            [
-                ("prompt_cache_key", body.prompt_cache_key),
-                ("X-Agent-Id", pipeline.utf8_header(request, "X-Agent-Id")),
-                ("user", body.user),
-                ("metadata.user_id", (body.metadata or {}).get("user_id")),
-            ]
-        )
-        kind = "agent"
+    # A stored response is the unit of memory: its own agent, named by its id.
+    agent = AgentKey(draft.id, tenant, RESPONSE) if body.store else pipeline.openai_agent(body, request)
     sampling = {"temperature": body.temperature, "top_p": body.top_p}
     generation = pipeline.generation_request(
         state, prepared.prompt, agent, body.max_output_tokens, sampling, request, "input", prepared.grammar, body.cache_salt
     )
-    generation.agent_kind = kind
     reply = Reply(draft.output, tool_parser(state, conv))
 
     def keep(finished: Finished) -> dict:

@@ -19,10 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.chat.conversation import Message, ToolCall
 from agent_memory.memory import blockfile
 from agent_memory.memory.folder import entries, unlink_regular
-from agent_memory.memory.records import AgentKey, agent_file_stem
+from agent_memory.memory.records import agent_file_stem
 
 log = logging.getLogger(__name__)
 

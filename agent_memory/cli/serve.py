@@ -90,9 +90,9 @@ def _serve(settings: Settings) -> int:
     from agent_memory.api.app import create_app
     from agent_memory.api.responses_store import ResponseStore
     from agent_memory.engine.config import EngineConfig
-    from agent_memory.engine.kv import KVPrecision
     from agent_memory.engine.loop import BatchEngine
     from agent_memory.models.registry import ModelError
+    from agent_memory.precision import Precisions
 
     try:
         model_path = resolve_model_with_progress(settings.model, settings.models_dir)
@@ -104,12 +104,12 @@ def _serve(settings: Settings) -> int:
             model_path=model_path,
             max_batch=settings.max_batch,
             hot_budget_bytes=settings.hot_budget_mb << 20,
-            precision=KVPrecision(settings.kv_bits, settings.kv_group_size),
+            precisions=Precisions.of(
+                settings.kv_bits, settings.kv_group_size, settings.disk_kv_bits, settings.decode_quantized
+            ),
             cache_dir=settings.cache_dir,
             warm_store=settings.warm_store,
             disk_budget_bytes=settings.disk_budget_mb << 20,
-            disk_precision=KVPrecision(settings.disk_kv_bits, settings.kv_group_size) if settings.disk_kv_bits else None,
-            decode_quantized=settings.decode_quantized,
             memory_limit_bytes=settings.memory_limit_bytes,
         )
     )

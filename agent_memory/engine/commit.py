@@ -10,17 +10,18 @@ import logging
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.engine import kv
 from agent_memory.engine.sequence import Sequence, canonical_reply
 from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.records import AgentKey
 from agent_memory.memory.store import AgentCacheStore
+from agent_memory.precision import Precisions
 
 log = logging.getLogger(__name__)
 
 
 class Committer:
-    def __init__(self, store: AgentCacheStore, disk: DiskTier | None, precisions: kv.Precisions, decoder) -> None:
+    def __init__(self, store: AgentCacheStore, disk: DiskTier | None, precisions: Precisions, decoder) -> None:
         self.store = store
         self.disk = disk
         self.precisions = precisions

@@ -17,37 +17,9 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from agent_memory.precision import FULL, KVPrecision
+
 QUANT_PARTS = ("q", "scales", "biases")
-
-
-@dataclass(frozen=True)
-class KVPrecision:
-    """The KV precision of a tier: bits 16 means unquantized, in the model's dtype."""
-
-    bits: int = 16
-    group_size: int = 64
-
-    @property
-    def quantized(self) -> bool:
-        return self.bits < 16
-
-    @property
-    def tag(self) -> str:
-        return f"q{self.bits}g{self.group_size}" if self.quantized else "kv16"
-
-    def file_meta(self) -> dict[str, str]:
-        """What every block file at this precision says about it (checked on read)."""
-        return {"bits": str(self.bits), "group_size": str(self.group_size if self.quantized else 0)}
-
-
-@dataclass(frozen=True)
-class Precisions:
-    """The engine's precisions: of cached blocks in memory, of running sequences' caches (what
-    decoding attends to) and of block files."""
-
-    hot: KVPrecision
-    working: KVPrecision
-    disk: KVPrecision
 
 
 Payload = dict[str, mx.array]
@@ -178,7 +150,7 @@ class KVShape:
 
 
 def probe_shape(model, num_layers: int) -> KVShape:
-    cache = new_cache(num_layers, KVPrecision())
+    cache = new_cache(num_layers, FULL)
     model(mx.array([[0]]), cache=cache)
     k, v = cache[0].keys, cache[0].values
     return KVShape(num_layers, k.shape[1], k.shape[3], v.shape[3], k.dtype)

@@ -22,6 +22,7 @@ from typing import Any
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.engine.budget import give_back_memory
 from agent_memory.engine.commit import Committer
 from agent_memory.engine.config import EngineConfig
@@ -34,7 +35,7 @@ from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status, new_sequence
 from agent_memory.memory.blocks import Tier
 from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.records import BLOCK_TOKENS, AgentKey
+from agent_memory.memory.records import BLOCK_TOKENS
 from agent_memory.memory.store import AgentCacheStore
 from agent_memory.memory.store_records import Segment
 from agent_memory.metrics import Metrics
@@ -325,7 +326,7 @@ class BatchEngine:
         """Queue the KV of `tokens` for the sequence's agent as a prefill with no decoding: done
         now, at the engine's leisure, rather than in the agent's next turn."""
         params = SamplingParams(max_tokens=0, temperature=0.0)
-        request = replace(seq.request, prompt=tokens, params=params, agent=seq.agent.id, grammar=None)
+        request = replace(seq.request, prompt=tokens, params=params, agent=seq.agent, grammar=None)
         seq = self._new_sequence(next(self._ids), request, lambda event: None, time.perf_counter(), prefill_only=True)
         self._seqs[seq.id] = seq
 

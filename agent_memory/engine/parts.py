@@ -19,6 +19,7 @@ from agent_memory.engine.warm import open_warm_tier
 from agent_memory.memory.disk import DiskTier
 from agent_memory.memory.records import BLOCK_TOKENS
 from agent_memory.memory.store import AgentCacheStore
+from agent_memory.precision import Precisions
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,9 @@ class Parts:
     bytes_per_token: int  # of a working cache
 
 
-def demoter(p: kv.Precisions):
+def demoter(p: Precisions):
     """How an exact hot block cools to --kv-bits; None when computed KV already is at it."""
-    if p.working == p.hot:
+    if not p.exact_while_hot:
         return None
 
     def demote(block: kv.BlockKV) -> tuple[kv.BlockKV, int]:

@@ -13,12 +13,13 @@ from agent_memory.engine import kv
 from agent_memory.engine.sequence import Sequence
 from agent_memory.memory.store import AgentCacheStore
 from agent_memory.memory.store_records import Segment
+from agent_memory.precision import Precisions
 
 log = logging.getLogger(__name__)
 
 
 class Prefiller:
-    def __init__(self, model, shape: kv.KVShape, precisions: kv.Precisions, store: AgentCacheStore) -> None:
+    def __init__(self, model, shape: kv.KVShape, precisions: Precisions, store: AgentCacheStore) -> None:
         self.model = model
         self.shape = shape
         self.precisions = precisions

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_memory.agent_key import AgentKey
+
 
 @dataclass
 class SamplingParams:
@@ -22,10 +24,9 @@ class SamplingParams:
 class GenerationRequest:
     prompt: list[int]
     params: SamplingParams
-    agent: str | None = None
+    agent: AgentKey | None = None  # whose memory it reads and joins; None: nobody's
     request_id: str = ""  # the X-Request-Id, for logs
     tenant: str = ""  # the API key's name when keys are per tenant: a namespace of its own
-    agent_kind: str = "agent"  # "response": `agent` is a stored Responses-API response's id
     cache_salt: str = ""  # requests with different salts share no cached block (vLLM's field)
     # An llguidance matcher the output must follow (constrained decoding), made by the API.
     grammar: Any = None

@@ -8,14 +8,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_memory.engine.detokenizer import Detokenizer
+from agent_memory.agent_key import AgentKey
 from agent_memory.engine.constraint import logits_processors
+from agent_memory.engine.detokenizer import Detokenizer
 from agent_memory.engine.kv import KVPrecision, StoredRun, new_cache
 from agent_memory.engine.loader import LoadedModel
 from agent_memory.engine.requests import GenerationRequest, Sink, TextDelta, Usage
 from agent_memory.engine.sampling import make_sampler
 from agent_memory.engine.stops import StopMatcher
-from agent_memory.memory.records import AgentKey
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.store import AgentCacheStore
 from agent_memory.memory.store_records import Lease, Segment
@@ -129,7 +129,7 @@ def new_sequence(
         processors=logits_processors(request, loaded.vocab_size, loaded.tokenizer.eos_token_ids),
         usage=Usage(prompt_tokens=len(request.prompt)),
         cache=new_cache(loaded.num_layers, working),
-        agent=AgentKey(request.agent, request.tenant, request.agent_kind) if request.agent is not None else None,
+        agent=request.agent,
         root=store.names.root(namespace(request.tenant, request.cache_salt)),
         prefill_only=prefill_only,
     )

@@ -27,6 +27,7 @@ from agent_memory.memory.disk import DiskTier
 from agent_memory.memory.folder import Folder, FolderScan, entries, folder_name
 from agent_memory.memory.records import BLOCK_TOKENS
 from agent_memory.memory.redis_store import RedisStore
+from agent_memory.precision import KVPrecision, Precisions
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def open_warm_tier(
     budget_bytes: int,
     loaded: LoadedModel,
     shape: kv.KVShape,
-    precisions: kv.Precisions,
+    precisions: Precisions,
     warm_store: str | None = None,
 ) -> tuple[DiskTier | None, FolderScan | None, str | None]:
     """(the tier, what its folder held, why there is none). The tier's `budget_bytes` is the
@@ -145,7 +146,7 @@ def open_warm_tier(
     return disk, scan, None
 
 
-def _tier(store, loaded: LoadedModel, shape: kv.KVShape, precision: kv.KVPrecision) -> DiskTier:
+def _tier(store, loaded: LoadedModel, shape: kv.KVShape, precision: KVPrecision) -> DiskTier:
     return DiskTier(
         store,
         fingerprint=loaded.fingerprint,

@@ -26,10 +26,11 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import NUMPY_DTYPES, Layout, Tensors
 from agent_memory.memory.folder import Folder, FolderScan
-from agent_memory.memory.records import AgentKey, BlockRecord, Manifest, tokens_text
+from agent_memory.memory.records import BlockRecord, Manifest, tokens_text
 from agent_memory.memory.warmstore import FolderStore, StoreUsage, WarmStore
 
 log = logging.getLogger(__name__)

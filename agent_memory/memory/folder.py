@@ -32,8 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.memory import blockfile
-from agent_memory.memory.records import HASH_RE, AgentKey, Manifest, ServerRecord, agent_file_stem, pid_alive
+from agent_memory.memory.records import HASH_RE, Manifest, ServerRecord, agent_file_stem, pid_alive
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.memory import blockfile
 
 BLOCK_TOKENS = 64  # tokens per block; a sequence's last block may be shorter
@@ -22,15 +22,6 @@ HASH_RE = re.compile(r"^[0-9a-f]{32}$")
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_TOKEN_ID = 2**32  # block hashes pack token ids as uint32 (hashing.py)
-
-
-class AgentKey(NamedTuple):
-    """An agent: its id within its tenant (an API key's name; "" with one key or none). A
-    stored Responses-API response is agent-like: kind "response", its id the response id."""
-
-    id: str
-    tenant: str = ""
-    kind: str = "agent"
 
 
 def agent_file_stem(key: AgentKey | str) -> str:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import threading
 
-from agent_memory.memory.records import AgentKey, Manifest, agent_file_stem
+from agent_memory.agent_key import AgentKey
+from agent_memory.memory.records import Manifest, agent_file_stem
 from agent_memory.memory.redis_url import connect, redact, store_root
 
 PREFIX = "am"

@@ -24,10 +24,11 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import Layout
 from agent_memory.memory.folder import FolderScan
-from agent_memory.memory.records import AgentKey, Manifest
+from agent_memory.memory.records import Manifest
 from agent_memory.memory.redis_keys import (
     BLOCK_TTL_S,
     CAS_MANIFEST,

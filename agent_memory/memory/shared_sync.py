@@ -16,8 +16,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.memory.blocks import Block, Tier
-from agent_memory.memory.records import AgentKey
 from agent_memory.memory.warmstore import Probe
 
 if TYPE_CHECKING:

@@ -26,12 +26,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.memory.blocks import Block, BlockPool, Tier
 from agent_memory.memory.disk import BlockRecord, DiskTier
 from agent_memory.memory.folder import FolderScan
-from agent_memory.memory.records import AgentKey, Manifest
 from agent_memory.memory.hashing import BlockNames
 from agent_memory.memory.prefix import PrefixMatcher, common_prefix
+from agent_memory.memory.records import Manifest
 from agent_memory.memory.shared_sync import SharedTierSync
 from agent_memory.memory.store_records import AgentInfo, AgentRecord, Lease, Persist, Segment
 

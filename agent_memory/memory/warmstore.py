@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.memory import blockfile
 from agent_memory.memory.blockfile import BlockFileError, Layout
 from agent_memory.memory.folder import Folder, FolderScan
-from agent_memory.memory.records import AgentKey, Manifest
+from agent_memory.memory.records import Manifest
 
 log = logging.getLogger(__name__)
 

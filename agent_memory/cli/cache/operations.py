@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.cli.cache.scan import ModelFolder
 from agent_memory.cli.cache.server import LiveServer
 from agent_memory.memory.folder import BLOCK_META_KEYS, FOLDER_RE, FileInfo
-from agent_memory.memory.records import AgentKey, BlockRecord, Manifest
 from agent_memory.memory.hashing import BlockNames
+from agent_memory.memory.records import BlockRecord, Manifest
 
 GRACE_S = 600.0  # younger orphans and temp files may belong to a write the server is making
 SERVER_WAIT_S = 30.0  # how long to wait for the server's writer to delete an ended agent's files

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from agent_memory.cli.common import fail, settings
+from agent_memory.agent_key import AgentKey
 from agent_memory.cli.cache.render import printable
+from agent_memory.cli.common import fail, settings
 from agent_memory.config import Settings
 from agent_memory.memory.folder import FOLDER_RE, Folder, FolderScan, model_folders
-from agent_memory.memory.records import BLOCK_TOKENS, AgentKey, BlockRecord, Manifest, agent_file_stem
+from agent_memory.memory.records import BLOCK_TOKENS, BlockRecord, Manifest, agent_file_stem
 
 
 @dataclass

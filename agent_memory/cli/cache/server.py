@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+from agent_memory.agent_key import AgentKey
 from agent_memory.cli.common import fail
 from agent_memory.config import ENV_PREFIX, config_file_path
-from agent_memory.memory.records import AgentKey, ServerRecord
+from agent_memory.memory.records import ServerRecord
 
 if TYPE_CHECKING:
     import httpx
