@@ -1,0 +1,126 @@
+"""The engine as the HTTP side sees it, and all it sees (as vLLM's `EngineClient`): the model's
+facts, submit and cancel, the agents it remembers, health and metrics. The API holds engines by
+model id and depends on this interface alone, never on an engine's store, tiers or model object;
+a test can serve the API from any object that honours it.
+
+Every method may be called from any thread; none blocks on MLX work (what needs the engine
+thread returns a Future)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from agent_memory.agent_key import AgentKey
+from agent_memory.engine.requests import GenerationRequest, Sink
+from agent_memory.memory.store_records import AgentInfo
+
+__all__ = ["AgentInfo", "EngineClient", "Health", "ModelFacts"]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the API needs to know of the served model to render, tokenize and check requests."""
+
+    name: str  # its id: the model folder's name
+    ids: tuple[str, ...]  # every id it answers to: the name, then its aliases (`demo`)
+    tokenizer: Any  # mlx-lm's TokenizerWrapper: the chat template, encode, the tool parser
+    context_length: int
+    vocab_size: int  # the width of the model's logits (may exceed the tokenizer's vocabulary)
+    # The most characters one token stands for: n characters are at least n / this many tokens.
+    max_token_chars: int
+
+
+@dataclass(frozen=True)
+class Health:
+    """/health's answer: `loading`, `ok` or `error` (with why), and what is in force once ok."""
+
+    status: str
+    message: str | None = None
+    kv: dict[str, str] | None = None  # precision tags: hot, working, disk
+    warm_tier: dict | None = None  # on, degraded (why) or off (why)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class EngineClient(ABC):
+    """One served model's engine."""
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start loading the model in the background; `wait_loaded` says how it went."""
+
+    @abstractmethod
+    def wait_loaded(self) -> str | None:
+        """Block until the model is loaded: None, or why it could not be."""
+
+    @abstractmethod
+    def announce(self, url: str) -> None:
+        """Say where the server answers (the `cache` commands then end agents through it)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Finish: running requests end, queued writes reach the warm tier, the announcement goes."""
+
+    # -- the model ----------------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def model(self) -> ModelFacts | None:
+        """The served model's facts; None until it is loaded."""
+
+    @property
+    @abstractmethod
+    def max_batch(self) -> int:
+        """Sequences decoded together at most (what a waiting request's retry hint scales by)."""
+
+    # -- requests -----------------------------------------------------------------------
+
+    @abstractmethod
+    def submit(self, request: GenerationRequest, sink: Sink) -> int:
+        """Queue a request; its events go to `sink` (on the engine thread). Returns its id."""
+
+    @abstractmethod
+    def cancel(self, request_id: int) -> None:
+        """Stop a submitted request (its client left); what it computed is kept."""
+
+    # -- agents -------------------------------------------------------------------------
+
+    @abstractmethod
+    def agents(self, tenant: str | None) -> list[AgentInfo]:
+        """A tenant's agents (None: every tenant's); stored responses are not agents."""
+
+    @abstractmethod
+    def agent(self, key: AgentKey) -> AgentInfo | None:
+        """One agent or stored response, or None."""
+
+    @abstractmethod
+    def totals(self) -> dict[str, int]:
+        """The memory's figures: bytes and budgets by tier, blocks by tier."""
+
+    @abstractmethod
+    def end_agent(self, key: AgentKey) -> Future:
+        """Forget an agent in every tier: a Future of whether it existed."""
+
+    # -- the operator's view ------------------------------------------------------------
+
+    @abstractmethod
+    def health(self) -> Health:
+        """Loading, serving or broken, and what is in force."""
+
+    @abstractmethod
+    def summary(self) -> str:
+        """One line for the log once loaded: what is served, how memory is spent, where."""
+
+    @property
+    @abstractmethod
+    def metrics(self) -> CollectorRegistry:
+        """The Prometheus families this engine exports."""
