@@ -89,6 +89,9 @@ class Settings(BaseSettings):
         "text", description="Log lines as text, or as JSON objects for log collectors."
     )
     log_agent_ids: bool = Field(False, description="Show agent ids in request logs (hashed otherwise).")
+    trace_file: Path | None = Field(
+        None, description="Append where the engine's time goes to this file, one JSON line per event."
+    )
     api_keys_file: Path | None = Field(
         None,
         description="A file of 'name key' lines: each key a tenant with its own agents and cached blocks.",

@@ -34,7 +34,7 @@ through LD_PRELOAD), HF_HUB_OFFLINE=1:
     .venv/bin/python scripts/bench_agents.py --compare --repeats 2 --json bench.json
     # 12 agents x 3 turns, 5 s think time between an agent's turns
     .venv/bin/python scripts/bench_agents.py --compare --repeats 2 --agents 12 --turns 3 --think 5
-    # where our server's time goes (queue, disk reads, prefill, fsync), from a trace of its engine
+    # where our server's time goes (queue, disk reads, prefill, writes), from its --trace-file
     .venv/bin/python scripts/bench_agents.py --serve ours --trace
     # returning agents with a 2,000-token history: cold vs warm vs after restart
     .venv/bin/python scripts/bench_agents.py --serve ours --history-tokens 2000
@@ -43,8 +43,7 @@ through LD_PRELOAD), HF_HUB_OFFLINE=1:
     # grow agents and history; plots into docs/img
     .venv/bin/python scripts/bench_agents.py --scale --compare --scale-agents 8,32 --scale-history 1000,4000
 
-Only the standard library, httpx and (for --scale plots) matplotlib; `--trace` imports the
-server's own package in the server's process.
+Only the standard library, httpx and (for --scale plots) matplotlib.
 """
 
 from __future__ import annotations
@@ -344,10 +343,10 @@ class ManagedServer:
         if self.kind == "ours":
             serve = ["--model", self.model, "--port", str(self.port), "--cache-dir", str(self.cache_dir)]
             serve += shlex.split(self.opts.ours_args)
-            if self.trace:
+            if self.trace:  # the server's own trace of its engine (engine/trace.py)
                 path = self.log_dir / f"{self.cache_dir.name}-trace-start{self.starts}.jsonl"
                 self.traces.append(path)
-                return [sys.executable, str(Path(__file__).resolve()), "--traced-serve", str(path), "serve"] + serve
+                serve += ["--trace-file", str(path)]
             return shlex.split(self.opts.ours_cmd) + serve
         if self.kind == "mlx-lm":
             cmd = shlex.split(self.opts.peer_cmd) + ["--model", self.model, "--port", str(self.port), "--temp", "0",
@@ -465,162 +464,8 @@ def vllm_log_fetches(log: Path) -> list[tuple[int, int]]:
 
 
 # --------------------------------------------------------------------------------------
-# --trace: our server, with its engine's steps timed from outside (nothing in it changed)
+# --trace: where our server's time goes, from the trace it writes (serve --trace-file)
 # --------------------------------------------------------------------------------------
-
-def traced_serve(trace_path: str, argv: list[str]) -> None:
-    """Run `agent-memory <argv>` in this process with timing wrappers around engine methods:
-    each request's arrival, planning (the cache lookup that starts its disk reads), reads done,
-    prefill calls, first token and end; every decode step; every disk-writer job with the
-    fsyncs inside it; every commit's block count. One JSON line per event, flushed, so a
-    SIGKILL loses little. The wrappers only observe: arguments and results pass unchanged."""
-    sys.path.insert(0, os.environ.get("BENCH_OURS_DIR") or str(REPO))
-    import agent_memory.blas  # noqa: F401  (OpenBLAS before MLX)
-    from agent_memory.engine.decode_batch import DecodeBatch
-    from agent_memory.engine.loop import BatchEngine
-    from agent_memory.engine.sequence import Sequence, Status
-    from agent_memory.memory.disk import DiskTier
-    from agent_memory.memory.store_records import Persist
-
-    out = open(trace_path, "a", buffering=1)
-    lock = threading.Lock()
-    clock = time.perf_counter
-    seqs: dict[int, dict] = {}
-    local = threading.local()
-    commits = {"n": 0}
-    block_commit: dict[str, int] = {}
-    agent_commit: dict[str, int] = {}
-
-    def emit(**event) -> None:
-        with lock:
-            out.write(json.dumps(event, separators=(",", ":")) + "\n")
-
-    emit(kind="start", t=clock(), wall=time.time(), pid=os.getpid(), code=str(Path(agent_memory.blas.__file__).parent))
-
-    def info(seq) -> dict:
-        d = seqs.get(seq.id)
-        if d is None:
-            d = seqs[seq.id] = {"seq": seq.id, "agent": seq.request.agent, "prompt": len(seq.prompt),
-                                "submitted": seq.submitted, "prefill_only": bool(getattr(seq, "prefill_only", False)),
-                                "prefill_calls": [], "reads": 0, "reads_done": None}
-        return d
-
-    orig_plan = BatchEngine._plan
-
-    def plan(self, seq):
-        t = clock()
-        result = orig_plan(self, seq)
-        d = info(seq)
-        d["plan"], d["plan_end"] = t, clock()
-        d["cached"] = seq.lease.end if seq.lease is not None else 0
-        d["reads"] = len(seq.reads)
-
-        def read_done(_future, d=d):
-            now = clock()
-            d["reads_done"] = max(d["reads_done"] or 0.0, now)
-
-        for future in list(seq.reads.values()):
-            future.add_done_callback(read_done)
-        return result
-
-    orig_prefill = BatchEngine._prefill
-
-    def prefill(self, seq):
-        d = info(seq)
-        t = clock()
-        pos = seq.pos
-        try:
-            return orig_prefill(self, seq)
-        finally:
-            end = clock()
-            d["prefill_calls"].append((t, end, seq.pos - pos))
-            emit(kind="prefill", seq=seq.id, t0=t, t1=end, tokens=seq.pos - pos, followup=d["prefill_only"])
-            if seq.status in (Status.DECODING, Status.FINISHED) and "prefill_end" not in d:
-                d["prefill_end"] = end
-
-    orig_take = Sequence.take
-
-    def take(self, token, finish):
-        first = self.usage.completion_tokens == 0
-        result = orig_take(self, token, finish)
-        if first:
-            info(self)["first_token"] = clock()
-        return result
-
-    orig_end = BatchEngine._end
-
-    def end(self, seq, reason, cache=None, tokens=None, error=None):
-        already = seq.status is Status.FINISHED
-        result = orig_end(self, seq, reason, cache, tokens, error)
-        if not already:
-            d = info(seq)
-            seqs.pop(seq.id, None)
-            d.update(kind="seq", end=clock(), reason=reason, hot=seq.usage.hot_tokens, warm=seq.usage.warm_tokens,
-                     completion=seq.usage.completion_tokens)
-            emit(**d)
-        return result
-
-    orig_step = DecodeBatch.step
-
-    def step(self):
-        t = clock()
-        n = len(self)
-        result = orig_step(self)
-        emit(kind="decode", t0=t, t1=clock(), n=n)
-        return result
-
-    orig_fsync = os.fsync
-
-    def fsync(fd):
-        t = clock()
-        try:
-            return orig_fsync(fd)
-        finally:
-            acc = getattr(local, "fsync", None)
-            if acc is not None:
-                acc.append(clock() - t)
-
-    orig_job = DiskTier._run_job
-
-    def run_job(self, kind, key, data):
-        local.fsync = []
-        t = clock()
-        try:
-            return orig_job(self, kind, key, data)
-        finally:
-            end = clock()
-            syncs, local.fsync = local.fsync, None
-            commit = None
-            if kind == "save_block":
-                commit = block_commit.pop(key.hash, None)
-            elif kind == "save_agent":
-                commit = agent_commit.get(key.id)
-            emit(kind="job", job=kind, t0=t, t1=end, fsync_s=sum(syncs), fsyncs=len(syncs), commit=commit)
-
-    orig_write = Persist.write
-
-    def write(self, disk, tensors):
-        commits["n"] += 1
-        c = commits["n"]
-        for record, _ in self.blocks:
-            block_commit[record.hash] = c
-        if self.manifest is not None:
-            agent_commit[self.manifest.key.id] = c
-        t = clock()
-        result = orig_write(self, disk, tensors)
-        emit(kind="commit", commit=c, t=t, t1=clock(), blocks=len(self.blocks),
-             agent=self.manifest.key.id if self.manifest is not None else None)
-        return result
-
-    BatchEngine._plan, BatchEngine._prefill, BatchEngine._end = plan, prefill, end
-    Sequence.take, DecodeBatch.step = take, step
-    os.fsync, DiskTier._run_job, Persist.write = fsync, run_job, write
-
-    from agent_memory.cli import main as cli_main
-
-    sys.argv = ["agent-memory", *argv]
-    cli_main()
-
 
 def read_trace(paths: list[Path]) -> list[list[dict]]:
     """Each start's events (a cut-off last line, from a SIGKILL, is dropped)."""
@@ -648,14 +493,14 @@ def analyze_trace(starts: list[list[dict]], phase_of_start: list[list[str]], rec
     """Per phase, medians of where each request's TTFT went (server clock): queued before its
     lookup (split: behind other requests' prefills, in decode steps, other), its disk reads,
     its prefill (its own compute, others' prefills and decode steps interleaved), the first
-    decode step. Plus arrival -> warm blocks read, and the disk writer: fsyncs per file and per
-    commit, commit -> durable."""
+    decode step. Plus arrival -> warm blocks read, and the warm tier's writer: time per file and
+    per commit (writes with their fsyncs), commit -> durable."""
     by_key: dict[tuple[str, int], list[str]] = {}
     for r in records:
         if r.prompt_tokens is not None and not r.error:
             by_key.setdefault((f"bench-agent-{r.agent:03d}", r.prompt_tokens), []).append(r.phase)
     rows: dict[str, list[dict]] = {}
-    fsync_file, fsync_commit, durable, files_per_commit, write_job = [], [], [], [], []
+    write_file, write_commit, durable, files_per_commit = [], [], [], []
     for events, phases in zip(starts, phase_of_start):
         prefills = [(e["t0"], e["t1"], e["seq"]) for e in events if e.get("kind") == "prefill"]
         decodes = [(e["t0"], e["t1"]) for e in events if e.get("kind") == "decode"]
@@ -692,23 +537,20 @@ def analyze_trace(starts: list[list[dict]], phase_of_start: list[list[str]], rec
             rows.setdefault(phase, []).append(row)
         per_commit: dict[int, list[float]] = {}
         commit_t = {e["commit"]: e["t"] for e in events if e.get("kind") == "commit"}
-        commit_blocks = {e["commit"]: e["blocks"] for e in events if e.get("kind") == "commit"}
         last_job: dict[int, float] = {}
         for e in events:
             if e.get("kind") != "job":
                 continue
             if e["job"].startswith("save"):
-                fsync_file.append(e["fsync_s"])
-                write_job.append(e["t1"] - e["t0"])
+                write_file.append(e["t1"] - e["t0"])
             if e.get("commit") is not None:
-                per_commit.setdefault(e["commit"], []).append(e["fsync_s"])
+                per_commit.setdefault(e["commit"], []).append(e["t1"] - e["t0"])
                 last_job[e["commit"]] = max(last_job.get(e["commit"], 0.0), e["t1"])
-        for c, syncs in per_commit.items():
-            fsync_commit.append(sum(syncs))
-            files_per_commit.append(len(syncs))
+        for c, writes in per_commit.items():
+            write_commit.append(sum(writes))
+            files_per_commit.append(len(writes))
             if c in commit_t and c in last_job:
                 durable.append(last_job[c] - commit_t[c])
-        del commit_blocks
     med = lambda xs: pct([x for x in xs if x is not None], 0.5)  # noqa: E731
     phases_out = {}
     for phase, rs in rows.items():
@@ -717,11 +559,10 @@ def analyze_trace(starts: list[list[dict]], phase_of_start: list[list[str]], rec
                              "new_tokens": med([r["new_tokens"] for r in rs]),
                              "warm_blocks": med([r["warm_blocks"] for r in rs])}
     return {"phases": phases_out, "disk": {
-        "files": len(fsync_file), "commits": len(fsync_commit),
-        "fsync_per_file_median": med(fsync_file), "fsync_per_file_p90": pct(fsync_file, 0.9),
-        "write_job_median": med(write_job),
+        "files": len(write_file), "commits": len(write_commit),
+        "write_per_file_median": med(write_file), "write_per_file_p90": pct(write_file, 0.9),
         "files_per_commit_median": med(files_per_commit),
-        "fsync_per_commit_median": med(fsync_commit), "fsync_per_commit_p90": pct(fsync_commit, 0.9),
+        "write_per_commit_median": med(write_commit), "write_per_commit_p90": pct(write_commit, 0.9),
         "commit_to_durable_median": med(durable), "commit_to_durable_p90": pct(durable, 0.9),
         "commit_to_durable_max": max(durable) if durable else None}}
 
@@ -741,10 +582,10 @@ def trace_table(levers: dict) -> str:
                      f"{ms(p['first_step'])} | {ms(p['arrival_to_warm_read'])} | {fmt(p['new_tokens'], digits=0)} |")
     d = levers["disk"]
     lines.append("")
-    lines.append(f"disk writer: {d['files']} files in {d['commits']} commits; fsync per file median "
-                 f"{ms(d['fsync_per_file_median'])} ms (p90 {ms(d['fsync_per_file_p90'])}), write job median "
-                 f"{ms(d['write_job_median'])} ms; files per commit median {fmt(d['files_per_commit_median'], digits=0)}, "
-                 f"fsync per commit median {ms(d['fsync_per_commit_median'])} ms (p90 {ms(d['fsync_per_commit_p90'])}); "
+    lines.append(f"warm tier's writer: {d['files']} files in {d['commits']} commits; write (with its fsyncs) per "
+                 f"file median {ms(d['write_per_file_median'])} ms (p90 {ms(d['write_per_file_p90'])}); files per "
+                 f"commit median {fmt(d['files_per_commit_median'], digits=0)}, write per commit median "
+                 f"{ms(d['write_per_commit_median'])} ms (p90 {ms(d['write_per_commit_p90'])}); "
                  f"commit -> last file durable median {ms(d['commit_to_durable_median'])} ms "
                  f"(p90 {ms(d['commit_to_durable_p90'])}, max {ms(d['commit_to_durable_max'])})")
     return "\n".join(lines)
@@ -1524,8 +1365,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--work-dir", type=Path, default=None, help="cache folders and logs (default: a temp dir)")
     g.add_argument("--keep", action="store_true", help="keep the work dir (always kept when a run fails)")
     g.add_argument("--trace", action="store_true",
-                   help="our server only: time its engine's steps from outside (queue, disk reads, prefill, "
-                        "fsync); a table of where TTFT goes")
+                   help="our server only: read its --trace-file (queue, disk reads, prefill, warm-tier "
+                        "writes); a table of where TTFT goes")
 
     w = p.add_argument_group("workload")
     w.add_argument("--agents", type=int, default=8)
@@ -1599,9 +1440,6 @@ def _exit_on_signal(signum, frame) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--traced-serve"]:
-        traced_serve(argv[1], argv[2:])
-        return 0
     args = parse_args(argv)
     if args.setup_vllm_mlx:
         print(ensure_vllm_mlx(args.vllm_venv))

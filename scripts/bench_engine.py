@@ -34,18 +34,17 @@ JSON_TEXT = {"type": "object", "properties": {"text": {"type": "string", "minLen
 def run_worker(args) -> dict:
     import agent_memory.blas as blas
     from agent_memory.engine.config import EngineConfig
-    from agent_memory.engine.loop import BatchEngine
+    from agent_memory.engine.engine import BatchEngine
     from agent_memory.engine.requests import Finished, GenerationRequest, SamplingParams, TextDelta
 
     from agent_memory.chat.grammar import GrammarCompiler
 
     engine = BatchEngine(EngineConfig(model_path=Path(args.model), max_batch=max(args.concurrency), hot_budget_bytes=0))
     engine.start()
-    engine.ready.wait()
-    if engine.load_error:
-        raise SystemExit(engine.load_error)
-    tokenizer = engine.loaded.tokenizer
-    grammars = GrammarCompiler(tokenizer, engine.loaded.vocab_size)
+    if error := engine.wait_loaded():
+        raise SystemExit(error)
+    tokenizer = engine.model.tokenizer
+    grammars = GrammarCompiler(tokenizer, engine.model.vocab_size)
     vocab = len(tokenizer)
     no_eos = {t: -100.0 for t in tokenizer.eos_token_ids}
     counter = iter(range(10**9))
@@ -55,7 +54,7 @@ def run_worker(args) -> dict:
         return [(seed * 7919 + i * 104729) % (vocab - 300) + 256 for i in range(n)]
 
     def generated() -> float:
-        return engine.metrics.registry.get_sample_value("agent_memory_generated_tokens_total")
+        return engine.metrics.get_sample_value("agent_memory_generated_tokens_total")
 
     def grammar(kind: str):
         """A fresh matcher of one of the grammars constrained requests use, or None."""

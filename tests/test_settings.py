@@ -35,6 +35,7 @@ VALUES = {
     "log_format": ("json", "text", "json"),
     "log_agent_ids": (True, False, True),
     "api_keys_file": ("/tmp/keys-file", "/tmp/keys-env", "/tmp/keys-flag"),
+    "trace_file": ("/tmp/trace-file", "/tmp/trace-env", "/tmp/trace-flag"),
 }
 
 

@@ -90,7 +90,7 @@ def _serve(settings: Settings) -> int:
     from agent_memory.api.app import create_app
     from agent_memory.api.responses_store import ResponseStore
     from agent_memory.engine.config import EngineConfig
-    from agent_memory.engine.loop import BatchEngine
+    from agent_memory.engine.engine import BatchEngine
     from agent_memory.models.registry import ModelError
     from agent_memory.precision import Precisions
 
@@ -111,6 +111,7 @@ def _serve(settings: Settings) -> int:
             warm_store=settings.warm_store,
             disk_budget_bytes=settings.disk_budget_mb << 20,
             memory_limit_bytes=settings.memory_limit_bytes,
+            trace_path=settings.trace_file,
         )
     )
     config = uvicorn.Config(

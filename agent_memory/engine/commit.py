@@ -33,7 +33,7 @@ class Committer:
         sequence.canonical_reply)."""
         follow_up = None
         if seq.agent is not None and reason in ("stop", "length"):
-            reply = self.decoder.encode("".join(seq.emitted), add_special_tokens=False).ids
+            reply = self.decoder.encode(seq.output.text, add_special_tokens=False).ids
             keep, follow_up = canonical_reply(seq.prompt, tokens, reply)
             tokens = tokens[:keep]
         self.commit(seq, seq.agent, cache, tokens)

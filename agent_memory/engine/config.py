@@ -20,3 +20,4 @@ class EngineConfig:
     warm_store: str | None = None  # a redis:// URL: the warm tier shared with other servers
     # Memory for weights, hot KV and running requests' working caches; None: no limit.
     memory_limit_bytes: int | None = None
+    trace_path: Path | None = None  # --trace-file: where the engine's time goes (trace.py)

@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class Parts:
     loaded: LoadedModel
+    precisions: Precisions
     store: AgentCacheStore
-    disk: DiskTier | None
+    warm: DiskTier | None
     warm_error: str | None  # why there is no warm tier, when one was asked for
     batch: DecodeBatch
     prefiller: Prefiller
@@ -83,8 +84,9 @@ def build(cfg: EngineConfig) -> Parts:
     )
     return Parts(
         loaded=loaded,
+        precisions=p,
         store=store,
-        disk=disk,
+        warm=disk,
         warm_error=warm_error,
         batch=DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids, p.working.quantized),
         prefiller=Prefiller(loaded.model, shape, p, store),

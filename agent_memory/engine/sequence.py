@@ -1,4 +1,5 @@
-"""A request inside the engine: its state, what the store lent it, its working KV cache."""
+"""A request inside the engine, as the scheduler sees it: its state, what the store lent it,
+its working KV cache. Its text and events are its `Output` (output.py)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from typing import Any
 from agent_memory.agent_key import AgentKey
 from agent_memory.engine.constraint import logits_processors
 from agent_memory.engine.detokenizer import Detokenizer
-from agent_memory.engine.kv import KVPrecision, StoredRun, new_cache
+from agent_memory.engine.kv import StoredRun, new_cache
 from agent_memory.engine.loader import LoadedModel
-from agent_memory.engine.requests import GenerationRequest, Sink, TextDelta, Usage
+from agent_memory.engine.output import Output
+from agent_memory.engine.requests import GenerationRequest, Sink, Usage
 from agent_memory.engine.sampling import make_sampler
-from agent_memory.engine.stops import StopMatcher
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.store import AgentCacheStore
 from agent_memory.memory.store_records import Lease, Segment
+from agent_memory.precision import KVPrecision
 
 
 class Status(enum.Enum):
@@ -32,10 +34,8 @@ class Status(enum.Enum):
 class Sequence:
     id: int
     request: GenerationRequest
-    sink: Sink
+    output: Output
     submitted: float  # perf_counter() when the request arrived
-    detokenizer: Detokenizer
-    stops: StopMatcher
     sampler: Any
     processors: list  # mlx-lm logits processors (logit_bias, the grammar's mask)
     usage: Usage
@@ -53,7 +53,6 @@ class Sequence:
     # Runs of `cache` that came from cached blocks, as those blocks' stored payloads: a commit
     # reuses them rather than quantizing dequantized KV again (which is not exact).
     stored: list[StoredRun] = field(default_factory=list)
-    emitted: list[str] = field(default_factory=list)  # the text the client was sent
     last_token: float = 0.0  # perf_counter() of its latest token
     # A follow-up that only computes KV for its agent (see canonical_reply): no decoding.
     prefill_only: bool = False
@@ -71,22 +70,6 @@ class Sequence:
     def ready(self) -> bool:
         """Planned, and every block it reads from disk has arrived."""
         return self.status is Status.PREFILLING and all(f.done() for f in self.reads.values())
-
-    def take(self, token: int, finish: str | None) -> bool:
-        """Count a generated token and stream its text (held back while it could begin a stop
-        string); True when a stop string was reached. `finish` "stop" means the token is an
-        end-of-sequence token: no text of its own."""
-        self.usage.completion_tokens += 1
-        text = self.detokenizer.add(token) if finish != "stop" else ""
-        if finish is not None:
-            text += self.detokenizer.flush()
-        safe, hit = self.stops.feed(text)
-        if not hit and finish is not None:
-            safe += self.stops.flush()
-        if safe:
-            self.emitted.append(safe)
-            self.sink(TextDelta(safe))
-        return hit
 
 
 def canonical_reply(prompt: list[int], fed: list[int], reply: list[int]) -> tuple[int, list[int] | None]:
@@ -121,10 +104,8 @@ def new_sequence(
     seq = Sequence(
         id=seq_id,
         request=request,
-        sink=sink,
+        output=Output(sink, Detokenizer(loaded.decoder), params.stop),
         submitted=submitted,
-        detokenizer=Detokenizer(loaded.decoder),
-        stops=StopMatcher(params.stop),
         sampler=make_sampler(params.temperature, params.top_p, params.seed, params.top_k),
         processors=logits_processors(request, loaded.vocab_size, loaded.tokenizer.eos_token_ids),
         usage=Usage(prompt_tokens=len(request.prompt)),

@@ -9,6 +9,8 @@ copies included), cold (tokens only, recomputed on demand). docs/grafana.json dr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -19,8 +21,8 @@ TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 class BlockMoves:
     """The store's count of blocks that cooled or left, as one counter family at scrape time."""
 
-    def __init__(self, store_of) -> None:
-        self.store_of = store_of
+    def __init__(self, store) -> None:
+        self.store = store
 
     def describe(self):
         return []
@@ -31,12 +33,10 @@ class BlockMoves:
             "KV blocks that cooled (hot_exact -> hot_quantized) or left a tier, by reason",
             labels=["from_tier", "to_tier", "reason"],
         )
-        store = self.store_of()
-        if store is not None:
-            with store.lock:
-                moves = dict(store.moves)
-            for (src, dst, reason), n in sorted(moves.items()):
-                family.add_metric([src, dst, reason], n)
+        with self.store.lock:
+            moves = dict(self.store.moves)
+        for (src, dst, reason), n in sorted(moves.items()):
+            family.add_metric([src, dst, reason], n)
         yield family
 
 
@@ -44,19 +44,17 @@ class BlockCounts:
     """KV blocks by tier, counted in one walk of the pool per scrape (under the store's lock,
     which the engine also takes: one walk, not one per tier)."""
 
-    def __init__(self, store_of) -> None:
-        self.store_of = store_of
+    def __init__(self, store) -> None:
+        self.store = store
 
     def describe(self):
         return []
 
     def collect(self):
         family = GaugeMetricFamily("agent_memory_blocks", "KV blocks, by tier", labels=["tier"])
-        store = self.store_of()
-        if store is not None:
-            totals = store.totals()
-            for tier in ("hot", "warm", "cold"):
-                family.add_metric([tier], totals[f"{tier}_blocks"])
+        totals = self.store.totals()
+        for tier in ("hot", "warm", "cold"):
+            family.add_metric([tier], totals[f"{tier}_blocks"])
         yield family
 
 
@@ -108,16 +106,17 @@ class Metrics:
         self.budget_bytes = Gauge("agent_memory_cache_budget_bytes", "The budget of a tier, in bytes", ["tier"], registry=r)
         self.agents = Gauge("agent_memory_agents", "Agents with cached KV", registry=r)
 
-    def watch(self, engine) -> None:
-        """Read engine and store state at scrape time rather than tracking every change."""
-        pool = engine.store.pool
+    def watch(self, store, count: Callable[[str], int], warm_on: bool) -> None:
+        """Read the engine's and the store's state at scrape time rather than tracking every
+        change. `count`: sequences in a state."""
+        pool = store.pool
         for state in ("waiting", "prefilling", "decoding"):
-            self.sequences.labels(state).set_function(lambda state=state: engine.count(state))
+            self.sequences.labels(state).set_function(lambda state=state: count(state))
         self.cache_bytes.labels("hot_exact").set_function(lambda: pool.exact_bytes)
         self.cache_bytes.labels("hot_quantized").set_function(lambda: pool.hot_bytes - pool.exact_bytes)
         self.cache_bytes.labels("warm").set_function(lambda: pool.disk_bytes)
-        self.budget_bytes.labels("hot").set_function(lambda: engine.store.hot_budget_bytes)
-        self.budget_bytes.labels("warm").set_function(lambda: engine.store.disk_budget_bytes if engine.disk else 0)
-        self.agents.set_function(lambda: len(engine.store.agents))
-        self.registry.register(BlockMoves(lambda: engine.store))
-        self.registry.register(BlockCounts(lambda: engine.store))
+        self.budget_bytes.labels("hot").set_function(lambda: store.hot_budget_bytes)
+        self.budget_bytes.labels("warm").set_function(lambda: store.disk_budget_bytes if warm_on else 0)
+        self.agents.set_function(lambda: len(store.agents))
+        self.registry.register(BlockMoves(store))
+        self.registry.register(BlockCounts(store))

@@ -1,0 +1,304 @@
+"""EngineCore: the engine thread's work, and only that thread's (it touches MLX).
+
+Each `step()` reads as nano-vllm's: the scheduler's decision (`_schedule`: does the batch
+decode, which planned sequence prefills a chunk), running it (`_execute`: one decode step of
+the whole batch, one prefill chunk), then applying the results (`_apply`: tokens to their
+requests, sequences that finished leave, a prefilled one joins the batch). A sequence ends
+through one path, `_end`, that releases, commits and reports once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+from agent_memory.agent_key import AgentKey
+from agent_memory.engine.config import EngineConfig
+from agent_memory.engine.decode_batch import Token
+from agent_memory.engine.metrics import Metrics
+from agent_memory.engine.parts import Parts
+from agent_memory.engine.requests import Failed, GenerationRequest, SamplingParams, Sink
+from agent_memory.engine.scheduler import Scheduler
+from agent_memory.engine.sequence import Sequence, Status, new_sequence
+from agent_memory.engine.trace import NoTrace
+from agent_memory.memory.blocks import Tier
+from agent_memory.memory.records import BLOCK_TOKENS
+from agent_memory.memory.store_records import Segment
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class Work:
+    """One step's decision: whether the batch decodes, and which sequence prefills a chunk."""
+
+    decode: bool
+    prefill: Sequence | None
+
+
+@dataclass
+class Outcome:
+    """What running a step gave: each decoding sequence's token, and whether the prefilling
+    sequence's whole plan is now in its cache."""
+
+    tokens: list[Token] = field(default_factory=list)
+    prefilled: bool = False
+
+
+class EngineCore:
+    def __init__(
+        self,
+        parts: Parts,
+        config: EngineConfig,
+        metrics: Metrics,
+        trace: NoTrace,
+        ids: Iterator[int],
+        post: Callable[[Callable[[], None]], None],
+    ) -> None:
+        self.parts = parts
+        self.store, self.warm = parts.store, parts.warm
+        self.scheduler = Scheduler(max_batch=config.max_batch)
+        self.metrics = metrics
+        self.trace = trace
+        self._post = post  # queue a call for the engine thread (it wakes the loop)
+        self._ids = ids  # sequence ids, shared with the requests' (BatchEngine.submit)
+        self.seqs: dict[int, Sequence] = {}  # in arrival order
+
+    @property
+    def decoding(self) -> int:
+        return len(self.parts.batch)
+
+    def count(self, state: str) -> int:
+        """Sequences in a state: waiting, prefilling or decoding (read from any thread)."""
+        return sum(1 for s in list(self.seqs.values()) if s.status.value == state)
+
+    def busy(self) -> bool:
+        """Whether a step has work: sequences decoding, or one ready to prefill."""
+        return bool(self.decoding) or self._next_prefill() is not None
+
+    # -- one step -----------------------------------------------------------------------
+
+    def step(self) -> None:
+        work = self._schedule()
+        outcome = self._execute(work)
+        self._apply(work, outcome)
+
+    def _schedule(self) -> Work:
+        seq = self._next_prefill()
+        if seq is not None and not (self.scheduler.may_prefill(self.decoding) and self._fits(seq)):
+            seq = None
+        return Work(decode=self.decoding > 0, prefill=seq)
+
+    def _execute(self, work: Work) -> Outcome:
+        outcome = Outcome()
+        if work.decode:
+            t0 = time.perf_counter()
+            n = self.decoding
+            self.metrics.batch_size.observe(n)
+            outcome.tokens = self._guard(self.parts.batch.step, self._batch_seqs()) or []
+            self.trace.decoded(t0, n)
+        if work.prefill is not None:
+            seq, t0, pos = work.prefill, time.perf_counter(), work.prefill.pos
+            done = self._guard(lambda: self.parts.prefiller.run(seq, self.scheduler.chunk_tokens), [seq])
+            outcome.prefilled = bool(done)
+            self.trace.prefilled(seq, t0, seq.pos - pos)
+        return outcome
+
+    def _apply(self, work: Work, outcome: Outcome) -> None:
+        if outcome.tokens:
+            self._apply_tokens(outcome.tokens)
+        if outcome.prefilled:
+            seq = work.prefill
+            self._guard(lambda: self._prefill_done(seq), [seq])
+
+    def _batch_seqs(self) -> list[Sequence]:
+        return [self.seqs[i] for i in self.parts.batch.seq_ids]
+
+    def _guard(self, work: Callable[[], T], seqs: list[Sequence]) -> T | None:
+        """Run one unit of MLX work; if it fails, fail the sequences it touched, not the server."""
+        try:
+            return work()
+        except Exception as e:
+            log.exception("engine step failed for requests %s", [s.request.request_id for s in seqs])
+            if any(s.status is Status.DECODING for s in seqs):
+                self.parts.batch.reset()
+            for seq in seqs:
+                self._end(seq, "error", error=Failed(f"generation failed: {e}"))
+            return None
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    def _fits(self, seq: Sequence) -> bool:
+        """Whether the sequence's working cache fits the memory left for running requests."""
+        p = self.parts
+        return self.scheduler.fits(self.seqs.values(), seq, p.bytes_per_token, p.working_budget)
+
+    def _next_prefill(self) -> Sequence | None:
+        """The sequence to prefill next: one already planned whose disk reads are done, else
+        the first in the scheduler's order that is ready once planned."""
+        seq = self.scheduler.ready_to_prefill(self.seqs.values())
+        if seq is not None:
+            return seq
+        for seq in self.scheduler.planning_order(self.seqs.values(), time.perf_counter()):
+            self._plan(seq)
+            if seq.ready():
+                return seq
+        return None
+
+    def _plan(self, seq: Sequence) -> None:
+        """Look the prompt up when the sequence's turn to prefill comes rather than on arrival:
+        agents that arrive together then reuse the shared prefix the first of them computed.
+        The lookup pins the blocks it names; warm ones start being read."""
+        t0 = time.perf_counter()
+        if not seq.prefill_only:
+            self.metrics.queue_time.observe(t0 - seq.submitted)
+        seq.lease = self.store.lookup(seq.prompt[: seq.prefill_end], seq.root)
+        seq.plan.extend(seq.lease.segments)
+        if seq.lease.end < seq.prefill_end:
+            seq.plan.append(Segment(seq.lease.end, seq.prefill_end, None))
+        for segment in seq.lease.segments:
+            if segment.block is not None and segment.block.tier is Tier.WARM:
+                future = self.warm.read_block(segment.block)
+                future.add_done_callback(self._read_done(seq.id, t0))
+                seq.reads[segment.block.hash] = future
+        seq.status = Status.PREFILLING
+        self.trace.planned(seq, t0)
+
+    def _read_done(self, seq_id: int, started: float) -> Callable[[Future], None]:
+        """On the reader thread when a warm block is read: count it, wake the loop."""
+
+        def done(future: Future) -> None:
+            outcome = "ok" if future.exception() is None else "refused"
+            self.metrics.disk_loads.labels(outcome).observe(time.perf_counter() - started)
+            self.trace.read_done(seq_id)
+            self._post(lambda: None)
+
+        return done
+
+    # -- applying results -------------------------------------------------------------------
+
+    def _apply_tokens(self, tokens: list[Token]) -> None:
+        stopped = []
+        for t in tokens:
+            seq = self.seqs[t.seq_id]
+            seq.usage.completion_tokens += 1
+            hit = seq.output.take(t.token, t.finish)
+            now = time.perf_counter()
+            self.metrics.generated_tokens.inc()
+            if seq.usage.completion_tokens == 1:
+                self.metrics.ttft.observe(now - seq.submitted)
+                self.trace.first_token(seq)
+            else:
+                self.metrics.inter_token.observe(now - seq.last_token)
+            seq.last_token = now
+            if hit and t.finish is None:
+                stopped.append(seq)  # a stop string: it leaves the batch below
+            elif hit or t.finish is not None:
+                self._end(seq, "stop" if hit else t.finish, t.cache, t.tokens)
+        if stopped:
+            taken = self.parts.batch.remove([s.id for s in stopped])
+            for seq in stopped:
+                self._end(seq, "stop", *taken[seq.id])
+
+    def _prefill_done(self, seq: Sequence) -> None:
+        """A prefilled sequence joins the decode batch (a follow-up ends: it only computed KV)."""
+        if seq.prefill_only:
+            self._end(seq, "follow-up", seq.cache, seq.prompt)
+            return
+        self._share_prompt(seq)
+        params = seq.request.params
+        self.parts.batch.add(seq.id, seq.prompt, seq.cache, seq.sampler, seq.processors, params.max_tokens)
+        seq.cache = None
+        seq.status = Status.DECODING
+
+    def _share_prompt(self, seq: Sequence) -> None:
+        """Offer the prompt's new whole blocks for reuse now, not when the request ends, so
+        that requests arriving while this one decodes skip the prefix they share with it."""
+        whole = (len(seq.prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        if whole > seq.lease.end:
+            self.parts.committer.commit(seq, None, seq.cache, seq.prompt[:whole])
+
+    def _end(
+        self,
+        seq: Sequence,
+        reason: str,
+        cache: list | None = None,
+        tokens: list[int] | None = None,
+        error: Failed | None = None,
+    ) -> None:
+        """Every sequence ends here, once: release its pins, commit its KV, report."""
+        if seq.status is Status.FINISHED:
+            return
+        seq.status = Status.FINISHED
+        self.seqs.pop(seq.id, None)
+        if seq.lease is not None:  # first, so the blocks it read from disk can become hot
+            self.store.release(seq.lease)
+            seq.lease = None
+        if cache is not None and tokens:
+            follow_up = self.parts.committer.commit_turn(seq, reason, cache, tokens)
+            if follow_up is not None:
+                self._follow_up(seq, follow_up)
+        self.trace.ended(seq, reason)
+        if seq.prefill_only:
+            return
+        self.metrics.finished.labels(reason).inc()
+        self.metrics.prompt_length.observe(seq.usage.prompt_tokens)
+        self.metrics.generation_length.observe(seq.usage.completion_tokens)
+        if error is not None:
+            seq.output.fail(error)
+            return
+        self.metrics.cached_tokens.labels("hot").inc(seq.usage.hot_tokens)
+        self.metrics.cached_tokens.labels("warm").inc(seq.usage.warm_tokens)
+        seq.output.finish(reason, seq.usage)
+
+    def _follow_up(self, seq: Sequence, tokens: list[int]) -> None:
+        """Queue the KV of `tokens` for the sequence's agent as a prefill with no decoding: done
+        now, at the engine's leisure, rather than in the agent's next turn."""
+        params = SamplingParams(max_tokens=0, temperature=0.0)
+        request = replace(seq.request, prompt=tokens, params=params, agent=seq.agent, grammar=None)
+        follow_up = self._new_sequence(next(self._ids), request, lambda event: None, time.perf_counter(), True)
+        self.seqs[follow_up.id] = follow_up
+
+    # -- work from other threads, run here --------------------------------------------------
+
+    def admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
+        try:
+            seq = self._new_sequence(seq_id, request, sink, submitted)
+        except Exception as e:
+            log.exception("could not admit request %s", request.request_id)
+            sink(Failed(f"the request could not be started: {e}"))
+            return
+        self.metrics.prompt_tokens.inc(len(request.prompt))
+        self.seqs[seq_id] = seq
+        if seq.discovery is not None:  # the shared warm tier's answer: adopt it, then plan the request
+            seq.discovery.add_done_callback(lambda _: self._post(self.store.sync.apply))
+
+    def _new_sequence(
+        self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float, prefill_only: bool = False
+    ) -> Sequence:
+        p = self.parts
+        return new_sequence(seq_id, request, sink, submitted, p.loaded, p.precisions.working, self.store, prefill_only)
+
+    def cancel(self, seq_id: int) -> None:
+        seq = self.seqs.get(seq_id)
+        if seq is None:
+            return
+        if seq.status is Status.DECODING:
+            self._end(seq, "cancelled", *self.parts.batch.remove([seq.id])[seq.id])
+        else:  # waiting or prefilling: keep what was computed
+            self._end(seq, "cancelled", seq.cache, seq.prompt[: seq.pos])
+
+    def end_agent(self, agent: AgentKey) -> bool | Future:
+        for seq in self.seqs.values():
+            if seq.agent == agent:
+                seq.agent = None
+        return self.store.end_agent(agent)
+
+    def shutdown(self) -> None:
+        for seq in list(self.seqs.values()):
+            self._end(seq, "shutdown", error=Failed("the server is shutting down", 503, "shutting_down"))
