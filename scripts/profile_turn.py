@@ -36,7 +36,7 @@ from agent_memory.memory import blockfile  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
 from agent_memory.memory.records import BLOCK_TOKENS  # noqa: E402
 from agent_memory.models.registry import resolve_model  # noqa: E402
-from agent_memory.precision import KVPrecision
+from agent_memory.precision import KVPrecision  # noqa: E402
 
 TEXT = Path("/usr/share/common-licenses/GPL-3")
 

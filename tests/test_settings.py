@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agent_memory.cli.serve import HELP_GROUPS
 from agent_memory.config import ConfigError, Settings, load_settings
 from tests.conftest import Server, chat
 
@@ -49,6 +50,21 @@ def _plain(value):
 
 def test_every_setting_is_covered():
     assert set(VALUES) == set(Settings.model_fields)
+    grouped = [name for names in HELP_GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(Settings.model_fields)  # each in exactly one group of --help
+
+
+def test_serve_help_fits_80_columns():
+    out = subprocess.run(
+        [sys.executable, "-m", "agent_memory", "serve", "--help"],
+        capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"}, check=True,
+    ).stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out
+    for title in HELP_GROUPS:
+        assert f"\n{title}:\n" in out
+    for name in Settings.model_fields:
+        assert f"--{name.replace('_', '-')}" in out
 
 
 @pytest.mark.parametrize("name", sorted(VALUES))

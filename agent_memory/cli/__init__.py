@@ -12,7 +12,7 @@ import typer
 from agent_memory import __version__
 from agent_memory.cli.cache.commands import cache_app
 from agent_memory.cli.models import models_app
-from agent_memory.cli.serve import serve
+from agent_memory.cli.serve import GroupedHelp, serve
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -23,7 +23,7 @@ app = typer.Typer(
 )
 app.add_typer(models_app, name="models")
 app.add_typer(cache_app, name="cache")
-app.command()(serve)
+app.command(cls=GroupedHelp)(serve)
 
 
 def _version(value: bool) -> None:

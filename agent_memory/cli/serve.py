@@ -15,9 +15,37 @@ from typing import Annotated
 
 import typer
 from pydantic import SecretStr
+from typer.core import TyperCommand
 
 from agent_memory.cli.common import ProgressReporter, error, progress
 from agent_memory.config import ENV_PREFIX, ConfigError, Settings, config_file_path, load_settings
+
+
+# `serve --help` shows the flags in these groups, in this order; every setting is in one.
+HELP_GROUPS = {
+    "Model": ("model",),
+    "Network": ("host", "port", "api_key", "api_keys_file"),
+    "Requests": ("max_batch", "max_waiting"),
+    "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized"),
+    "Warm tier": ("cache_dir", "disk_budget_mb", "disk_kv_bits", "warm_store"),
+    "Logging": ("log_level", "log_format", "log_agent_ids", "trace_file"),
+}
+
+
+class GroupedHelp(TyperCommand):
+    """Help as plain text in groups (HELP_GROUPS), wrapped to the terminal: a table of 21 flags
+    with two name columns does not fit 80 columns."""
+
+    def format_help(self, ctx, formatter) -> None:
+        super(TyperCommand, self).format_help(ctx, formatter)  # the plain formatter, not typer's rich one
+
+    def format_options(self, ctx, formatter) -> None:
+        rows = {p.name: p.get_help_record(ctx) for p in self.get_params(ctx)}
+        for title, names in HELP_GROUPS.items():
+            with formatter.section(title):
+                formatter.write_dl([rows[n] for n in names])
+        with formatter.section("Other"):
+            formatter.write_dl([rows["help"]])
 
 
 def _cli_type(annotation) -> type:
@@ -40,7 +68,7 @@ def settings_options(command: Callable[[Settings], None]) -> Callable[..., None]
         kind = _cli_type(field.annotation)
         option = typer.Option(
             f"{flag}/--no-{flag[2:]}" if kind is bool else flag,
-            help=f"{field.description} (default {shown})",
+            help=field.description if "(default" in field.description else f"{field.description} (default {shown})",
             show_default=False,
         )
         params.append(
