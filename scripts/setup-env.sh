@@ -1,5 +1,6 @@
 # Shared by scripts/serve and scripts/test: make .venv and everything MLX needs to be fast.
-# Usage: . scripts/setup-env.sh [pip extras, e.g. "[test]"]
+# Usage: . scripts/setup-env.sh EXTRAS   (pip extras, e.g. "[test]", or "" for none: an argument
+# must be given, or the caller's own arguments would be taken for it)
 
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,5 +30,11 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${1:-}"
+# Install only when pyproject.toml or the extras changed since the last install: a normal start
+# then runs no installer (and shows none of its noise). The package itself is editable.
+stamp=".venv/.installed$(printf '%s' "${1:-}" | tr -cd 'a-z,-')"
+if ! cmp -s pyproject.toml "$stamp"; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${1:-}"
+    cp pyproject.toml "$stamp"
+fi
