@@ -5,7 +5,7 @@ Each ```python block runs in its own interpreter (this one's), and each `curl` a
 test model. One substitution, and only it, is made first: `http://127.0.0.1:8000` becomes that
 server's URL and the model id `demo` (also as `openai/demo`) becomes `tiny`, the id the tiny
 server lists. Nothing is installed here: a block whose imports are missing (a framework left
-out of the `test` extra, such as CrewAI or LiteLLM, which need `openai<3`) is skipped, naming
+out of the `test` extra, such as CrewAI, which needs `openai<3`) is skipped, naming
 what to install (the block's `# pip install ...` line).
 
 `python tests/test_examples.py --base-url URL [--model ID]` runs the same blocks against a
