@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     decode_quantized: bool = Field(
         False, description="Running requests attend to quantized KV too (least memory; lower quality, slower on CPU)."
     )
+    model_defaults: bool = Field(
+        True,
+        description="Sampling fields a request omits (temperature, top_p, top_k) come from the model's "
+        "generation_config.json; off: temperature 1, top_p 1, no top_k.",
+    )
     max_batch: int = Field(32, ge=1, description="Most sequences decoded together (more wait to start).")
     max_waiting: int = Field(
         128, ge=1, description="Most requests waiting for their first token; more are answered 503 with Retry-After."

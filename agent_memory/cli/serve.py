@@ -23,7 +23,7 @@ from agent_memory.config import ENV_PREFIX, ConfigError, Settings, config_file_p
 
 # `serve --help` shows the flags in these groups, in this order; every setting is in one.
 HELP_GROUPS = {
-    "Model": ("model",),
+    "Model": ("model", "model_defaults"),
     "Network": ("host", "port", "api_key", "api_keys_file"),
     "Requests": ("max_batch", "max_waiting"),
     "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized"),
@@ -139,6 +139,7 @@ def _serve(settings: Settings) -> int:
             warm_store=settings.warm_store,
             disk_budget_bytes=settings.disk_budget_mb << 20,
             memory_limit_bytes=settings.memory_limit_bytes,
+            model_defaults=settings.model_defaults,
             trace_path=settings.trace_file,
         )
     )

@@ -20,4 +20,5 @@ class EngineConfig:
     warm_store: str | None = None  # a redis:// URL: the warm tier shared with other servers
     # Memory for weights, hot KV and running requests' working caches; None: no limit.
     memory_limit_bytes: int | None = None
+    model_defaults: bool = True  # requests' omitted sampling fields from generation_config.json
     trace_path: Path | None = None  # --trace-file: where the engine's time goes (trace.py)

@@ -212,6 +212,7 @@ class BatchEngine(EngineClient):
             context_length=loaded.context_length,
             vocab_size=loaded.vocab_size,
             max_token_chars=loaded.max_token_chars,
+            sampling_defaults=loaded.sampling_defaults,
         )
 
     def _drain(self, block: bool) -> bool:

@@ -16,6 +16,10 @@ from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
+# What a request that omits them samples with, when the model folder's generation_config.json
+# says (as vLLM applies them); other fields of that file are not sampling settings we take.
+SAMPLING_DEFAULT_KEYS = {"temperature": float, "top_p": float, "top_k": int}
+
 # Files whose bytes decide what KV a token sequence produces.
 FINGERPRINT_GLOBS = ("*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
 
@@ -41,6 +45,23 @@ class LoadedModel:
     # Context length at which a token's attention costs as much as its matmuls:
     # recompute cost per token grows as 1 + position / attention_tokens.
     attention_tokens: float
+    sampling_defaults: dict[str, float | int]  # generation_config.json's, for fields a request omits
+
+
+def sampling_defaults(path: Path) -> dict[str, float | int]:
+    """The sampling defaults the model's publisher chose (generation_config.json); fields that
+    are absent or not numbers are left to the server's own defaults."""
+    try:
+        config = json.loads((path / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    return {
+        key: kind(value)
+        for key, kind in SAMPLING_DEFAULT_KEYS.items()
+        if isinstance(value := config.get(key), (int, float)) and not isinstance(value, bool) and value >= 0
+    }
 
 
 def fingerprint(path: Path) -> str:
@@ -54,7 +75,8 @@ def fingerprint(path: Path) -> str:
     return digest.hexdigest()[:32]
 
 
-def load_model(path: Path) -> LoadedModel:
+def load_model(path: Path, model_defaults: bool = True) -> LoadedModel:
+    """`model_defaults`: whether requests that omit sampling fields take generation_config.json's."""
     if not (path / "config.json").is_file():
         raise UnsupportedModelError(f"{path} is not a model folder (no config.json)")
     model, tokenizer = mlx_load(str(path))
@@ -85,5 +107,6 @@ def load_model(path: Path) -> LoadedModel:
         # Matmuls cost ~2 FLOP per weight per token; attention ~4 per query head dim per
         # layer per earlier token.
         attention_tokens=2 * matmul_params / (4 * layers * heads * head_dim),
+        sampling_defaults=sampling_defaults(path) if model_defaults else {},
     )
 

