@@ -185,3 +185,7 @@ def _configure_logging(level: str, fmt: str) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    # transformers warns when a prompt is longer than the model's context ("Token indices
+    # sequence length is longer than..."): the server measures every prompt against the
+    # context itself and refuses it with a clear error, so the warning only misleads.
+    logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
