@@ -123,9 +123,8 @@ def client(server) -> openai.OpenAI:
 
 def chat(client: openai.OpenAI, content: str, max_tokens: int = 24, **kw):
     kw.setdefault("temperature", 0)
-    return client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": content}], max_tokens=max_tokens, **kw
-    )
+    kw.setdefault("model", "tiny")
+    return client.chat.completions.create(messages=[{"role": "user", "content": content}], max_tokens=max_tokens, **kw)
 
 
 def ask(client, messages, agent, max_tokens=12):

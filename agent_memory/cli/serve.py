@@ -119,7 +119,7 @@ def _serve(settings: Settings) -> int:
     from agent_memory.api.responses_store import ResponseStore
     from agent_memory.engine.config import EngineConfig
     from agent_memory.engine.engine import BatchEngine
-    from agent_memory.models.registry import ModelError
+    from agent_memory.models.registry import ModelError, served_name
     from agent_memory.precision import Precisions
 
     try:
@@ -130,6 +130,7 @@ def _serve(settings: Settings) -> int:
     engine = BatchEngine(
         EngineConfig(
             model_path=model_path,
+            model_name=served_name(settings.model, model_path),
             max_batch=settings.max_batch,
             hot_budget_bytes=settings.hot_budget_mb << 20,
             precisions=Precisions.of(

@@ -11,6 +11,7 @@ from agent_memory.precision import Precisions
 @dataclass
 class EngineConfig:
     model_path: Path
+    model_name: str | None = None  # what it is served as: the hub id it was named by (default: the folder's name)
     max_batch: int = 32
     hot_budget_bytes: int = 2 << 30
     # From --kv-bits, --disk-kv-bits, --decode-quantized (precision.py); default: all unquantized.

@@ -11,7 +11,8 @@ from typing import Any
 
 import agent_memory.blas  # noqa: F401
 from mlx_lm import load as mlx_load
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load_model as load_weights
 from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -75,15 +76,29 @@ def fingerprint(path: Path) -> str:
     return digest.hexdigest()[:32]
 
 
-def load_model(path: Path, model_defaults: bool = True) -> LoadedModel:
-    """`model_defaults`: whether requests that omit sampling fields take generation_config.json's."""
+def refusal(model) -> str | None:
+    """Why this server cannot serve the model, or None: only models whose every layer keeps a
+    plain KV cache are served today."""
+    kinds = sorted({type(c).__name__ for c in make_prompt_cache(model)} - {"KVCache"})
+    if not kinds:
+        return None
+    return f"its layers keep {', '.join(kinds)} caches; only models whose every layer keeps a plain KV cache are served"
+
+
+def served(path: Path) -> str | None:
+    """`refusal` for a model folder, from its config and lazily mapped weights (nothing computed)."""
+    model, _ = load_weights(path, lazy=True)
+    return refusal(model)
+
+
+def load_model(path: Path, name: str | None = None, model_defaults: bool = True) -> LoadedModel:
+    """`name`: what it is served as (default: its folder's name); `model_defaults`: whether
+    requests that omit sampling fields take generation_config.json's."""
     if not (path / "config.json").is_file():
         raise UnsupportedModelError(f"{path} is not a model folder (no config.json)")
     model, tokenizer = mlx_load(str(path))
-    if not all(type(c) is KVCache for c in make_prompt_cache(model)):
-        raise UnsupportedModelError(
-            f"{path.name}: only models whose every layer uses a plain KV cache are supported"
-        )
+    if why := refusal(model):
+        raise UnsupportedModelError(f"{name or path.name}: {why}")
     config = json.loads((path / "config.json").read_text())
     context = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
     layers = len(model.layers)
@@ -94,7 +109,7 @@ def load_model(path: Path, model_defaults: bool = True) -> LoadedModel:
     ffn = config.get("intermediate_size") or 4 * hidden
     matmul_params = layers * (2 * hidden * (heads + kv_heads) * head_dim + 3 * hidden * ffn)
     return LoadedModel(
-        name=path.name,
+        name=name or path.name,
         path=path,
         model=model,
         tokenizer=tokenizer,

@@ -53,7 +53,7 @@ def demoter(p: Precisions):
 def build(cfg: EngineConfig) -> Parts:
     """Load the model and open the tiers (on the engine thread: it makes MLX arrays)."""
     p = cfg.precisions
-    loaded = load_model(cfg.model_path, cfg.model_defaults)
+    loaded = load_model(cfg.model_path, cfg.model_name, cfg.model_defaults)
     shape = kv.probe_shape(loaded.model, loaded.num_layers)
     disk, scan, warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, shape, p, cfg.warm_store)
     store = AgentCacheStore(

@@ -1,0 +1,62 @@
+"""Models by hub id, with no network: a Hugging Face cache layout and an LM Studio folder built
+on disk (the tiny model copied in), found by `serve --model OWNER/NAME` and `models ls`; a hub id
+that is not on the machine is refused at start with what to do."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Server, chat
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def machine(tmp_path, tiny_model) -> dict[str, str]:
+    """A home with an LM Studio model and a hub cache with one snapshot, as env vars."""
+    hub = tmp_path / "hub" / "models--acme--tiny-chat"
+    shutil.copytree(tiny_model, hub / "snapshots" / REVISION)
+    (hub / "refs").mkdir()
+    (hub / "refs" / "main").write_text(REVISION)
+    shutil.copytree(tiny_model, tmp_path / "home" / ".lmstudio" / "models" / "lms" / "tiny-lms")
+    return {"HF_HUB_CACHE": str(tmp_path / "hub"), "HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agent_memory", *args], capture_output=True, text=True, env={**os.environ, **env}
+    )
+
+
+def test_models_ls_lists_what_is_on_the_machine(machine, tmp_path):
+    listed = cli(machine, "models", "ls", "--cache-dir", str(tmp_path / "cache"))
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines()[1:]}
+    assert rows["acme/tiny-chat"][1:3] == ["llama", "4"] and "yes" in rows["acme/tiny-chat"]
+    assert REVISION in rows["acme/tiny-chat"][-1]
+    assert "yes" in rows["lms/tiny-lms"] and rows["lms/tiny-lms"][-1].endswith(".lmstudio/models/lms/tiny-lms")
+
+
+@pytest.mark.parametrize("hub_id", ["acme/tiny-chat", "lms/tiny-lms"])
+def test_serve_by_hub_id(machine, tmp_path, hub_id):
+    with Server(hub_id, tmp_path / "cache", env=machine) as server:
+        client = server.client()
+        assert [m.id for m in client.models.list().data] == [hub_id]
+        reply = chat(client, "Hello", max_tokens=4, model=hub_id)
+        assert reply.model == hub_id and reply.usage.completion_tokens == 4
+    # Its warm tier is a folder of the cache dir, named from the hub id (no slash in it).
+    assert [p.name.split("-")[0] for p in (tmp_path / "cache" / "kv").iterdir()] == [hub_id.replace("/", "_")]
+
+
+def test_a_hub_id_not_on_the_machine_is_refused_with_what_to_do(machine, tmp_path):
+    started = cli(machine, "serve", "--model", "acme/elsewhere", "--cache-dir", str(tmp_path / "cache"))
+    assert started.returncode == 1
+    assert "'acme/elsewhere' is not on this machine" in started.stderr
+    assert "agent-memory models fetch acme/elsewhere" in started.stderr
+    assert "Traceback" not in started.stderr
