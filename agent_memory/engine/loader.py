@@ -100,13 +100,14 @@ def load_model(path: Path, name: str | None = None, model_defaults: bool = True)
     if why := refusal(model):
         raise UnsupportedModelError(f"{name or path.name}: {why}")
     config = json.loads((path / "config.json").read_text())
-    context = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
+    text = {**config, **(config.get("text_config") or {})}  # multimodal configs nest the text model's
+    context = text.get("max_position_embeddings") or text.get("max_seq_len") or 4096
     layers = len(model.layers)
-    hidden = config["hidden_size"]
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
-    ffn = config.get("intermediate_size") or 4 * hidden
+    hidden = text["hidden_size"]
+    heads = text["num_attention_heads"]
+    kv_heads = text.get("num_key_value_heads") or heads
+    head_dim = text.get("head_dim") or hidden // heads
+    ffn = text.get("intermediate_size") or 4 * hidden
     matmul_params = layers * (2 * hidden * (heads + kv_heads) * head_dim + 3 * hidden * ffn)
     return LoadedModel(
         name=name or path.name,
@@ -115,7 +116,7 @@ def load_model(path: Path, name: str | None = None, model_defaults: bool = True)
         tokenizer=tokenizer,
         decoder=Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()),
         context_length=int(context),
-        vocab_size=int(config["vocab_size"]),
+        vocab_size=int(text["vocab_size"]),
         max_token_chars=max(len(t) for t in tokenizer.get_vocab()),
         num_layers=layers,
         fingerprint=fingerprint(path),
