@@ -243,6 +243,22 @@ def test_bad_tools_and_schemas_are_400_naming_the_field(server, body, param):
         assert "not" in error["message"]
 
 
+def test_an_unenforceable_tool_schema_is_a_400_naming_its_path_and_keyword(server):
+    """The second tool uses propertyNames (Claude Code's TaskCreate does): the 400 names that
+    tool's parameters and the keyword in a sentence, with no grammar in it."""
+    loose = {"type": "object", "properties": {"m": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}}}
+    tools = [TOOLS[0], {"type": "function", "function": {"name": "tag", "parameters": loose}}]
+    r = httpx.post(
+        server.base_url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tools": tools, "tool_choice": "required"},
+        timeout=60,
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tools.1.parameters"
+    assert "propertyNames" in error["message"] and "\n" not in error["message"] and "%json" not in error["message"]
+
+
 def test_the_openai_agents_sdk_runs_an_agent_with_a_tool(server):
     from agents import OpenAIChatCompletionsModel, Runner
 

@@ -80,6 +80,17 @@ def tool_calls_lark(tools: list[Tool], parallel: bool, mode: str, answer: dict |
     return head + _call_rules(tools)
 
 
+def _cause(message: str) -> str:
+    """llguidance's reason, as a sentence about the schema: its first line, keywords named."""
+    first = message.strip().splitlines()[0] if message.strip() else "unknown reason"
+    if first.startswith("Unimplemented keys: "):
+        keys = json.loads(first.removeprefix("Unimplemented keys: "))
+        return f"it uses {', '.join(keys)}, which this server cannot enforce"
+    if first.startswith("Unknown format: "):
+        return f"it uses the string format '{first.removeprefix('Unknown format: ')}', which this server does not know"
+    return first
+
+
 class GrammarCompiler:
     """Per model: llguidance's view of the tokenizer (~1 s to build, once)."""
 
@@ -102,17 +113,26 @@ class GrammarCompiler:
             if choice.mode == "named":
                 tools = [t for t in tools if t.name == choice.name]
             for i, tool in enumerate(conversation.tools):
-                check_schema(tool.parameters or ANY_OBJECT, f"{tools_param}.{i}.parameters")
+                param = f"{tools_param}.{i}.parameters"
+                self._enforceable(check_schema(tool.parameters or ANY_OBJECT, param), param)
+            if answer is not None:
+                self._enforceable(answer, format_param)
             lark = tool_calls_lark(tools, conversation.parallel_tool_calls, choice.mode, answer)
             return self._checked(llguidance.LLMatcher.grammar_from_lark(lark), tools_param)
         if answer is not None:
+            self._enforceable(answer, format_param)
             return self._checked(llguidance.LLMatcher.grammar_from_json_schema(answer, defaults=JSON_STYLE), format_param)
         return None
+
+    def _enforceable(self, schema: dict, param: str) -> None:
+        """Compile one schema alone, so that a refusal names the schema at fault and says in a
+        sentence what in it cannot be enforced (never the compiled grammar)."""
+        self._checked(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE), param)
 
     def _checked(self, grammar: str, param: str) -> str:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if is_error:
-            raise GrammarError(f"{param}: cannot be enforced: {messages[0]}", param)
+            raise GrammarError(f"{param} cannot be enforced by constrained decoding: {_cause(messages[0])}", param)
         return grammar
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
