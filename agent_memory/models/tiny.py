@@ -83,6 +83,7 @@ def build_tiny(
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ModelError(f"quantize must be one of {', '.join(map(str, QUANTIZATIONS))}, not {quantize!r}")
     if complete(out_dir):
+        _check_kept(out_dir, spec, quantize)
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     step = progress or (lambda *_: None)
@@ -106,6 +107,20 @@ def build_tiny(
         step(STAGE, 2, 2)
     log.info("built the tiny %s model in %s", arch, out_dir)
     return out_dir
+
+
+def _check_kept(folder: Path, spec: TinyArch, quantize: int | str | None) -> None:
+    """A finished folder is kept only if it holds the family and quantization asked for: one
+    built with other arguments would otherwise be handed back as if it were the one asked for."""
+    config = json.loads((folder / "config.json").read_text())
+    kinds = (config.get("model_type"), config.get("text_config", {}).get("model_type"))
+    wanted = (spec.model_type, spec.config.get("text_config", {}).get("model_type"))
+    quantization = config.get("quantization")
+    have = quantization and (quantization.get("mode", "affine"), quantization.get("bits"))
+    mode, _, bits = QUANTIZATIONS.get(quantize, (None, None, None))
+    if kinds != wanted or have != (quantize and (mode, bits)):
+        held = "/".join(filter(None, kinds)) + (f", {have[1]}-bit {have[0]}" if have else ", not quantized")
+        raise ModelError(f"{folder} already holds another model ({held}); build into another folder or delete it")
 
 
 def _config(spec: TinyArch, vocab_size: int, eos: list[int]) -> dict:

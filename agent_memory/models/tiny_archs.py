@@ -34,6 +34,9 @@ class TinyArch:
 
 KV, ROT, ARR, LST = "KVCache", "RotatingKVCache", "ArraysCache", "CacheList"
 WINDOW = 32
+# Gemma multiplies its embeddings by sqrt(hidden size): at unit variance they would swamp every
+# layer's output in the residual stream (and greedy decoding would cycle through a few tokens).
+GEMMA_EMBED_STD = 128**-0.5
 
 # The shared shape of the attention layers; families override what they name differently.
 _ATTENTION = {
@@ -121,6 +124,7 @@ ARCHS: dict[str, TinyArch] = {
          "sliding_window": WINDOW, "sliding_window_pattern": 4},
         (ROT, ROT, ROT, KV),
         "Gemma 3 (text): sliding-window layers and one global, an untied head",
+        embed_std=GEMMA_EMBED_STD,
     ),
     "gemma4_text": TinyArch(
         {"model_type": "gemma4_text", **_ATTENTION, "num_key_value_heads": 1, "global_head_dim": 64,
@@ -129,6 +133,7 @@ ARCHS: dict[str, TinyArch] = {
          "vocab_size_per_layer_input": VOCAB_SIZE},
         (ROT, KV),
         "Gemma 4 E2B/E4B: per-layer inputs, the last 2 layers reuse earlier layers' K/V (no cache of their own)",
+        embed_std=GEMMA_EMBED_STD,
     ),
     "cohere2": TinyArch(
         {"model_type": "cohere2", **_ATTENTION, "layer_norm_eps": 1e-5, "logit_scale": 4.0,
@@ -258,3 +263,14 @@ ARCHS: dict[str, TinyArch] = {
         "Qwen3-VL, text only: qwen3 layers; the config nests text_config",
     ),
 }
+
+
+def caches_summary(caches: tuple[str, ...]) -> str:
+    """Runs of the same class folded: "ArraysCache x3, KVCache"."""
+    runs: list[list] = []
+    for name in caches:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    return ", ".join(name if count == 1 else f"{name} x{count}" for name, count in runs)
