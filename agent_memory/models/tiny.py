@@ -17,9 +17,9 @@ import importlib
 import io
 import json
 import logging
-import zlib
 import sysconfig
 import tempfile
+import zlib
 from pathlib import Path
 
 import agent_memory.blas  # noqa: F401

@@ -3,9 +3,12 @@
 Each entry is the config.json a real checkpoint of that family would have, shrunk: 4 layers
 (enough to show the family's layer kinds: hybrids have recurrent and attention layers,
 sliding-window families a window of 32 and a full-attention layer), hidden size 128, 2-4 small
-experts for MoE families. `caches` is what the model's own `make_cache` (through
-mlx-lm's `make_prompt_cache`) gives, one class name per cache, so the table documents each
-family's layer kinds and tests/test_tiny_archs.py checks it against mlx-lm.
+experts for MoE families, and an untied output head wherever the family allows one (a random
+model with tied embeddings tends to echo its input). Neutral values stand in for the real
+multipliers (Granite's, Falcon-H1's µP ones), which the random weights do not need. `caches` is
+what the model's own `make_cache` (through mlx-lm's `make_prompt_cache`) gives, one class name
+per cache, so the table documents each family's layer kinds and tests/test_tiny_archs.py checks
+it against mlx-lm.
 
 The vocabulary size is not written here: the builder sets `vocab_size` (in `text_config` when
 the family nests one) from the shared trained tokenizer, which has VOCAB_SIZE tokens.
@@ -20,11 +23,13 @@ VOCAB_SIZE = 2048
 
 @dataclass(frozen=True)
 class TinyArch:
+    """One family's tiny model: what to build and what mlx-lm must make of it."""
+
     config: dict
     caches: tuple[str, ...]  # class names of make_prompt_cache(model), in order
     about: str  # the real models of the family, and what the tiny one shows of it
-    # Embeddings' standard deviation. Below 1 where tied embeddings make the random model echo
-    # its input (the embedding dominates the residual stream, so greedy repeats a few tokens).
+    # Embeddings' standard deviation: below 1 where the embeddings would otherwise dominate the
+    # residual stream (tied ones, or scaled up by the model) and greedy decoding repeats itself.
     embed_std: float = 1.0
 
     @property
@@ -192,7 +197,8 @@ ARCHS: dict[str, TinyArch] = {
                                 "short_conv_kernel_size": 4},
          "num_experts": 4, "num_experts_per_token": 2, "num_shared_experts": 1, "moe_intermediate_size": 64,
          "first_k_dense_replace": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
-         "v_head_dim": 32, "mla_use_nope": True, "pad_token_id": 0, "bos_token_id": None},
+         "v_head_dim": 32, "mla_use_nope": True,
+         "pad_token_id": 0, "bos_token_id": None},  # transformers' defaults are outside the vocabulary
         (ARR, ARR, ARR, KV),
         "Kimi-Linear: three Kimi delta-attention layers to one MLA layer without rope",
     ),
@@ -213,7 +219,7 @@ ARCHS: dict[str, TinyArch] = {
     ),
     "granitemoehybrid": TinyArch(
         {"model_type": "granitemoehybrid", **_ATTENTION, **_MAMBA2, "attention_bias": False,
-         "embedding_multiplier": 1.0, "attention_multiplier": 32 ** -0.5, "logits_scaling": 1.0,
+         "embedding_multiplier": 1.0, "attention_multiplier": 32**-0.5, "logits_scaling": 1.0,
          "residual_multiplier": 1.0, "position_embedding_type": "nope",
          "layer_types": ["mamba", "mamba", "mamba", "attention"], "mamba_proj_bias": False,
          "mamba_conv_bias": True, "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 256},
