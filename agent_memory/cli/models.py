@@ -88,13 +88,40 @@ def models_fetch(
 
 
 @models_app.command("build-tiny")
-def models_build_tiny(directory: Path = typer.Argument(..., help="Folder to write the model into.")) -> None:
-    """Build the deterministic tiny random model the tests use."""
-    from agent_memory.models.tiny import build_tiny
+def models_build_tiny(
+    directory: Path | None = typer.Argument(None, help="Folder to write the model into."),
+    arch: str = typer.Option("llama", "--arch", help="The model family (`--list` shows them); 'help' lists them too."),
+    quantize: str | None = typer.Option(None, "--quantize", "-q", help="4, 8 (bits) or mxfp4, as mlx_lm.convert -q."),
+    list_archs: bool = typer.Option(False, "--list", help="List the families and exit."),
+) -> None:
+    """Build a deterministic tiny random model: the llama one the tests use, or one of any
+    mlx-lm text family (`--arch gemma3_text`) to reproduce a bug or benchmark, offline."""
+    from agent_memory.models.registry import ModelError
 
-    with progress() as bars:
-        path = build_tiny(directory, progress=ProgressReporter(bars))
+    if list_archs or arch == "help":
+        _list_archs()
+        return
+    if directory is None:
+        raise typer.BadParameter("the folder to write the model into", param_hint="DIRECTORY")
+    from agent_memory.models.tiny import QUANTIZATIONS, build_tiny, tiny_arch
+
+    bits = int(quantize) if quantize in ("4", "8") else quantize
+    try:
+        tiny_arch(arch)  # before the progress bar: an unknown one is said alone
+        if bits is not None and bits not in QUANTIZATIONS:
+            raise typer.BadParameter(f"one of {', '.join(map(str, QUANTIZATIONS))}", param_hint="--quantize")
+        with progress() as bars:
+            path = build_tiny(directory, arch=arch, quantize=bits, progress=ProgressReporter(bars))
+    except ModelError as e:
+        fail(e)
     typer.echo(path)
+
+
+def _list_archs() -> None:
+    from agent_memory.models.tiny_archs import ARCHS, caches_summary
+
+    rows = [(name, a.model_type, caches_summary(a.caches), a.about) for name, a in ARCHS.items()]
+    table(("arch", "model_type", "caches", "what it shows"), rows)
 
 
 @models_app.command("ls")
