@@ -117,7 +117,7 @@ class Metrics:
         self.cache_bytes.labels("hot_quantized").set_function(lambda: pool.hot_bytes - pool.exact_bytes)
         self.cache_bytes.labels("warm").set_function(lambda: pool.disk_bytes)
         self.budget_bytes.labels("hot").set_function(lambda: engine.store.hot_budget_bytes)
-        self.budget_bytes.labels("warm").set_function(lambda: engine.store.disk_budget_bytes if engine.disk else 0)
+        self.budget_bytes.labels("warm").set_function(lambda: engine.store.disk_budget_bytes if engine.warm else 0)
         self.agents.set_function(lambda: len(engine.store.agents))
         self.registry.register(BlockMoves(lambda: engine.store))
         self.registry.register(BlockCounts(lambda: engine.store))

@@ -479,8 +479,8 @@ def traced_serve(trace_path: str, argv: list[str]) -> None:
     from agent_memory.engine.decode_batch import DecodeBatch
     from agent_memory.engine.loop import BatchEngine
     from agent_memory.engine.sequence import Sequence, Status
-    from agent_memory.memory.disk import DiskTier
-    from agent_memory.memory.store_records import Persist
+    from agent_memory.memory.index.store_records import Persist
+    from agent_memory.memory.warm.tier import WarmTier
 
     out = open(trace_path, "a", buffering=1)
     lock = threading.Lock()
@@ -580,7 +580,7 @@ def traced_serve(trace_path: str, argv: list[str]) -> None:
             if acc is not None:
                 acc.append(clock() - t)
 
-    orig_job = DiskTier._run_job
+    orig_job = WarmTier._run_job
 
     def run_job(self, kind, key, data):
         local.fsync = []
@@ -614,7 +614,7 @@ def traced_serve(trace_path: str, argv: list[str]) -> None:
 
     BatchEngine._plan, BatchEngine._prefill, BatchEngine._end = plan, prefill, end
     Sequence.take, DecodeBatch.step = take, step
-    os.fsync, DiskTier._run_job, Persist.write = fsync, run_job, write
+    os.fsync, WarmTier._run_job, Persist.write = fsync, run_job, write
 
     from agent_memory.cli import main as cli_main
 

@@ -13,17 +13,17 @@ import mlx.core as mx
 from agent_memory.agent_key import AgentKey
 from agent_memory.engine import kv
 from agent_memory.engine.sequence import Sequence, canonical_reply
-from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.store import AgentCacheStore
+from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import Precisions
 
 log = logging.getLogger(__name__)
 
 
 class Committer:
-    def __init__(self, store: AgentCacheStore, disk: DiskTier | None, precisions: Precisions, decoder) -> None:
+    def __init__(self, store: AgentCacheStore, warm: WarmTier | None, precisions: Precisions, decoder) -> None:
         self.store = store
-        self.disk = disk
+        self.warm = warm
         self.precisions = precisions
         self.decoder = decoder  # a tokenizers.Tokenizer: the reply's canonical tokens
 
@@ -52,7 +52,7 @@ class Committer:
         try:
             persist = self.store.commit(agent, tokens, cut, seq.root)
             mx.eval(payloads)
-            if self.disk is not None:
-                persist.write(self.disk, lambda block: kv.to_numpy(block.at(p.disk)))
+            if self.warm is not None:
+                persist.write(self.warm, lambda block: kv.to_numpy(block.at(p.disk)))
         except Exception:
             log.exception("could not cache the KV of request %s", seq.request.request_id)

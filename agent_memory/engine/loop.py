@@ -33,11 +33,11 @@ from agent_memory.engine.prefill import Prefiller
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, Sink
 from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status, new_sequence
-from agent_memory.memory.blocks import Tier
-from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.records import BLOCK_TOKENS
-from agent_memory.memory.store import AgentCacheStore
-from agent_memory.memory.store_records import Segment
+from agent_memory.memory.index.blocks import Tier
+from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.index.store_records import Segment
+from agent_memory.memory.warm.records import BLOCK_TOKENS
+from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class BatchEngine:
         self.warm_error: str | None = None  # why there is no warm tier, when one was asked for
         self.loaded: LoadedModel | None = None
         self.store: AgentCacheStore | None = None
-        self.disk: DiskTier | None = None
+        self.warm: WarmTier | None = None
         self.metrics = Metrics()
         self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._ids = itertools.count()
@@ -125,7 +125,7 @@ class BatchEngine:
         """Why the server cannot serve, once loaded: a thread that has died."""
         if not self._thread.is_alive():
             return "the engine thread has stopped"
-        if self.disk is not None and not self.disk.alive:
+        if self.warm is not None and not self.warm.alive:
             return "the warm tier's writer thread has stopped"
         return None
 
@@ -150,7 +150,7 @@ class BatchEngine:
 
     def _load(self) -> None:
         parts = build(self.config)
-        self.loaded, self.store, self.disk, self.warm_error = parts.loaded, parts.store, parts.disk, parts.warm_error
+        self.loaded, self.store, self.warm, self.warm_error = parts.loaded, parts.store, parts.warm, parts.warm_error
         self._batch, self._prefiller, self._committer = parts.batch, parts.prefiller, parts.committer
         self._working_budget, self._bytes_per_token = parts.working_budget, parts.bytes_per_token
         self.metrics.watch(self)
@@ -234,7 +234,7 @@ class BatchEngine:
             seq.plan.append(Segment(seq.lease.end, seq.prefill_end, None))
         for segment in seq.lease.segments:
             if segment.block is not None and segment.block.tier is Tier.WARM:
-                future = self.disk.read_block(segment.block)
+                future = self.warm.read_block(segment.block)
                 future.add_done_callback(self._read_done(time.perf_counter()))
                 seq.reads[segment.block.hash] = future
         seq.status = Status.PREFILLING
@@ -348,9 +348,9 @@ class BatchEngine:
     def _shutdown(self) -> None:
         for seq in list(self._seqs.values()):
             self._end(seq, "shutdown", error=Failed("the server is shutting down", 503, "shutting_down"))
-        if self.disk is not None:
+        if self.warm is not None:
             log.info("flushing the warm tier")
-            self.disk.close()
+            self.warm.close()
         # MLX's per-thread streams must be cleared by the thread that used them, or the
         # process can abort at exit (ml-explore/mlx#4327).
         mx.synchronize()

@@ -17,8 +17,8 @@ from agent_memory.engine.requests import GenerationRequest, Sink, TextDelta, Usa
 from agent_memory.engine.sampling import make_sampler
 from agent_memory.engine.stops import StopMatcher
 from agent_memory.memory.hashing import namespace
-from agent_memory.memory.store import AgentCacheStore
-from agent_memory.memory.store_records import Lease, Segment
+from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.index.store_records import Lease, Segment
 
 
 class Status(enum.Enum):

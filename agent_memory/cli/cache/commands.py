@@ -1,7 +1,7 @@
 """`agent-memory cache`: look into and tidy the warm tier on disk without loading any model.
 
-It reads the very files the server writes (memory/folder.py, memory/records.py,
-memory/blockfile.py) and never imports MLX, so it starts at once and runs where MLX cannot.
+It reads the very files the server writes (memory/warm/folder.py, memory/warm/records.py,
+memory/warm/blockfile.py) and never imports MLX, so it starts at once and runs where MLX cannot.
 What it looks at: scan.py; what it checks and deletes, and in which order: operations.py; a
 running server: server.py; what it prints: render.py.
 """
@@ -150,7 +150,7 @@ def rm_command(
         preview = plan.preview()
         blocks, freed = sum(len(a["removed_blocks"]) for a in preview), sum(a["freed_bytes"] for a in preview)
         (folder, first), *others = found
-        what = plural(len(found), "agent") if others else f"agent {printable(first.agent)} from {folder.folder}"
+        what = plural(len(found), "agent") if others else f"agent {printable(first.key.id)} from {folder.folder}"
         typer.confirm(f"Remove {what} ({plural(blocks, 'block file')}, {human_bytes(freed)})?", abort=True, err=True)
     render.removal(plan.report(plan.execute(config.key_of), dry_run=False), fmt)
 

@@ -21,9 +21,10 @@ from pathlib import Path
 from agent_memory.agent_key import AgentKey
 from agent_memory.cli.cache.scan import ModelFolder
 from agent_memory.cli.cache.server import LiveServer
-from agent_memory.memory.folder import BLOCK_META_KEYS, FOLDER_RE, FileInfo
 from agent_memory.memory.hashing import BlockNames
-from agent_memory.memory.records import BlockRecord, Manifest
+from agent_memory.memory.warm.folder import BLOCK_META_KEYS, FOLDER_RE
+from agent_memory.memory.warm.records import BlockRecord, Manifest
+from agent_memory.memory.warm.scan import FileInfo
 
 GRACE_S = 600.0  # younger orphans and temp files may belong to a write the server is making
 SERVER_WAIT_S = 30.0  # how long to wait for the server's writer to delete an ended agent's files
@@ -221,8 +222,8 @@ class Removal:
 
 def _removed(folder: ModelFolder, manifest: Manifest, blocks: list[str], freed: int, server: str | None) -> dict:
     return {
-        "id": manifest.agent,
-        "tenant": manifest.tenant,
+        "id": manifest.key.id,
+        "tenant": manifest.key.tenant,
         "folder": folder.folder,
         "manifest": str(manifest.path),
         "removed_blocks": blocks,
@@ -247,7 +248,7 @@ class PrunePlan:
     def items(self) -> list[tuple[str, str, int]]:
         """(kind, what, bytes) of everything the plan removes."""
         return [
-            *(("agent", m.agent, self.folder.layout.size_at(m.path)) for m in self.agents),
+            *(("agent", m.key.id, self.folder.layout.size_at(m.path)) for m in self.agents),
             *(("block", h, self.folder.files.blocks[h].size) for h in self.blocks),
             *(("temp", str(t.path), t.size) for t in self.temp_files),
             *(("quarantine", str(q.path), q.size) for q in self.quarantined),
@@ -259,7 +260,7 @@ class PrunePlan:
         record = self.folder.layout.read_server_json() if self.agents else None
         if record is not None:
             self.server = LiveServer(record, key_of)
-            for tenant in sorted({m.tenant for m in self.agents}):
+            for tenant in sorted({m.key.tenant for m in self.agents}):
                 self.held.update({AgentKey(a, tenant): t for a, t in self.server.agents(tenant).items()})
 
 

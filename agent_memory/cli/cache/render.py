@@ -135,7 +135,7 @@ def ls(root: Path, rows: list[AgentRow], folders: list[ModelFolder], fmt: Format
         )
         shown = {(r.folder, r.id) for r in rows}
         unique = sum(
-            f.bytes_of(h for m in f.files.manifests if (f.folder, m.agent) in shown for h in m.blocks) for f in folders
+            f.bytes_of(h for m in f.files.manifests if (f.folder, m.key.id) in shown for h in m.blocks) for f in folders
         )
         say(f"{plural(len(rows), 'agent')}, {human_bytes(unique)} of blocks on disk")
 

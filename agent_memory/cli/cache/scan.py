@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from agent_memory.agent_key import AgentKey
+from agent_memory.agent_key import AgentKey, agent_file_stem
 from agent_memory.cli.cache.render import printable
 from agent_memory.cli.common import fail, settings
 from agent_memory.config import Settings
-from agent_memory.memory.folder import FOLDER_RE, Folder, FolderScan, model_folders
-from agent_memory.memory.records import BLOCK_TOKENS, BlockRecord, Manifest, agent_file_stem
+from agent_memory.memory.warm.folder import FOLDER_RE, Folder, model_folders
+from agent_memory.memory.warm.records import BLOCK_TOKENS, BlockRecord, Manifest
+from agent_memory.memory.warm.scan import FolderScan
 
 
 @dataclass
@@ -125,8 +126,8 @@ def scan_cache(cache_dir: Path, model: str | None, warm_store: str | None = None
     """Every model folder under <cache-dir>/kv/ (or namespace of a shared `warm_store`), or
     those `--model` names (none: exit 1)."""
     if warm_store is not None:
-        from agent_memory.memory.redis_folder import namespaces
-        from agent_memory.memory.redis_url import redact
+        from agent_memory.memory.warm.redis_folder import namespaces
+        from agent_memory.memory.warm.redis_url import redact
 
         try:
             layouts, where = namespaces(warm_store), redact(warm_store)
@@ -150,7 +151,7 @@ def open_cache(cache_dir: Path | None, warm_store: str | None, model: str | None
     url = warm_store or config.warm_store
     if url is None:
         return config, config.cache_dir, scan_cache(config.cache_dir, model)
-    from agent_memory.memory.redis_url import check_url, store_root
+    from agent_memory.memory.warm.redis_url import check_url, store_root
 
     try:
         check_url(url)
@@ -183,12 +184,12 @@ def locate_agent(
 ) -> tuple[ModelFolder, Manifest] | str:
     """The one manifest of the agent (of `tenant`, if given), or why there is none."""
     found = [
-        (f, m) for f in folders for m in f.files.manifests if m.agent == agent and tenant in (None, m.tenant)
+        (f, m) for f in folders for m in f.files.manifests if m.key.id == agent and tenant in (None, m.key.tenant)
     ]
     if len(found) == 1:
         return found[0]
-    if found and len({m.tenant for _, m in found}) > 1:
-        tenants = ", ".join(sorted(repr(m.tenant) for _, m in found))
+    if found and len({m.key.tenant for _, m in found}) > 1:
+        tenants = ", ".join(sorted(repr(m.key.tenant) for _, m in found))
         return f"agent {printable(agent)} exists for several tenants ({tenants}): pass --tenant"
     if found:
         where = ", ".join(f.folder for f, _ in found)
@@ -222,7 +223,7 @@ def describe_agent(folder: ModelFolder, manifest: Manifest) -> dict:
         "private_bytes": folder.bytes_of(folder.private_blocks(manifest)),
     }
     return {
-        "id": manifest.agent,
+        "id": manifest.key.id,
         "model": folder.name,
         "folder": folder.folder,
         "manifest": str(manifest.path),
@@ -255,7 +256,7 @@ class AgentRow:
     def of(cls, folder: ModelFolder, manifest: Manifest) -> AgentRow:
         on_disk = [h for h in manifest.blocks if h in folder.files.blocks]
         return cls(
-            id=manifest.agent,
+            id=manifest.key.id,
             model=folder.name,
             folder=folder.folder,
             tokens=len(manifest.tokens),
@@ -265,7 +266,7 @@ class AgentRow:
             bytes=folder.bytes_of(on_disk),
             last_used=manifest.last_used,
             manifest=str(manifest.path),
-            tenant=manifest.tenant,
+            tenant=manifest.key.tenant,
         )
 
 
