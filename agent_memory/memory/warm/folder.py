@@ -52,6 +52,13 @@ def folder_name(model_name: str, fingerprint: str, precision_tag: str) -> str:
     return f"{safe}-{fingerprint[:12]}-{precision_tag}"
 
 
+def model_names(folder: str, name: str | None) -> list[str]:
+    """What `--model` and `--filter model=` match: the model's name (model.json), its
+    folder's name, and the model name that folder name starts with."""
+    parsed = FOLDER_RE.match(folder)
+    return [n for n in (name, folder, parsed["model"] if parsed else None) if n]
+
+
 def model_folders(kv_dir: Path) -> list[Folder]:
     """The model folders in `<cache-dir>/kv`. `kv` and a model folder may be links, as the
     user placed them (the server follows them too); nothing inside a model folder is followed."""
