@@ -136,7 +136,7 @@ class Folder:
         """Delete one of the folder's regular files (see files.unlink_regular)."""
         return files.unlink_regular(path, follow_parent=path.parent == self.root)
 
-    # What the `cache` commands read, by path; a shared store (redis_folder.py) answers the same.
+    # What the `cache` commands read, by path; a shared Redis namespace (redis_folder.py) answers the same.
 
     def size_at(self, path: Path) -> int:
         try:

@@ -43,7 +43,8 @@ def open_tier(
     if warm_store is not None:
         tier = make_tier(RedisBackend(warm_store, name))
         scan = tier.open()
-        log.info("warm tier: namespace %s in the shared store %s (agents are read when they return)", name, tier.location)
+        where = tier.location
+        log.info("warm tier: namespace %s in the shared store %s (agents are read when they return)", name, where)
         return tier, scan, None
     kv_dir = cache_dir / "kv"
     _say_other_precisions(kv_dir, name)
@@ -77,9 +78,8 @@ def _cap(tier: WarmTier, room: DiskRoom, held: int, file_bytes: int) -> str | No
     fits, if so (a full disk)."""
     cap = room.cap(held, file_bytes)
     if cap < file_bytes:
-        return (
-            f"{room_text(room)}; the warm tier keeps {mib(room.reserve(file_bytes))} free and its folder holds {mib(held)}"
-        )
+        reserve = mib(room.reserve(file_bytes))
+        return f"{room_text(room)}; the warm tier keeps {reserve} free and its folder holds {mib(held)}"
     if cap < tier.budget_bytes:
         asked, tier.budget_bytes = tier.budget_bytes, cap
         tier.budget_note = (
