@@ -500,7 +500,8 @@ def traced_serve(trace_path: str, argv: list[str]) -> None:
     def info(seq) -> dict:
         d = seqs.get(seq.id)
         if d is None:
-            d = seqs[seq.id] = {"seq": seq.id, "agent": seq.request.agent, "prompt": len(seq.prompt),
+            agent = seq.request.agent.id if seq.request.agent is not None else None  # an AgentKey: its id
+            d = seqs[seq.id] = {"seq": seq.id, "agent": agent, "prompt": len(seq.prompt),
                                 "submitted": seq.submitted, "prefill_only": bool(getattr(seq, "prefill_only", False)),
                                 "prefill_calls": [], "reads": 0, "reads_done": None}
         return d
