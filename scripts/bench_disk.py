@@ -9,8 +9,8 @@ The disk is measured with dd (`conv=fsync`: one fsync at the end of 64 MiB; read
 so from the page cache). Blocks are the demo model's (SmolLM2-135M: 30 layers, 3 KV heads,
 head_dim 64, 64 tokens, float32 KV) at 16, 8 and 4 bits, made the way the server makes them
 (engine/kv.py convert + to_numpy) and timed on the server's own paths: a save is
-blockfile.encode + blockfile.write_atomic (temp file, fsync, rename, fsync the folder) as
-DiskTier writes it; a load is blockfile.read with every check (header, layout, identity,
+blockfile.encode + files.write_atomic (temp file, fsync, rename, fsync the folder) as
+WarmTier writes it; a load is blockfile.read with every check (header, layout, identity,
 CRC32), as the kv-reader thread does. Loads read files just written, so they too come from
 the page cache, like dd's read. No model is loaded.
 """
@@ -37,10 +37,11 @@ import mlx.core as mx  # noqa: E402
 
 from agent_memory.config import default_cache_dir  # noqa: E402
 from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
-from agent_memory.memory import blockfile  # noqa: E402
-from agent_memory.memory.folder import Folder  # noqa: E402
+from agent_memory import files  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
-from agent_memory.memory.records import BLOCK_TOKENS, tokens_text  # noqa: E402
+from agent_memory.memory.warm import blockfile  # noqa: E402
+from agent_memory.memory.warm.folder import Folder  # noqa: E402
+from agent_memory.memory.warm.records import BLOCK_TOKENS, tokens_text  # noqa: E402
 from agent_memory.precision import KVPrecision
 
 # SmolLM2-135M, the demo model, as the server sees it.
@@ -127,7 +128,7 @@ def bench(folder: Path, precision: KVPrecision, blocks: int) -> dict:
         path = layout.block_path(h)
         path.parent.mkdir(exist_ok=True)
         t = time.perf_counter()
-        nbytes = blockfile.write_atomic(path, blockfile.encode(meta, tensors[i % len(tensors)]))
+        nbytes = files.write_atomic(path, blockfile.encode(meta, tensors[i % len(tensors)]))
         save_s.append(time.perf_counter() - t)
         saved.append((path, {**base, "hash": h, "tokens": meta["tokens"]}, nbytes))
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-from agent_memory.memory.prefix import common_prefix
+from agent_memory.memory.index.prefix import common_prefix
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agent-memory/models/smollm2-135m-instruct"

@@ -15,7 +15,7 @@ round by round (the order rotates) so that a busy machine weighs on all alike:
     cold         a server without any cache: everything recomputed
 
 Each figure is printed with the load average at that moment (`uptime`). `budget` writes
-blocks of the demo model's Q4 size through RedisStore into a Redis with a small maxmemory and
+blocks of the demo model's Q4 size through RedisBackend into a Redis with a small maxmemory and
 reports what a block costs Redis, how eviction behaves, and the probe's round trip.
 """
 
@@ -220,14 +220,14 @@ def budget(args) -> dict:
     """Blocks of the demo model's Q4 size (header + tensors) into a Redis of 64 MB."""
     sys.path.insert(0, str(REPO))
     from agent_memory.agent_key import AgentKey
-    from agent_memory.memory.records import Manifest
-    from agent_memory.memory.redis_store import RedisStore
+    from agent_memory.memory.warm.records import Manifest
+    from agent_memory.memory.warm.redis_backend import RedisBackend
 
     block = args.block_bytes
     work = Path(tempfile.mkdtemp(prefix="bench-redis-"))
     redis = Redis(work, "64mb")
     try:
-        store = RedisStore(redis.url, "demo-0123456789ab-q4g64")
+        store = RedisBackend(redis.url, "demo-0123456789ab-q4g64")
         store.open({"name": "demo"}, lambda fp: True)
         rng = random.Random(1)
         agents, per_agent = 40, 8  # 320 blocks: about 2.3 x what 64 MB holds
@@ -236,7 +236,7 @@ def budget(args) -> dict:
             hashes = [f"{a:04x}{i:04x}".ljust(32, "0") for i in range(per_agent)]
             for h in hashes:
                 store.put_block(h, [rng.randbytes(block)])
-            m = Manifest(f"agent-{a}", "f" * 32, list(range(per_agent * 64)), hashes, time.time())
+            m = Manifest(AgentKey(f"agent-{a}"), "f" * 32, list(range(per_agent * 64)), hashes, time.time())
             store.write_manifest(m, None, f"e{a}")
         put_s = time.perf_counter() - t0
         info = redis.client.info()

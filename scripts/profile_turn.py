@@ -32,9 +32,10 @@ from openai import OpenAI  # noqa: E402
 from agent_memory.config import default_cache_dir  # noqa: E402
 from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
 from agent_memory.engine.loader import load_model  # noqa: E402
-from agent_memory.memory import blockfile  # noqa: E402
+from agent_memory import files  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
-from agent_memory.memory.records import BLOCK_TOKENS  # noqa: E402
+from agent_memory.memory.warm import blockfile  # noqa: E402
+from agent_memory.memory.warm.records import BLOCK_TOKENS  # noqa: E402
 from agent_memory.models.registry import resolve_model  # noqa: E402
 from agent_memory.precision import KVPrecision  # noqa: E402
 
@@ -90,7 +91,7 @@ def engine_parts(loaded, messages: list[dict], precision: KVPrecision, work: Pat
     paths = []
     for i, block in enumerate(blocks):
         path = work / f"{i}.safetensors"
-        blockfile.write_atomic(path, blockfile.encode({"hash": str(i)}, kv.to_numpy(block.arrays)))
+        files.write_atomic(path, blockfile.encode({"hash": str(i)}, kv.to_numpy(block.arrays)))
         paths.append(path)
     shape = kv.probe_shape(model, loaded.num_layers)
     layout = kv.block_layout(BLOCK_TOKENS, shape, precision)

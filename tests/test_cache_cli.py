@@ -17,13 +17,15 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from agent_memory import files
+from agent_memory.agent_key import AgentKey
 from agent_memory.cli.cache.commands import cache_app
 from agent_memory.cli.cache.render import human_age, human_bytes, parse_duration
-from agent_memory.memory import blockfile
-from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.folder import Folder, folder_name
-from agent_memory.memory.records import Manifest, tokens_text
 from agent_memory.memory.hashing import BlockNames
+from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.folder import Folder, folder_name
+from agent_memory.memory.warm.records import Manifest, tokens_text
+from agent_memory.memory.warm.tier import WarmTier
 
 REPO = Path(__file__).resolve().parent.parent
 FP_TINY = "a1" * 16
@@ -85,7 +87,7 @@ def write_block(
     }
     path = layout.block_path(h)
     path.parent.mkdir(exist_ok=True)
-    blockfile.write_atomic(path, blockfile.encode(meta, tensors))
+    files.write_atomic(path, blockfile.encode(meta, tensors))
     return path
 
 
@@ -98,8 +100,8 @@ def write_agent(
         if i not in skip and not layout.block_path(h).exists():
             write_block(layout, fingerprint, h, parent, start, tokens[start:end])
     blocks = [h for h, *_ in chain]
-    manifest = Manifest(agent, fingerprint, tokens, blocks, last_used)
-    blockfile.write_atomic(layout.agent_path(agent), [manifest.to_bytes()])
+    manifest = Manifest(AgentKey(agent), fingerprint, tokens, blocks, last_used)
+    files.write_atomic(layout.agent_path(agent), [manifest.to_bytes()])
     return Agent(agent, tokens, blocks, layout)
 
 
@@ -212,11 +214,11 @@ def test_show_unknown_agent_fails_clearly(cache):
 
 
 def test_the_servers_model_json_names_the_model_and_its_block_size(tmp_path):
-    """model.json as DiskTier writes it: `ls` shows the model's name, `--model` takes it, and
+    """model.json as WarmTier writes it: `ls` shows the model's name, `--model` takes it, and
     `show` knows the block size even when none of the agent's blocks has a file."""
     root = tmp_path / "cache"
     layout = Folder(root / "kv" / folder_name("org/Model-1", FP_TINY, "kv16"))
-    disk = DiskTier(
+    disk = WarmTier(
         layout,
         fingerprint=FP_TINY,
         meta={"bits": "16", "group_size": "0"},
@@ -291,9 +293,9 @@ def damage_forge(cache):
 def damage_manifest(cache):
     tokens = list(cache.alice.tokens)
     tokens[5] = 999
-    manifest = Manifest("alice", FP_TINY, tokens, cache.alice.blocks, time.time())
+    manifest = Manifest(AgentKey("alice"), FP_TINY, tokens, cache.alice.blocks, time.time())
     path = cache.tiny.agent_path("alice")
-    blockfile.write_atomic(path, [manifest.to_bytes()])
+    files.write_atomic(path, [manifest.to_bytes()])
     return [path]
 
 

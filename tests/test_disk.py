@@ -21,15 +21,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from safetensors.numpy import load_file
 
+from agent_memory import files
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory import blockfile
-from agent_memory.memory.blockfile import BlockFileError
-from agent_memory.memory.blocks import Tier
-from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.folder import Folder
 from agent_memory.memory.hashing import namespace
-from agent_memory.memory.records import Manifest
-from agent_memory.memory.store import AgentCacheStore
+from agent_memory.memory.index.blocks import Tier
+from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.blockfile import BlockFileError
+from agent_memory.memory.warm.folder import Folder
+from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.tier import WarmTier
 
 FINGERPRINT = "f" * 32
 BYTES_PER_TOKEN = 10
@@ -48,8 +49,8 @@ def layout(n: int) -> dict:
     return {"k": ("U32", (n,))}
 
 
-def make_store(root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=3) -> tuple[AgentCacheStore, DiskTier]:
-    disk = DiskTier(
+def make_store(root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=3) -> tuple[AgentCacheStore, WarmTier]:
+    disk = WarmTier(
         Folder(root),
         fingerprint=FINGERPRINT,
         meta={"bits": "16"},
@@ -62,7 +63,7 @@ def make_store(root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=
         salt=FINGERPRINT,
         hot_budget_bytes=hot_tokens * BYTES_PER_TOKEN,
         attention_tokens=50.0,
-        disk=disk,
+        warm=disk,
         disk_budget_bytes=disk_bytes,
     )
     store.restore(disk.open())
@@ -75,8 +76,8 @@ def commit(store, agent, tokens):
     key = AgentKey(agent) if isinstance(agent, str) else agent
     root = store.names.root(namespace(key.tenant, "")) if key else None
     persist = store.commit(key, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN, False), root)
-    if store.disk is not None:
-        persist.write(store.disk, encode)
+    if store.warm is not None:
+        persist.write(store.warm, encode)
 
 
 # -- the file format -------------------------------------------------------------------------
@@ -99,7 +100,7 @@ def test_block_files_are_plain_safetensors_with_their_identity(tmp_path):
 
 def write_block(path: Path, tokens=(1, 2, 3)) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    blockfile.write_atomic(path, blockfile.encode({"hash": path.stem}, {"k": ("U32", np.asarray(tokens, np.uint32))}))
+    files.write_atomic(path, blockfile.encode({"hash": path.stem}, {"k": ("U32", np.asarray(tokens, np.uint32))}))
 
 
 @pytest.mark.parametrize(
@@ -146,7 +147,7 @@ def test_a_crash_mid_write_leaves_the_old_file_and_a_temp_file(tmp_path):
         raise KeyboardInterrupt  # the process dies mid-write
 
     with pytest.raises(KeyboardInterrupt):
-        blockfile.write_atomic(path, chunks())
+        files.write_atomic(path, chunks())
     assert blockfile.read(path, {"hash": "b"}, None)[1]["k"].tolist() == [7, 8, 9]
     assert [f for f in tmp_path.iterdir() if f.name.endswith(".tmp")] == []
 
@@ -158,7 +159,7 @@ def test_full_disk_keeps_the_server_consistent(tmp_path, caplog):
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with mock.patch("agent_memory.memory.blockfile.os.write", side_effect=full):
+    with mock.patch("agent_memory.files.os.write", side_effect=full):
         commit(store, "a", list(range(10)))
         commit(store, "b", list(range(20, 30)))
         disk.flush()
@@ -218,7 +219,7 @@ def test_a_damaged_block_is_quarantined_and_becomes_a_miss(tmp_path):
     bad = lease.segments[1].block
     with pytest.raises(BlockFileError):
         disk2.read_block(bad).result()
-    store2.disk_lost(bad)
+    store2.warm_lost(bad)
     assert bad.tier is Tier.COLD and not victim.exists()
     assert any(p.name.endswith(".why") for p in (tmp_path / "quarantine").iterdir())
     store2.release(lease)
@@ -246,7 +247,7 @@ def test_a_block_another_sequence_reads_from_disk_stays_within_the_hot_budget(tm
 
 
 def test_model_json_names_the_model_block_size_and_precision_and_is_written_atomically(tmp_path):
-    disk = DiskTier(
+    disk = WarmTier(
         Folder(tmp_path),
         fingerprint=FINGERPRINT,
         meta={"bits": "8", "group_size": "32"},
@@ -254,7 +255,7 @@ def test_model_json_names_the_model_block_size_and_precision_and_is_written_atom
         name="HuggingFaceTB/SmolLM2-135M",
         block_tokens=64,
     )
-    with mock.patch("agent_memory.memory.disk.blockfile.write_atomic", wraps=blockfile.write_atomic) as w:
+    with mock.patch("agent_memory.files.write_atomic", wraps=files.write_atomic) as w:
         disk.open()
     assert [c.args[0] for c in w.call_args_list] == [tmp_path / "model.json"]
     info = json.loads((tmp_path / "model.json").read_text())
@@ -375,7 +376,7 @@ def test_files_of_one_name_quarantined_in_the_same_second_are_all_kept(tmp_path)
     disk_layout = Folder(tmp_path)
     for content in ("first", "second"):
         (tmp_path / "m.json").write_text(content)
-        with mock.patch("agent_memory.memory.folder.time.time", return_value=1_700_000_000.0):
+        with mock.patch("agent_memory.memory.warm.folder.time.time", return_value=1_700_000_000.0):
             disk_layout.quarantine(tmp_path / "m.json", f"bad {content}")
     kept = sorted(p.read_text() for p in disk_layout.quarantine_dir.iterdir() if not p.name.endswith(".why"))
     assert kept == ["first", "second"]
@@ -396,7 +397,7 @@ def test_listing_survives_folders_pruned_meanwhile(tmp_path):
             shutil.rmtree(path, ignore_errors=True)  # gone between listing blocks/ and listing it
         return real_scandir(path)
 
-    with mock.patch("agent_memory.memory.folder.os.scandir", pruning_scandir):
+    with mock.patch("agent_memory.memory.warm.folder.os.scandir", pruning_scandir):
         scan = folder.scan(owns=lambda fingerprint: True)
     assert scan.blocks == {} and scan.manifests == [] and scan.temp_files == []
     store2, disk2 = make_store(tmp_path)
@@ -509,7 +510,7 @@ class DiskStoreMachine(RuleBasedStateMachine):
             assert [t for h in record.blocks for t in pool.blocks[h].tokens] == record.tokens
 
 
-def _crash(disk: DiskTier) -> None:
+def _crash(disk: WarmTier) -> None:
     """Lose every queued write, as a killed process would, and leave a half-written temp file."""
     while True:
         try:

@@ -10,9 +10,10 @@ import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import QuantizedKVCache
 
+from agent_memory import files
 from agent_memory.engine import kv
 from agent_memory.engine.quantized import BatchQuantizedKVCache
-from agent_memory.memory import blockfile
+from agent_memory.memory.warm import blockfile
 from agent_memory.precision import KVPrecision
 from tests.conftest import Server, ask, tiers
 
@@ -105,7 +106,7 @@ def test_quantized_blocks_round_trip_through_the_tiers_unchanged(model_and_token
     shape = kv.probe_shape(model, len(model.layers))
     tensors = kv.to_numpy(hot)
     path = tmp_path / "block.safetensors"
-    blockfile.write_atomic(path, blockfile.encode({"hash": "h"}, tensors))
+    files.write_atomic(path, blockfile.encode({"hash": "h"}, tensors))
     _, arrays = blockfile.read(path, {"hash": "h"}, kv.block_layout(8, shape, precision))
     back = kv.from_numpy(arrays, shape)
     assert sorted(back) == sorted(hot)

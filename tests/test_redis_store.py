@@ -12,15 +12,15 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory import blockfile
-from agent_memory.memory.blockfile import BlockFileError
-from agent_memory.memory.blocks import Tier
-from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.records import BlockRecord, Manifest
-from agent_memory.memory.redis_store import RedisStore
-from agent_memory.memory.redis_url import check_url, redact
-from agent_memory.memory.store import AgentCacheStore
-from agent_memory.memory.warmstore import BlockMissing
+from agent_memory.memory.index.blocks import Tier
+from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.backend import BlockMissing
+from agent_memory.memory.warm.blockfile import BlockFileError
+from agent_memory.memory.warm.records import BlockRecord, Manifest
+from agent_memory.memory.warm.redis_backend import RedisBackend
+from agent_memory.memory.warm.redis_url import check_url, redact
+from agent_memory.memory.warm.tier import WarmTier
 from tests.services import RedisServer
 from tests.test_disk import BYTES_PER_TOKEN, FINGERPRINT, FakeKV, commit, encode, layout
 
@@ -37,22 +37,22 @@ def redis_url(tmp_path_factory):
 def ns(redis_url, request):
     """A namespace of its own for each test (the keys of one model at one precision)."""
     name = f"test-{request.node.name}"[:60].replace("[", "_").replace("]", "_") + "-0123456789ab-kv16"
-    store = RedisStore(redis_url, name)
+    store = RedisBackend(redis_url, name)
     yield name
     client = store.client
     for key in [*client.scan_iter(match=f"am:{{{name}}}:*"), *client.scan_iter(match=f"am:{name}:*")]:
         client.delete(key)
 
 
-def shared_disk(url: str, ns: str) -> DiskTier:
-    disk = DiskTier(
-        RedisStore(url, ns), fingerprint=FINGERPRINT, meta={"bits": "16"}, block_layout=layout, name="t", block_tokens=BLOCK
+def shared_disk(url: str, ns: str) -> WarmTier:
+    disk = WarmTier(
+        RedisBackend(url, ns), fingerprint=FINGERPRINT, meta={"bits": "16"}, block_layout=layout, name="t", block_tokens=BLOCK
     )
     disk.open()
     return disk
 
 
-def server(url: str, ns: str) -> tuple[AgentCacheStore, DiskTier]:
+def server(url: str, ns: str) -> tuple[AgentCacheStore, WarmTier]:
     """What one agent-memory server holds: its store (memory) on the shared tier."""
     disk = shared_disk(url, ns)
     store = AgentCacheStore(
@@ -60,26 +60,26 @@ def server(url: str, ns: str) -> tuple[AgentCacheStore, DiskTier]:
         salt=FINGERPRINT,
         hot_budget_bytes=1000 * BYTES_PER_TOKEN,
         attention_tokens=50.0,
-        disk=disk,
+        warm=disk,
         disk_budget_bytes=1 << 30,
     )
     return store, disk
 
 
-def keys(store: RedisStore, kind: str) -> list[bytes]:
+def keys(store: RedisBackend, kind: str) -> list[bytes]:
     pattern = f"am:{store.ns}:b:*" if kind == "b" else f"am:{{{store.ns}}}:{kind}:*"
     return list(store.client.scan_iter(match=pattern))
 
 
-def refs(store: RedisStore) -> Counter:
+def refs(store: RedisBackend) -> Counter:
     return Counter({k.decode(): int(v) for k, v in store.client.hgetall(store.refs_key).items()})
 
 
-def manifests(store: RedisStore) -> list[Manifest]:
+def manifests(store: RedisBackend) -> list[Manifest]:
     return [store._parse(k.decode(), store.client.hget(k, "data")) for k in keys(store, "m")]
 
 
-def check_refs(store: RedisStore) -> None:
+def check_refs(store: RedisBackend) -> None:
     """The reference counts are exactly how many manifests name each block."""
     assert refs(store) == Counter(h for m in manifests(store) for h in set(m.blocks))
 
@@ -111,7 +111,7 @@ def test_urls_are_checked_and_passwords_never_shown():
 
 
 def test_a_block_is_stored_once_and_read_back_checked(redis_url, ns):
-    store = RedisStore(redis_url, ns)
+    store = RedisBackend(redis_url, ns)
     meta = {"fingerprint": FINGERPRINT, "bits": "16", **BlockRecord("a" * 32, None, 0, (1, 2, 3)).meta()}
     first = blockfile.encode(meta, encode(FakeKV((1, 2, 3))))
     size = store.put_block("a" * 32, first)
@@ -133,14 +133,14 @@ def test_a_damaged_block_is_a_miss_deleted_and_replaced(redis_url, ns, damage):
     commit(store, "a", list(range(9)))
     disk.flush()
     victim = store.agents[AgentKey("a")].blocks[1]
-    client, key = disk.store.client, disk.store.block_key(victim)
+    client, key = disk.backend.client, disk.backend.block_key(victim)
     data = bytearray(client.get(key))
     if damage == "truncate":
         data = data[: len(data) // 2]
     elif damage == "flip":
         data[-2] ^= 0xFF
     else:
-        data = bytearray(client.get(disk.store.block_key(store.agents[AgentKey("a")].blocks[0])))
+        data = bytearray(client.get(disk.backend.block_key(store.agents[AgentKey("a")].blocks[0])))
     client.set(key, bytes(data), keepttl=True)
     other, other_disk = server(redis_url, ns)  # the agent moves to another server
     discover(other, "a", list(range(9)) + [1])
@@ -149,18 +149,18 @@ def test_a_damaged_block_is_a_miss_deleted_and_replaced(redis_url, ns, damage):
     with pytest.raises(BlockFileError):
         other_disk.read_block(bad).result()
     assert client.get(key) is None  # deleted, so that the recomputed block can take its name
-    other.disk_lost(bad)
+    other.warm_lost(bad)
     other.release(lease)
     commit(other, "a", list(range(9)) + [1])  # the gap recomputed; its block written again
     other_disk.flush()
     assert other_disk.read_block(BlockRecord(victim, None, 3, (3, 4, 5))).result()["k"].tolist() == [3, 4, 5]
-    check_refs(disk.store)
+    check_refs(disk.backend)
     disk.close()
     other_disk.close()
 
 
 def test_a_good_copy_written_meanwhile_is_not_deleted_for_a_damaged_one(redis_url, ns):
-    store = RedisStore(redis_url, ns)
+    store = RedisBackend(redis_url, ns)
     meta = {"fingerprint": FINGERPRINT, "bits": "16", **BlockRecord("c" * 32, None, 0, (1, 2, 3)).meta()}
     good = b"".join(bytes(c) for c in blockfile.encode(meta, encode(FakeKV((1, 2, 3)))))
     store.client.set(store.block_key("c" * 32), good[:-1])
@@ -189,7 +189,7 @@ def test_two_servers_writing_the_same_blocks_at_once_store_each_once(redis_url, 
         list(pool.map(lambda i: work(a if i % 2 else b, f"agent-{i}"), range(16)))
     disk_a.flush()
     disk_b.flush()
-    store = disk_a.store
+    store = disk_a.backend
     names = {h for m in manifests(store) for h in m.blocks}
     blocks = {k.decode().rsplit(":", 1)[1] for k in keys(store, "b")}
     assert len(manifests(store)) == 16 and names <= blocks
@@ -207,7 +207,7 @@ def test_concurrent_turns_never_lose_a_committed_turn(redis_url, ns):
     """Writers race to append turns to one agent, each from the version it read: a write that
     succeeds is never overwritten by one that did not contain it."""
     disk = shared_disk(redis_url, ns)
-    store = disk.store
+    store = disk.backend
     committed: list[list[int]] = []
     lock = threading.Lock()
     outcomes: dict[str, bool] = {}
@@ -221,7 +221,7 @@ def test_concurrent_turns_never_lose_a_committed_turn(redis_url, ns):
             if rng.random() < 0.3 and current:  # a server with a stale view: an older version
                 base = "stale"
             new = tokens + [w * 1000 + turn] * rng.randint(1, 4)
-            manifest = Manifest("x", FINGERPRINT, new, [f"{w:02x}{turn:02x}".ljust(32, "0")], float(turn))
+            manifest = Manifest(AgentKey("x"), FINGERPRINT, new, [f"{w:02x}{turn:02x}".ljust(32, "0")], float(turn))
             disk._write_manifest(manifest, base, f"{w}-{turn}")
             if outcomes[f"{w}-{turn}"]:
                 with lock:
@@ -246,15 +246,15 @@ def test_a_delete_wins_over_a_turn_in_flight(redis_url, ns):
     other, other_disk = server(redis_url, ns)
     ended = other.end_agent(AgentKey("a"))  # another server, which does not hold it, ends it
     assert ended.result(timeout=10) is True
-    assert not keys(disk.store, "m") and not keys(disk.store, "b") and not refs(disk.store)
+    assert not keys(disk.backend, "m") and not keys(disk.backend, "b") and not refs(disk.backend)
     commit(store, "a", list(range(9)))  # the first server's next turn, from its stale view
     disk.flush()
-    assert not keys(disk.store, "m")  # not written back: the agent stays ended
+    assert not keys(disk.backend, "m")  # not written back: the agent stays ended
     assert store.agents[AgentKey("a")].etag is None  # its next turn starts over in the store
     commit(store, "a", list(range(9)) + [5])
     disk.flush()
-    assert [m.tokens for m in manifests(disk.store)] == [list(range(9)) + [5]]
-    check_refs(disk.store)
+    assert [m.tokens for m in manifests(disk.backend)] == [list(range(9)) + [5]]
+    check_refs(disk.backend)
     assert other.end_agent(AgentKey("nobody")).result(timeout=10) is False
     disk.close()
     other_disk.close()
@@ -283,8 +283,8 @@ def test_random_turns_and_ends_on_two_servers_keep_the_reference_counts(redis_ur
         disk.flush()
     for _, disk in servers:
         disk.flush()
-    check_refs(servers[0][1].store)
-    for m in manifests(servers[0][1].store):
+    check_refs(servers[0][1].backend)
+    for m in manifests(servers[0][1].backend):
         assert [h for h, *_ in servers[0][0].names.chain(m.tokens)] == m.blocks
     for _, disk in servers:
         disk.close()
@@ -314,7 +314,7 @@ def test_an_agent_moving_to_another_server_finds_its_blocks_and_manifest(redis_u
     discover(a, "mover", turn + [7])
     assert a.agents[AgentKey("mover")].tokens == turn
     assert a.lookup(turn + [7]).end == len(turn)
-    check_refs(disk_a.store)
+    check_refs(disk_a.backend)
     disk_a.close()
     disk_b.close()
 
@@ -322,8 +322,8 @@ def test_an_agent_moving_to_another_server_finds_its_blocks_and_manifest(redis_u
 def test_a_returning_agent_whose_turn_is_still_queued_is_not_asked_about(redis_url, ns):
     store, disk = server(redis_url, ns)
     go = threading.Event()
-    real_write = disk.store.write_manifest
-    disk.store.write_manifest = lambda *a: go.wait(10) and real_write(*a)  # the writer is behind
+    real_write = disk.backend.write_manifest
+    disk.backend.write_manifest = lambda *a: go.wait(10) and real_write(*a)  # the writer is behind
     commit(store, "a", list(range(6)))
     record = store.agents[AgentKey("a")]
     assert record.etag is not None and record.stored is None
@@ -341,7 +341,7 @@ def test_a_redis_that_does_not_answer_is_a_degraded_tier_not_a_failure(tmp_path)
 
     disk = shared_disk(f"redis://127.0.0.1:{free_port()}/0", "gone-0123456789ab-kv16")
     store = AgentCacheStore(
-        block_tokens=BLOCK, salt=FINGERPRINT, hot_budget_bytes=10_000, attention_tokens=50.0, disk=disk
+        block_tokens=BLOCK, salt=FINGERPRINT, hot_budget_bytes=10_000, attention_tokens=50.0, warm=disk
     )
     commit(store, "a", list(range(6)))
     disk.flush()

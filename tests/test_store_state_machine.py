@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory.blocks import Tier
 from agent_memory.memory.hashing import namespace
-from agent_memory.memory.prefix import common_prefix
-from agent_memory.memory.store import AgentCacheStore
+from agent_memory.memory.index.blocks import Tier
+from agent_memory.memory.index.prefix import common_prefix
+from agent_memory.memory.index.store import AgentCacheStore
 
 BYTES_PER_TOKEN = 10
 AGENTS = st.sampled_from([AgentKey("a"), AgentKey("b"), AgentKey("a", "t2"), AgentKey("c", "t2"), None])

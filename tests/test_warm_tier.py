@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent_memory.memory import blockfile
-from agent_memory.memory.disk import Manifest
+from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.records import Manifest
 from tests.conftest import Server, ask, tiers
 
 SYSTEM = "You keep the records of the lighthouse on the northern cape. " * 12
@@ -104,8 +104,8 @@ def test_damaged_or_foreign_files_are_misses_and_quarantined(tiny_model, tmp_pat
         ask(s.client(), conversation(0), "victim")
         ask(s.client(), conversation(1), "other")
     folder = kv_folder(tmp_path)
-    victim = Manifest.read(next(m for m in (folder / "agents").glob("*.json") if Manifest.read(m).agent == "victim"))
-    other = Manifest.read(next(m for m in (folder / "agents").glob("*.json") if Manifest.read(m).agent == "other"))
+    victim = Manifest.read(next(m for m in (folder / "agents").glob("*.json") if Manifest.read(m).key.id == "victim"))
+    other = Manifest.read(next(m for m in (folder / "agents").glob("*.json") if Manifest.read(m).key.id == "other"))
     private = [h for h in victim.blocks if h not in other.blocks]
     target = folder / "blocks" / private[0][:2] / f"{private[0]}.safetensors"
     data = bytearray(target.read_bytes())
@@ -146,7 +146,7 @@ def test_agent_ids_never_become_paths(tiny_model, tmp_path):
     manifests = list((kv_folder(cache) / "agents").iterdir())
     assert len(manifests) == len(hostile)
     assert all(len(m.stem) == 32 and m.suffix == ".json" for m in manifests)
-    assert {Manifest.read(m).agent for m in manifests} == set(hostile)
+    assert {Manifest.read(m).key.id for m in manifests} == set(hostile)
 
 
 def test_sigterm_flushes_pending_writes(tiny_model, tmp_path):

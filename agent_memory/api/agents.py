@@ -10,7 +10,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.api.errors import APIError
 from agent_memory.api.pipeline import tenant
 from agent_memory.api.state import ServerState, ready_state
-from agent_memory.memory.store_records import AgentInfo
+from agent_memory.engine.protocol import AgentInfo
 
 router = APIRouter()
 

@@ -19,8 +19,8 @@ from agent_memory.api.middleware import APIKeyMiddleware, BodyLimitMiddleware, H
 from agent_memory.api.responses_store import ResponseStore
 from agent_memory.api.state import ServerState
 from agent_memory.engine.loop import BatchEngine
-from agent_memory.engine.warm import warm_health
-from agent_memory.memory.folder import Folder
+from agent_memory.memory.warm.folder import Folder
+from agent_memory.memory.warm.health import warm_health
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ def create_app(
         yield
         watcher.cancel()
         await asyncio.to_thread(engine.stop)
-        if engine.disk is not None and engine.disk.folder is not None:  # only now: the writer has flushed
-            await asyncio.to_thread(_unrecord, engine.disk.folder)
+        if engine.warm is not None and engine.warm.folder is not None:  # only now: the writer has flushed
+            await asyncio.to_thread(_unrecord, engine.warm.folder)
         app.state.server.tokenizer_pool.shutdown()
         responses.close()
 
@@ -73,7 +73,7 @@ def create_app(
             return JSONResponse({"status": "error", "message": problem}, status_code=503)
         p = engine.precisions
         budget = engine.store.disk_budget_bytes if engine.store is not None else 0
-        warm = warm_health(engine.disk, engine.warm_error, budget)
+        warm = warm_health(engine.warm, engine.warm_error, budget)
         return {"status": "ok", "kv": {"hot": p.hot.tag, "working": p.working.tag, "disk": p.disk.tag}, "warm_tier": warm}
 
     @app.get("/metrics")
@@ -96,8 +96,8 @@ async def _watch_load(engine: BatchEngine, on_load_failure: Callable[[], None], 
         log.error("the model could not be loaded: %s", engine.load_error)
         on_load_failure()
         return
-    if engine.disk is not None and engine.disk.folder is not None:  # a shared store records no server
-        await asyncio.to_thread(_record, engine.disk.folder, url)
+    if engine.warm is not None and engine.warm.folder is not None:  # a shared store records no server
+        await asyncio.to_thread(_record, engine.warm.folder, url)
     log.info("ready at %s/v1 — %s", url, summary(engine, auth))
 
 
@@ -108,9 +108,9 @@ def summary(engine: BatchEngine, auth: str) -> str:
     loaded, p, store = engine.loaded, engine.precisions, engine.store
     kv = f"KV exact while hot, {p.hot.tag} once cooled" if p.working != p.hot else f"KV {p.hot.tag}"
     warm = (
-        f"warm tier {engine.disk.location} ({len(store.agents)} agents, {store.pool.disk_bytes >> 20} MiB "
+        f"warm tier {engine.warm.location} ({len(store.agents)} agents, {store.pool.disk_bytes >> 20} MiB "
         f"of {store.disk_budget_bytes >> 20} MiB at {p.disk.tag})"
-        if engine.disk is not None
+        if engine.warm is not None
         else f"no warm tier ({engine.warm_error or 'disk budget 0'})"
     )
     return (

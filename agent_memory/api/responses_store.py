@@ -19,11 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent_memory.agent_key import AgentKey
+from agent_memory import files
+from agent_memory.agent_key import AgentKey, agent_file_stem
 from agent_memory.chat.conversation import Message, ToolCall
-from agent_memory.memory import blockfile
-from agent_memory.memory.folder import entries, unlink_regular
-from agent_memory.memory.records import agent_file_stem
+from agent_memory.files import entries, unlink_regular
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ class ResponseStore:
             if not entry.name.endswith(".json") or st.st_size > MAX_FILE_BYTES:
                 continue
             try:
-                with blockfile.open_regular(Path(entry.path)) as f:
+                with files.open_regular(Path(entry.path)) as f:
                     stored = StoredResponse.from_bytes(f.read())
                 if agent_file_stem(stored.key) != entry.name[:-5]:
                     raise ValueError("its id does not match its file name")
@@ -136,7 +135,7 @@ class ResponseStore:
                     unlink_regular(path)
                 else:
                     self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-                    blockfile.write_atomic(path, [data])
+                    files.write_atomic(path, [data])
             except OSError as e:
                 log.warning("stored response %s: %s", key.id, e)
 

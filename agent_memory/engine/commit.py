@@ -6,6 +6,7 @@ the disk tier's writer."""
 from __future__ import annotations
 
 import logging
+import time
 
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
@@ -13,19 +14,23 @@ import mlx.core as mx
 from agent_memory.agent_key import AgentKey
 from agent_memory.engine import kv
 from agent_memory.engine.sequence import Sequence, canonical_reply
-from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.store import AgentCacheStore
+from agent_memory.engine.trace import NoTrace
+from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import Precisions
 
 log = logging.getLogger(__name__)
 
 
 class Committer:
-    def __init__(self, store: AgentCacheStore, disk: DiskTier | None, precisions: Precisions, decoder) -> None:
+    def __init__(
+        self, store: AgentCacheStore, warm: WarmTier | None, precisions: Precisions, decoder, trace: NoTrace
+    ) -> None:
         self.store = store
-        self.disk = disk
+        self.warm = warm
         self.precisions = precisions
         self.decoder = decoder  # a tokenizers.Tokenizer: the reply's canonical tokens
+        self.trace = trace
 
     def commit_turn(self, seq: Sequence, reason: str, cache: list, tokens: list[int]) -> list[int] | None:
         """Commit a finished sequence's KV for its agent, as far as it is what the agent's next
@@ -50,9 +55,12 @@ class Committer:
             return block, block.nbytes, block.precision != p.hot
 
         try:
+            t0 = time.perf_counter()
             persist = self.store.commit(agent, tokens, cut, seq.root)
             mx.eval(payloads)
-            if self.disk is not None:
-                persist.write(self.disk, lambda block: kv.to_numpy(block.at(p.disk)))
+            if self.warm is not None:
+                persist.write(self.warm, lambda block: kv.to_numpy(block.at(p.disk)))
+                written = persist.manifest.key.id if persist.manifest is not None else None
+                self.trace.committed([record.hash for record, _ in persist.blocks], written, t0)
         except Exception:
             log.exception("could not cache the KV of request %s", seq.request.request_id)

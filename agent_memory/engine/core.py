@@ -25,9 +25,9 @@ from agent_memory.engine.requests import Failed, GenerationRequest, SamplingPara
 from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status, new_sequence
 from agent_memory.engine.trace import NoTrace
-from agent_memory.memory.blocks import Tier
-from agent_memory.memory.records import BLOCK_TOKENS
-from agent_memory.memory.store_records import Segment
+from agent_memory.memory.index.blocks import Tier
+from agent_memory.memory.warm.records import BLOCK_TOKENS
+from agent_memory.memory.index.store_records import Segment
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

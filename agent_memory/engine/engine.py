@@ -31,7 +31,7 @@ from agent_memory.engine.parts import Parts, build
 from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
 from agent_memory.engine.requests import GenerationRequest, Sink
 from agent_memory.engine.trace import NO_TRACE, Trace
-from agent_memory.engine.warm import warm_health
+from agent_memory.memory.warm.health import warm_health
 from agent_memory.models.demo import aliases
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,9 @@ class BatchEngine(EngineClient):
         mx.clear_streams()
 
     def _load(self) -> None:
-        parts = self._parts = build(self.config)
+        parts = self._parts = build(self.config, self._trace)
+        if parts.warm is not None:
+            parts.warm.on_written = self._trace.job
         self._core = EngineCore(parts, self.config, self._metrics, self._trace, self._ids, self._inbox.put)
         self._metrics.watch(parts.store, self._core.count, warm_on=parts.warm is not None)
         loaded = parts.loaded

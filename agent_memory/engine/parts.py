@@ -15,10 +15,11 @@ from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.decode_batch import DecodeBatch
 from agent_memory.engine.loader import LoadedModel, load_model
 from agent_memory.engine.prefill import Prefiller
+from agent_memory.engine.trace import NoTrace
 from agent_memory.engine.warm import open_warm_tier
-from agent_memory.memory.disk import DiskTier
-from agent_memory.memory.records import BLOCK_TOKENS
-from agent_memory.memory.store import AgentCacheStore
+from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.warm.records import BLOCK_TOKENS
+from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import Precisions
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ class Parts:
     loaded: LoadedModel
     precisions: Precisions
     store: AgentCacheStore
-    warm: DiskTier | None
+    warm: WarmTier | None
     warm_error: str | None  # why there is no warm tier, when one was asked for
     batch: DecodeBatch
     prefiller: Prefiller
@@ -50,26 +51,26 @@ def demoter(p: Precisions):
     return demote
 
 
-def build(cfg: EngineConfig) -> Parts:
+def build(cfg: EngineConfig, trace: NoTrace) -> Parts:
     """Load the model and open the tiers (on the engine thread: it makes MLX arrays)."""
     p = cfg.precisions
     loaded = load_model(cfg.model_path, cfg.model_name, cfg.model_defaults)
     shape = kv.probe_shape(loaded.model, loaded.num_layers)
-    disk, scan, warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, shape, p, cfg.warm_store)
+    warm, scan, warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, shape, p, cfg.warm_store)
     store = AgentCacheStore(
         block_tokens=BLOCK_TOKENS,
         salt=loaded.fingerprint,
         hot_budget_bytes=cfg.hot_budget_bytes,
         attention_tokens=loaded.attention_tokens,
-        disk=disk,
+        warm=warm,
         disk_budget_bytes=cfg.disk_budget_bytes,
         demote=demoter(p),
     )
-    if scan is not None and not disk.shared:
+    if scan is not None and not warm.shared:
         store.restore(scan)
         log.info(
             "warm tier %s: %d agents, %d block files (%.1f MiB)",
-            disk.location,
+            warm.location,
             len(store.agents),
             len(scan.blocks),
             store.pool.disk_bytes / (1 << 20),
@@ -86,11 +87,11 @@ def build(cfg: EngineConfig) -> Parts:
         loaded=loaded,
         precisions=p,
         store=store,
-        warm=disk,
+        warm=warm,
         warm_error=warm_error,
         batch=DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids, p.working.quantized),
         prefiller=Prefiller(loaded.model, shape, p, store),
-        committer=Committer(store, disk, p, loaded.decoder),
+        committer=Committer(store, warm, p, loaded.decoder, trace),
         working_budget=working_budget(cfg.memory_limit_bytes, loaded.model, cfg.hot_budget_bytes),
         bytes_per_token=kv.bytes_per_token(shape, p.working),
     )

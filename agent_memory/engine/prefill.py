@@ -11,8 +11,8 @@ import mlx.core as mx
 
 from agent_memory.engine import kv
 from agent_memory.engine.sequence import Sequence
-from agent_memory.memory.store import AgentCacheStore
-from agent_memory.memory.store_records import Segment
+from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.index.store_records import Segment
 from agent_memory.precision import Precisions
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class Prefiller:
                 seq.usage.warm_tokens += n
             else:
                 log.info("block %s unreadable (%s): recomputing it", block.hash[:12], read.exception())
-                self.store.disk_lost(block)
+                self.store.warm_lost(block)
                 seq.plan.appendleft(Segment(segment.start, segment.end, None))
                 break
             parts.append((stored, n))

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from agent_memory.agent_key import AgentKey
 from agent_memory.engine.requests import GenerationRequest, Sink
-from agent_memory.memory.store_records import AgentInfo
+from agent_memory.memory.index.store_records import AgentInfo
 
 __all__ = ["AgentInfo", "EngineClient", "Health", "ModelFacts"]
 

@@ -18,8 +18,8 @@ from agent_memory.engine.output import Output
 from agent_memory.engine.requests import GenerationRequest, Sink, Usage
 from agent_memory.engine.sampling import make_sampler
 from agent_memory.memory.hashing import namespace
-from agent_memory.memory.store import AgentCacheStore
-from agent_memory.memory.store_records import Lease, Segment
+from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.index.store_records import Lease, Segment
 from agent_memory.precision import KVPrecision
 
 

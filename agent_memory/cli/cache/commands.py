@@ -1,9 +1,10 @@
 """`agent-memory cache`: look into and tidy the warm tier on disk without loading any model.
 
-It reads the very files the server writes (memory/folder.py, memory/records.py,
-memory/blockfile.py) and never imports MLX, so it starts at once and runs where MLX cannot.
-What it looks at: scan.py; what it checks and deletes, and in which order: operations.py; a
-running server: server.py; what it prints: render.py.
+It reads the very files the server writes (memory/warm/: folder.py, records.py, blockfile.py)
+and never imports MLX, so it starts at once and runs where MLX cannot. What it looks at:
+scan.py and rows.py; what it checks and deletes, and in which order: the warm tier's own admin
+(memory/warm/admin.py), through a running server where one holds the agents: operations.py and
+server.py; what it prints: render.py.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from pathlib import Path
 import typer
 
 from agent_memory.cli.cache import render
-from agent_memory.cli.cache.operations import Problem, Removal, execute_prune, plan_prune, verify_folder
+from agent_memory.cli.cache.operations import PruneRun, Removal
 from agent_memory.cli.cache.render import Format, human_bytes, parse_duration, plural, printable
-from agent_memory.cli.cache.scan import AgentRow, FolderStats, describe_agent, find_agent, locate_agent, open_cache
+from agent_memory.cli.cache.rows import AgentRow, FolderStats
+from agent_memory.cli.cache.scan import describe_agent, find_agent, locate_agent, open_cache
 from agent_memory.cli.cache.select import FILTER_HELP, SORT_HELP, select
 from agent_memory.cli.common import CacheDirOption, fail, progress
+from agent_memory.memory.warm.admin import Problem, plan_prune, verify_folder
 
 cache_app = typer.Typer(
     no_args_is_help=True,
@@ -150,7 +153,7 @@ def rm_command(
         preview = plan.preview()
         blocks, freed = sum(len(a["removed_blocks"]) for a in preview), sum(a["freed_bytes"] for a in preview)
         (folder, first), *others = found
-        what = plural(len(found), "agent") if others else f"agent {printable(first.agent)} from {folder.folder}"
+        what = plural(len(found), "agent") if others else f"agent {printable(first.key.id)} from {folder.folder}"
         typer.confirm(f"Remove {what} ({plural(blocks, 'block file')}, {human_bytes(freed)})?", abort=True, err=True)
     render.removal(plan.report(plan.execute(config.key_of), dry_run=False), fmt)
 
@@ -172,20 +175,20 @@ def prune_command(
     runs on are ended through the server."""
     max_age = parse_duration(older_than) if older_than else None
     (config, root, folders), now = open_cache(cache_dir, warm_store, model), time.time()
-    plans = [plan_prune(f, max_age, quarantine, now) for f in folders]
-    planned = [(plan.folder.folder, *item) for plan in plans for item in plan.items()]
+    runs = [PruneRun(plan_prune(f, max_age, quarantine, now)) for f in folders]
+    planned = [(run.plan.folder.folder, *item) for run in runs for item in run.plan.items()]
     freed = sum(i[3] for i in planned)
     if planned and not (yes or dry_run):
-        agents = sum(len(p.agents) for p in plans)
+        agents = sum(len(run.plan.agents) for run in runs)
         typer.confirm(
             f"Remove {agents} agents and {len(planned) - agents} files ({human_bytes(freed)})?",
             abort=True,
             err=True,
         )
     if not dry_run:
-        for plan in plans:
-            plan.connect(config.key_of)  # every server answers before anything is deleted
-        freed = sum(execute_prune(plan, max_age, now) for plan in plans)
+        for run in runs:
+            run.connect(config.key_of)  # every server answers before anything is deleted
+        freed = sum(run.execute(max_age, now) for run in runs)
     render.prune(root, planned, freed, dry_run, max_age, fmt)
 
 

@@ -13,7 +13,6 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 from rich import filesize
@@ -21,9 +20,9 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
-if TYPE_CHECKING:
-    from agent_memory.cli.cache.operations import Problem
-    from agent_memory.cli.cache.scan import AgentRow, FolderStats, ModelFolder
+from agent_memory.cli.cache.rows import AgentRow, FolderStats
+from agent_memory.memory.warm.admin import Problem
+from agent_memory.memory.warm.model_folder import ModelFolder
 
 
 class Format(str, Enum):
@@ -135,7 +134,7 @@ def ls(root: Path, rows: list[AgentRow], folders: list[ModelFolder], fmt: Format
         )
         shown = {(r.folder, r.id) for r in rows}
         unique = sum(
-            f.bytes_of(h for m in f.files.manifests if (f.folder, m.agent) in shown for h in m.blocks) for f in folders
+            f.bytes_of(h for m in f.files.manifests if (f.folder, m.key.id) in shown for h in m.blocks) for f in folders
         )
         say(f"{plural(len(rows), 'agent')}, {human_bytes(unique)} of blocks on disk")
 

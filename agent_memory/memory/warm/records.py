@@ -1,36 +1,26 @@
-"""The records of the cache folder's format, wherever they are stored (a folder, a shared
-Redis): who an agent is (`AgentKey`) and the name its manifest is stored under, an agent's
-manifest (its token ids and block hashes), what a block file says about its block, and the
-record of the server running on a folder. Each parse checks what it reads: token ids must fit
-the hash chain's uint32 packing (hashing.py), hashes must be block hashes. No MLX here.
+"""The records of the warm tier's format, wherever they are stored (a folder, a shared Redis):
+an agent's manifest (who it is, its token ids and block hashes; stored under
+`agent_file_stem`), what a block file says about its block, and the record of the server
+running on a folder. Each parse checks what it reads: token ids must fit the hash chain's uint32
+packing (memory/hashing.py), hashes must be block hashes. No MLX here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_memory.agent_key import AgentKey
-from agent_memory.memory import blockfile
+from agent_memory import files
+from agent_memory.agent_key import AGENT, KINDS, AgentKey, agent_file_stem
 
 BLOCK_TOKENS = 64  # tokens per block; a sequence's last block may be shorter
 HASH_RE = re.compile(r"^[0-9a-f]{32}$")
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_TOKEN_ID = 2**32  # block hashes pack token ids as uint32 (hashing.py)
-
-
-def agent_file_stem(key: AgentKey | str) -> str:
-    key = AgentKey(key) if isinstance(key, str) else key
-    # surrogatepass: total over every Python string, though the API admits only valid Unicode.
-    raw = key.id.encode("utf-8", "surrogatepass")
-    if key.tenant or key.kind != "agent":
-        raw = b"\0".join([key.tenant.encode("utf-8", "surrogatepass"), raw, key.kind.encode()])
-    return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 def tokens_text(tokens) -> str:
@@ -101,33 +91,30 @@ def pid_alive(pid: object) -> bool:
 
 @dataclass
 class Manifest:
-    agent: str
+    """An agent's latest sequence as stored: whose it is, its tokens and their block hashes."""
+
+    key: AgentKey
     fingerprint: str
     tokens: list[int]
     blocks: list[str]
     last_used: float  # wall clock
     path: Path | None = None
-    tenant: str = ""
-    root: str | None = None  # where its hash chain starts: its namespace (hashing.py)
-    kind: str = "agent"
-
-    @property
-    def key(self) -> AgentKey:
-        return AgentKey(self.agent, self.tenant, self.kind)
+    root: str | None = None  # where its hash chain starts: its namespace (memory/hashing.py)
 
     def to_bytes(self) -> bytes:
+        key = self.key
         data = {
             "version": MANIFEST_VERSION,
-            "agent": self.agent,
+            "agent": key.id,
             "fingerprint": self.fingerprint,
             "last_used": self.last_used,
             "blocks": self.blocks,
             "tokens": self.tokens,
         }
-        if self.tenant:
-            data["tenant"] = self.tenant
-        if self.kind != "agent":
-            data["kind"] = self.kind
+        if key.tenant:
+            data["tenant"] = key.tenant
+        if key.kind != AGENT:
+            data["kind"] = key.kind
         if self.root:
             data["root"] = self.root
         return json.dumps(data, separators=(",", ":")).encode()
@@ -135,7 +122,7 @@ class Manifest:
     @classmethod
     def read(cls, path: Path) -> Manifest:
         """Parse and check a manifest; ValueError says what is wrong with it."""
-        with blockfile.open_regular(path) as f:
+        with files.open_regular(path) as f:
             if os.fstat(f.fileno()).st_size > MAX_MANIFEST_BYTES:
                 raise ValueError("manifest too large")
             raw = f.read()
@@ -153,12 +140,12 @@ class Manifest:
         if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
             raise ValueError("not a manifest of this version")
         agent, tokens, blocks = data.get("agent"), data.get("tokens"), data.get("blocks")
-        tenant, root, kind = data.get("tenant", ""), data.get("root"), data.get("kind", "agent")
+        tenant, root, kind = data.get("tenant", ""), data.get("root"), data.get("kind", AGENT)
         if not isinstance(tenant, str) or not (root is None or (isinstance(root, str) and HASH_RE.match(root))):
             raise ValueError("tenant must be a string and root a block hash")
-        if kind not in ("agent", "response"):
+        if kind not in KINDS:
             raise ValueError("kind must be agent or response")
-        if not isinstance(agent, str) or agent_file_stem(AgentKey(agent, tenant, kind)) != stem:
+        if not isinstance(agent, str) or agent_file_stem(key := AgentKey(agent, tenant, kind)) != stem:
             raise ValueError("agent id does not match the file name")
         # Out-of-range ids would raise OverflowError later, in the hash chain.
         if not valid_tokens(tokens):
@@ -170,4 +157,4 @@ class Manifest:
             raise ValueError("missing fingerprint or last_used")
         if not abs(last_used) < 1e15:  # also false for NaN and inf; float(10**400) would overflow
             raise ValueError("last_used is not a time")
-        return cls(agent, data["fingerprint"], tokens, blocks, float(last_used), path, tenant, root, kind)
+        return cls(key, data["fingerprint"], tokens, blocks, float(last_used), path, root)

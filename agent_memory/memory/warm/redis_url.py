@@ -1,5 +1,5 @@
 """Redis URLs: which ones a server takes, how they show without a password, the client made
-from one, and where a Redis shows in the `cache` commands' paths. Apart from the stores, so that
+from one, and where a Redis shows in the `cache` commands' paths. Apart from the backends, so that
 the settings check and redact a URL without loading one."""
 
 from __future__ import annotations

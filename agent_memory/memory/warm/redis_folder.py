@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable
 from pathlib import PurePosixPath
 
-from agent_memory.memory import blockfile
-from agent_memory.memory.blockfile import Layout
-from agent_memory.memory.folder import FileInfo, FolderScan
-from agent_memory.memory.records import HASH_RE, Manifest
-from agent_memory.memory.redis_keys import BLOCK_TTL_S, DELETE_MANIFEST, PREFIX, SCAN_COUNT, RedisNamespace
-from agent_memory.memory.redis_url import connect
+from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.blockfile import Layout
+from agent_memory.memory.warm.records import HASH_RE, Manifest
+from agent_memory.memory.warm.redis_keys import BLOCK_TTL_S, DELETE_MANIFEST, PREFIX, SCAN_COUNT, RedisNamespace
+from agent_memory.memory.warm.redis_url import connect
+from agent_memory.memory.warm.scan import FileInfo, FolderScan
 
 
 def namespaces(url: str) -> list[RedisFolder]:
@@ -42,7 +42,7 @@ class RedisFolder(RedisNamespace):
         return (data, None) if isinstance(data, dict) else ({}, "the model key is not a JSON object")
 
     def read_server_json(self) -> None:
-        """Servers of a shared store are not recorded: agents are deleted in Redis itself, and a
+        """Servers of a shared tier are not recorded: agents are deleted in Redis itself, and a
         server that holds one finds it gone on its next turn (a delete wins)."""
         return None
 

@@ -14,8 +14,8 @@ from typing import Any
 
 
 class Tier(enum.Enum):
-    HOT = "hot"  # KV in memory (it may also have a disk copy)
-    WARM = "warm"  # KV only on disk
+    HOT = "hot"  # KV in memory (it may also have a warm copy)
+    WARM = "warm"  # KV only in the warm tier (memory/warm/: a folder, or a shared Redis)
     COLD = "cold"  # tokens known, KV dropped: recomputed on demand
 
 
@@ -28,7 +28,7 @@ class Block:
     payload: Any = None  # engine-owned KV; None unless HOT
     hot_bytes: int = 0
     exact: bool = False  # HOT at the precision it was computed at, not yet quantized
-    disk_bytes: int = 0  # size of its durable file; 0 when none
+    disk_bytes: int = 0  # size of its warm copy (a file, or a Redis value); 0 when none
     refs: int = 0  # agents whose latest sequence uses the block
     pins: int = 0  # running sequences using it: never evicted while > 0
     last_used: float = field(default_factory=time.monotonic)

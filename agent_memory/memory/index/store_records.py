@@ -9,17 +9,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_memory.memory.blockfile import Tensors
-from agent_memory.memory.blocks import Block
-from agent_memory.memory.disk import BlockRecord, DiskTier
-from agent_memory.memory.records import Manifest
+from agent_memory.memory.index.blocks import Block
+from agent_memory.memory.warm.blockfile import Tensors
+from agent_memory.memory.warm.records import BlockRecord, Manifest
+from agent_memory.memory.warm.tier import WarmTier
 
 
 @dataclass
 class AgentRecord:
     tokens: list[int]
     blocks: list[str]  # hashes, in order
-    root: str | None = None  # the namespace its hash chain starts from (hashing.py)
+    root: str | None = None  # the namespace its hash chain starts from (memory/hashing.py)
     last_used: float = field(default_factory=time.time)  # wall clock, for people
     # A shared warm tier's manifest versions: of the latest state here (written or queued),
     # and of the latest known to be in the store. They differ while a write is queued.
@@ -50,7 +50,7 @@ class Lease:
 
 @dataclass
 class Persist:
-    """What a commit asks to be written to disk: new blocks (with the KV they had when
+    """What a commit asks to be written to the warm tier: new blocks (with the KV they had when
     committed, so eviction meanwhile cannot take it) and the agent's manifest, in that order."""
 
     blocks: list[tuple[BlockRecord, Any]] = field(default_factory=list)
@@ -58,12 +58,12 @@ class Persist:
     base: str | None = None  # shared tier: the manifest version this one replaces
     etag: str | None = None  # and its own
 
-    def write(self, disk: DiskTier, tensors: Callable[[Any], Tensors]) -> None:
+    def write(self, warm: WarmTier, tensors: Callable[[Any], Tensors]) -> None:
         """Queue the writes; `tensors` turns a hot payload into a block file's numpy arrays."""
         for record, payload in self.blocks:
-            disk.save_block(record, tensors(payload))
+            warm.save_block(record, tensors(payload))
         if self.manifest is not None:
-            disk.save_agent(self.manifest, self.base, self.etag)
+            warm.save_agent(self.manifest, self.base, self.etag)
 
 
 @dataclass

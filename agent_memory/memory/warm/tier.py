@@ -1,17 +1,17 @@
-"""DiskTier: the warm tier. Block files and agent manifests in a store (warmstore.py): the
-model folder (folder.py), or a Redis several servers share (redis_store.py), written behind the
-request path by one thread and read back by another.
+"""WarmTier: the warm tier. Block files and agent manifests in a backend (backend.py): the
+model folder (folder_backend.py), or a Redis several servers share (redis_backend.py), written
+behind the request path by one thread and read back by another.
 
-Every write is atomic (a folder's files: blockfile.write_atomic, a crash leaves old or new files
+Every write is atomic (a folder's files: files.write_atomic, a crash leaves old or new files
 and temp files that the next start removes; Redis: one command or one script). Nothing here
 touches MLX: the engine hands over numpy arrays it made, and gets numpy arrays back. The writer
 thread does the copying, checksumming and I/O; the reader thread reads blocks and asks a shared
-store about returning agents. A write that fails (a full disk, a folder planted as a link, a
+backend about returning agents. A write that fails (a full disk, a folder planted as a link, a
 directory where a file should go, a Redis that does not answer) costs that write only: the
 writer says so once per kind of failure and goes on, and `write_error` says what failed last
 until a write succeeds again.
 
-With a shared store, a manifest write is compare-and-set (`_write_manifest`): a turn committed
+With a shared backend, a manifest write is compare-and-set (`_write_manifest`): a turn committed
 by another server is never overwritten by one that did not see it.
 """
 
@@ -27,17 +27,19 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory import blockfile
-from agent_memory.memory.blockfile import NUMPY_DTYPES, Layout, Tensors
-from agent_memory.memory.folder import Folder, FolderScan
-from agent_memory.memory.records import BlockRecord, Manifest, tokens_text
-from agent_memory.memory.warmstore import FolderStore, StoreUsage, WarmStore
+from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.backend import BackendUsage, WarmBackend
+from agent_memory.memory.warm.blockfile import NUMPY_DTYPES, Layout, Tensors
+from agent_memory.memory.warm.folder import Folder
+from agent_memory.memory.warm.folder_backend import FolderBackend
+from agent_memory.memory.warm.records import BlockRecord, Manifest, tokens_text
+from agent_memory.memory.warm.scan import FolderScan
 
 log = logging.getLogger(__name__)
 
 HEADER_BYTES = 2048  # a block file's safetensors header and metadata, about
 CAS_TRIES = 8  # compare-and-set attempts of one manifest write before it gives way
-USAGE_REFRESH_S = 5.0  # how often a shared store's memory figures are read (for /health)
+USAGE_REFRESH_S = 5.0  # how often a shared backend's memory figures are read (for /health)
 
 
 def extends(ours: Manifest, theirs: Manifest) -> bool:
@@ -46,10 +48,10 @@ def extends(ours: Manifest, theirs: Manifest) -> bool:
     return theirs.root == ours.root and n <= len(ours.tokens) and ours.tokens[:n] == theirs.tokens
 
 
-class DiskTier:
+class WarmTier:
     def __init__(
         self,
-        store: WarmStore | Folder,
+        backend: WarmBackend | Folder,
         *,
         fingerprint: str,
         meta: dict[str, str],
@@ -57,22 +59,24 @@ class DiskTier:
         name: str,
         block_tokens: int,
     ) -> None:
-        """store: where blocks and manifests live (a Folder means FolderStore(folder)).
+        """backend: where blocks and manifests live (a Folder means FolderBackend(folder)).
         meta: precision fields every block file carries and must match on read;
         block_layout(n): the tensors a block of n tokens must hold; name and block_tokens:
         the model's name and the block size, for model.json."""
-        self.store = FolderStore(store) if isinstance(store, Folder) else store
-        self.folder = self.store.folder  # None for a shared store
-        self.shared = self.store.shared
+        self.backend = FolderBackend(backend) if isinstance(backend, Folder) else backend
+        self.folder = self.backend.folder  # None for a shared backend
+        self.shared = self.backend.shared
         self.fingerprint = fingerprint
         self.meta = {"fingerprint": fingerprint, **meta}
         self.name = name
         self.block_tokens = block_tokens
         self.block_layout = block_layout
         self.on_saved: Callable[[str, int], None] = lambda block_hash, nbytes: None
-        # A manifest write's outcome (shared stores): (agent, etag, whether it was written).
+        # Each write done, fsyncs included: (kind, block hash or agent id, its start) for --trace-file.
+        self.on_written: Callable[[str, str, float], None] = lambda kind, key, started: None
+        # A manifest write's outcome (shared backends): (agent, etag, whether it was written).
         self.on_manifest: Callable[[AgentKey, str, bool], None] = lambda key, etag, ok: None
-        # Of blocks no manifest in the shared store names any more, those this server still uses.
+        # Of blocks no manifest in the shared backend names any more, those this server still uses.
         self.still_used: Callable[[list[str]], set[str]] = lambda hashes: set()
         # (priority, order, job): a block's deletion goes before queued writes, so that the
         # disk holds at most one block over its budget while a commit's blocks are written
@@ -83,23 +87,23 @@ class DiskTier:
         self._pending: set[str] = set()
         self._logged_errors: set[tuple[str, object]] = set()
         # What the folder may hold on its disk, when less than the configured budget (set at
-        # start by engine/warm.py; the store honours it), and why.
+        # start by room.py; AgentCacheStore evicts to it), and why.
         self.budget_bytes: int | None = None
         self.budget_note: str | None = None
         self.write_error: str | None = None  # the last failed job, until a write succeeds
         self.write_error_since: float | None = None  # wall clock
         self.failed_jobs = 0
-        self.usage = StoreUsage()  # a shared store's figures, read every USAGE_REFRESH_S
+        self.usage = BackendUsage()  # a shared backend's figures, read every USAGE_REFRESH_S
         self._usage_read = 0.0
         self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-reader")
 
     @property
     def location(self) -> str:
-        return self.store.location
+        return self.backend.location
 
     def block_bytes(self, n: int) -> int:
-        """About what a block of n tokens takes in the store: its tensors and a header."""
+        """About what a block of n tokens takes in the backend: its tensors and a header."""
         layout = self.block_layout(n)
         return HEADER_BYTES + sum(math.prod(dims) * NUMPY_DTYPES[dtype]().itemsize for dtype, dims in layout.values())
 
@@ -112,9 +116,9 @@ class DiskTier:
         return {"name": self.name, **self.meta, "block_tokens": self.block_tokens, "precision": precision}
 
     def open(self) -> FolderScan:
-        """Make the store ready and start writing; what it holds to restore (a folder: every
-        agent; a shared store: nothing, agents are probed when they come back)."""
-        scan = self.store.open(self.model_info(), owns=lambda fingerprint: fingerprint == self.fingerprint)
+        """Make the backend ready and start writing; what it holds to restore (a folder: every
+        agent; a shared backend: nothing, agents are probed when they come back)."""
+        scan = self.backend.open(self.model_info(), owns=lambda fingerprint: fingerprint == self.fingerprint)
         if self.shared:
             self._refresh_usage()
         self._writer.start()
@@ -134,14 +138,14 @@ class DiskTier:
         self._put(("save_block", block, tensors))
 
     def save_agent(self, manifest: Manifest, base: str | None = None, etag: str | None = None) -> None:
-        """Write the agent's manifest; with a shared store, as version `etag` replacing `base`."""
+        """Write the agent's manifest; with a shared backend, as version `etag` replacing `base`."""
         self._put(("save_agent", manifest, (base, etag)))
 
     def delete_block(self, block_hash: str) -> None:
         self._put(("delete_block", block_hash, None), priority=0)
 
     def delete_agent(self, key: AgentKey) -> Future:
-        """Future of whether the store had the agent's manifest."""
+        """Future of whether the backend had the agent's manifest."""
         done: Future = Future()
         self._put(("delete_agent", key, done))
         return done
@@ -158,7 +162,7 @@ class DiskTier:
         self._put(None, priority=2)
         self._writer.join()
         self._reader.shutdown()
-        self.store.close()
+        self.backend.close()
 
     def _write_loop(self) -> None:
         while True:
@@ -170,10 +174,12 @@ class DiskTier:
             if job is None:
                 break
             kind, key, data = job
+            started = time.perf_counter()
             try:
                 self._run_job(kind, key, data)
                 if kind.startswith("save"):
                     self.write_error = self.write_error_since = None
+                    self.on_written(kind, key.hash if kind == "save_block" else key.key.id, started)
             except Exception as e:  # one file's failure must not stop the writer
                 self.failed_jobs += 1
                 if self.write_error is None:
@@ -183,7 +189,7 @@ class DiskTier:
                 if kind == "delete_agent":
                     data.set_exception(e)
                 # A manifest that could not be written stays the agent's latest state here: the
-                # next one is compared with the store's and written over it if it contains it.
+                # next one is compared with the backend's and written over it if it contains it.
             finally:
                 if kind == "save_block":
                     self._pending.discard(key.hash)
@@ -195,36 +201,36 @@ class DiskTier:
     def _run_job(self, kind: str, key, data) -> None:
         if kind == "save_block":
             meta = {**self.meta, **key.meta()}
-            nbytes = self.store.put_block(key.hash, blockfile.encode(meta, data))
+            nbytes = self.backend.put_block(key.hash, blockfile.encode(meta, data))
             self.on_saved(key.hash, nbytes)
         elif kind == "save_agent":
             self._write_manifest(key, *data)
         elif kind == "delete_block":
-            self.store.delete_block(key)
+            self.backend.delete_block(key)
         elif kind == "delete_agent":
-            result = self.store.delete_manifest(key)
+            result = self.backend.delete_manifest(key)
             self._free(result.freed)
             data.set_result(result.ok)
 
     def _write_manifest(self, manifest: Manifest, base: str | None, etag: str | None) -> None:
-        """Write a manifest; with a shared store, compare-and-set: it replaces version `base`.
+        """Write a manifest; with a shared backend, compare-and-set: it replaces version `base`.
 
-        If the store holds another version, a server (or `cache rm`) changed the agent since we
+        If the backend holds another version, a server (or `cache rm`) changed the agent since we
         last saw it. Ours is written over it only if our tokens contain theirs (nothing they
         committed is lost). Otherwise theirs stays: it is the later turn, or another branch of
         the conversation committed first, or the agent was ended (a delete wins over a turn in
-        flight). Ours is then dropped and the agent's next turn here adopts the store's."""
+        flight). Ours is then dropped and the agent's next turn here adopts the backend's."""
         if not self.shared:
-            self.store.write_manifest(manifest, base, etag or "")
+            self.backend.write_manifest(manifest, base, etag or "")
             return
         for _ in range(CAS_TRIES):
-            result = self.store.write_manifest(manifest, base, etag)
+            result = self.backend.write_manifest(manifest, base, etag)
             if result.ok:
                 self._free(result.freed)
                 self.on_manifest(manifest.key, etag, True)
                 return
             try:
-                current = self.store.read_manifest(manifest.key)
+                current = self.backend.read_manifest(manifest.key)
             except ValueError:  # unreadable: ours replaces it
                 base = result.current
                 continue
@@ -236,11 +242,11 @@ class DiskTier:
             if not extends(manifest, theirs):
                 break
             base = their_etag
-        log.debug("manifest of %s not written: the shared store holds a later or other turn", manifest.key)
+        log.debug("manifest of %s not written: the shared backend holds a later or other turn", manifest.key)
         self.on_manifest(manifest.key, etag, False)
 
     def _free(self, hashes: Iterable[str]) -> None:
-        """Delete blocks that no manifest in the shared store names any more, unless this
+        """Delete blocks that no manifest in the shared backend names any more, unless this
         server still uses them (a manifest naming them may be queued here). It never raises: the
         manifest's change succeeded, and a block that cannot be deleted now is only space, which
         its TTL gives back."""
@@ -251,16 +257,16 @@ class DiskTier:
         try:
             for h in hashes:
                 if h not in keep:
-                    self.store.delete_block(h)
+                    self.backend.delete_block(h)
         except Exception as e:  # noqa: BLE001 - the manifest write it follows succeeded
             log.info("could not free %d unused blocks in the shared tier (%s): their TTL will expire them", len(hashes), e)
 
     def _refresh_usage(self) -> None:
         self._usage_read = time.monotonic()
         try:
-            self.usage = self.store.usage()
+            self.usage = self.backend.usage()
         except Exception as e:  # noqa: BLE001 - shown on /health as a failed write would be
-            self.usage = StoreUsage(note=f"the store does not answer: {e}")
+            self.usage = BackendUsage(note=f"the store does not answer: {e}")
 
     def _log_once(self, kind: str, e: Exception) -> None:
         """Say once per kind of failure what happened and what it means; then stay quiet."""
@@ -283,14 +289,14 @@ class DiskTier:
         missing one raises BlockMissing."""
         expect = {**self.meta, "hash": block.hash, "tokens": tokens_text(block.tokens)}
         layout = self.block_layout(len(block.tokens))
-        return self._reader.submit(self.store.read_block, block.hash, expect, layout)
+        return self._reader.submit(self.backend.read_block, block.hash, expect, layout)
 
     def probe(self, key: AgentKey | None, known: str | None, hashes: list[str]) -> Future:
-        """Future of what the shared store holds for a request (warmstore.Probe)."""
-        return self._reader.submit(self.store.probe, key, known, hashes)
+        """Future of what the shared backend holds for a request (backend.Probe)."""
+        return self._reader.submit(self.backend.probe, key, known, hashes)
 
     def quarantine_manifest(self, manifest: Manifest, reason: str) -> None:
-        self.store.quarantine_manifest(manifest, reason)
+        self.backend.quarantine_manifest(manifest, reason)
 
 
 def _redis_error(e: Exception) -> bool:

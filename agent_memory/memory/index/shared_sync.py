@@ -1,10 +1,11 @@
 """What this server learns from a shared warm tier (several servers on one Redis).
 
 Agents are not restored at start but probed when a request arrives: `discover` asks the
-tier, on the disk reader thread, for the agent's manifest if another server wrote a newer one
-and for the request's blocks this server lacks; `apply` adopts the answers on the engine
-thread (adopting may free hot KV), before the request is planned. Manifest versions (etags)
-keep a stale answer from replacing a newer turn (redis_store.py writes them atomically).
+tier, on its reader thread, for the agent's manifest if another server wrote a newer one
+and for the request's blocks this server lacks; `apply` adopts the answers into the index
+(agents.py) on the engine thread (adopting may free hot KV), before the request is planned.
+Manifest versions (etags) keep a stale answer from replacing a newer turn
+(memory/warm/redis_backend.py writes them atomically).
 """
 
 from __future__ import annotations
@@ -14,14 +15,12 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory.blocks import Block, Tier
-from agent_memory.memory.warmstore import Probe
-
-if TYPE_CHECKING:
-    from agent_memory.memory.store import AgentCacheStore
+from agent_memory.memory.index.agents import AgentIndex
+from agent_memory.memory.index.blocks import Block, Tier
+from agent_memory.memory.warm.backend import Probe
+from agent_memory.memory.warm.tier import WarmTier
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +36,10 @@ class Discovery:
 
 
 class SharedTierSync:
-    def __init__(self, store: AgentCacheStore) -> None:
-        self.store = store
+    def __init__(self, index: AgentIndex, tier: WarmTier) -> None:
+        """index: what the answers change (the store); tier: the shared tier asked."""
+        self.index = index
+        self.tier = tier
         self._discoveries: list[Discovery] = []
 
     def discover(self, agent: AgentKey | None, tokens: Sequence[int], root: str | None) -> Future | None:
@@ -47,25 +48,25 @@ class SharedTierSync:
         served by another server), and which of the request's blocks it holds. None when there
         is nothing to ask: no shared tier, or every block is here and the agent's latest turn
         is this server's own, still being written. The request is planned once it is answered."""
-        store = self.store
-        with store.lock:
+        index = self.index
+        with index.lock:
             unknown = [
                 entry
-                for entry in store.names.chain(tokens, root)
-                if (block := store.pool.get(entry[0])) is None or block.tier is Tier.COLD
+                for entry in index.names.chain(tokens, root)
+                if (block := index.pool.get(entry[0])) is None or block.tier is Tier.COLD
             ]
-            record = store.agents.get(agent) if agent is not None else None
+            record = index.agents.get(agent) if agent is not None else None
             ask = agent is not None and (record is None or record.etag == record.stored)
             if not unknown and not ask:
                 return None
             known = record.stored if record is not None else None
-            future = store.disk.probe(agent if ask else None, known, [h for h, *_ in unknown])
+            future = self.tier.probe(agent if ask else None, known, [h for h, *_ in unknown])
             self._discoveries.append(Discovery(agent if ask else None, tokens, unknown, future))
             return future
 
     def apply(self) -> None:
         """Adopt what the shared tier answered (on the engine thread: it may free hot KV)."""
-        with self.store.lock:
+        with self.index.lock:
             done, waiting = [], []
             for d in self._discoveries:  # one pass: a future may finish on the reader meanwhile
                 (done if d.future.done() else waiting).append(d)
@@ -80,25 +81,25 @@ class SharedTierSync:
         """Blocks the shared tier holds become WARM here; a newer manifest becomes the agent's
         record (an older one never does: its version is compared with what was known when
         asked, and a write of ours still queued means ours is newer)."""
-        store = self.store
+        index = self.index
         for h, parent, start, end in d.unknown:
             size = probe.sizes.get(h)
             if size:
-                block = store.pool.get(h) or store.pool.add(Block(h, parent, tuple(d.tokens[start:end]), start))
+                block = index.pool.get(h) or index.pool.add(Block(h, parent, tuple(d.tokens[start:end]), start))
                 if not block.disk_bytes:
-                    store.pool.set_disk(block, size)
+                    index.pool.set_disk(block, size)
         if d.agent is None or probe.manifest is True:
             return
-        record = store.agents.get(d.agent)
+        record = index.agents.get(d.agent)
         if record is not None and (record.etag != record.stored or record.stored != probe.known):
             return  # this server committed a turn of the agent since it asked
         if probe.manifest is None:
             if record is not None and record.stored is not None:
-                store.forget(d.agent)  # ended by another server or `cache rm`: a delete wins
+                index.forget(d.agent)  # ended by another server or `cache rm`: a delete wins
             return
         manifest, etag = probe.manifest
-        chain = store.names.chain(manifest.tokens, manifest.root)
-        if manifest.fingerprint != store.disk.fingerprint or [h for h, *_ in chain] != manifest.blocks:
+        chain = index.names.chain(manifest.tokens, manifest.root)
+        if manifest.fingerprint != self.tier.fingerprint or [h for h, *_ in chain] != manifest.blocks:
             log.warning("the shared tier's manifest of an agent does not match its tokens: ignored")
             return
         now_wall, now = time.time(), time.monotonic()
@@ -106,24 +107,24 @@ class SharedTierSync:
         asked = {h for h, *_ in d.unknown}
         blocks = []
         for h, parent, start, end in chain:
-            block = store.pool.get(h) or store.pool.add(
+            block = index.pool.get(h) or index.pool.add(
                 Block(h, parent, tuple(manifest.tokens[start:end]), start, last_used=last_used)
             )
             if block.tier is Tier.COLD and h not in asked:
                 # Not asked about (outside this request): held there, presumably; a miss on
                 # reading it is recomputed like a damaged file.
-                store.pool.set_disk(block, store.disk.block_bytes(end - start))
+                index.pool.set_disk(block, self.tier.block_bytes(end - start))
             blocks.append(block)
-        store.point_agent(d.agent, list(manifest.tokens), blocks, manifest.root)
-        record = store.agents[d.agent]
+        index.point_agent(d.agent, list(manifest.tokens), blocks, manifest.root)
+        record = index.agents[d.agent]
         record.etag = record.stored = etag
         record.last_used = manifest.last_used
 
     def manifest_written(self, agent: AgentKey, etag: str, ok: bool) -> None:
         """The writer's word on a manifest: in the shared tier now, or given way to a later
         or other turn there (this server's record is then stale: its next turn adopts that)."""
-        with self.store.lock:
-            record = self.store.agents.get(agent)
+        with self.index.lock:
+            record = self.index.agents.get(agent)
             if record is None:
                 return
             if ok:

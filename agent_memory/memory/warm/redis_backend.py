@@ -1,5 +1,5 @@
-"""RedisStore: the warm tier in a Redis that several servers share (warmstore.py says what a
-store is). Any Redis-compatible service that runs Lua scripts will do; tests use Debian's
+"""RedisBackend: the warm tier in a Redis that several servers share (backend.py says what a
+backend is). Any Redis-compatible service that runs Lua scripts will do; tests use Debian's
 redis-server. The keys and the scripts are redis_keys.py's.
 
 Blocks: `SET NX EX` (the first writer's bytes stay; equal names are equal bytes), read with
@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory import blockfile
-from agent_memory.memory.blockfile import Layout
-from agent_memory.memory.folder import FolderScan
-from agent_memory.memory.records import Manifest
-from agent_memory.memory.redis_keys import (
+from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.backend import BackendUsage, BlockMissing, ManifestWrite, Probe, WarmBackend
+from agent_memory.memory.warm.blockfile import Layout
+from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.redis_keys import (
     BLOCK_TTL_S,
     CAS_MANIFEST,
     DELETE_MANIFEST,
@@ -37,12 +37,12 @@ from agent_memory.memory.redis_keys import (
     FETCH_IF_CHANGED,
     RedisNamespace,
 )
-from agent_memory.memory.warmstore import BlockMissing, ManifestWrite, Probe, StoreUsage, WarmStore
+from agent_memory.memory.warm.scan import FolderScan
 
 log = logging.getLogger(__name__)
 
 
-class RedisStore(RedisNamespace, WarmStore):
+class RedisBackend(RedisNamespace, WarmBackend):
     shared = True
 
     def __init__(self, url: str, namespace: str, *, client=None) -> None:
@@ -54,7 +54,7 @@ class RedisStore(RedisNamespace, WarmStore):
 
     def open(self, model_info: dict, owns: Callable[[str], bool]) -> FolderScan:
         """Nothing is restored at start: an agent's manifest is read when the agent comes back
-        (probe), since most agents of a shared store belong to other servers. A Redis that does
+        (probe), since most agents of a shared tier belong to other servers. A Redis that does
         not answer yet is no failed start: every read is a miss and every write fails (on
         /health) until it answers."""
         self.model_info = model_info
@@ -160,7 +160,7 @@ class RedisStore(RedisNamespace, WarmStore):
 
     # -- budget ----------------------------------------------------------------------------
 
-    def usage(self) -> StoreUsage:
+    def usage(self) -> BackendUsage:
         info = self.client.info("memory")
         used, limit, policy = info.get("used_memory"), info.get("maxmemory") or None, info.get("maxmemory_policy")
         note = None
@@ -170,7 +170,7 @@ class RedisStore(RedisNamespace, WarmStore):
             note = f"maxmemory-policy {policy} may evict agents' manifests: use volatile-lru (only blocks carry a TTL)"
         elif policy == "noeviction":
             note = "maxmemory-policy noeviction: writes fail once Redis is full; use volatile-lru"
-        return StoreUsage(used, limit, policy, note)
+        return BackendUsage(used, limit, policy, note)
 
     def close(self) -> None:
         if self._client is not None:

@@ -1,8 +1,8 @@
 """PrefixMatcher: the longest cached prefix of a token sequence, at token granularity.
 
-A lookup names the request's whole blocks (hashing.py) and looks each up in the pool; where a
-block is gone but later ones remain, the gap is recomputed from the request's own tokens (KV
-at a position depends only on the tokens before it). At the first block never seen, the
+A lookup names the request's whole blocks (memory/hashing.py) and looks each up in the pool;
+where a block is gone but later ones remain, the gap is recomputed from the request's own tokens
+(KV at a position depends only on the tokens before it). At the first block never seen, the
 children of the last matching block are compared token by token, so an edited or branched
 conversation reuses everything before the first changed token, part of a block included.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent_memory.memory.blocks import Block, BlockPool, Tier
 from agent_memory.memory.hashing import BlockNames
+from agent_memory.memory.index.blocks import Block, BlockPool, Tier
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -1,4 +1,4 @@
-"""The on-disk block format: one safetensors file per block, written atomically, read with distrust.
+"""The block format: one safetensors file per block (or a Redis value of the same bytes), read with distrust.
 
 Standard safetensors (8-byte header length, JSON header, raw tensor bytes), with metadata that
 names what the file holds: format version, model fingerprint, block hash and parent, token ids,
@@ -15,20 +15,17 @@ import io
 import json
 import math
 import os
-import secrets
-import stat
 import struct
-import sys
 import zlib
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
+from agent_memory import files
+
 FORMAT = "agent-memory-kv-block"
 VERSION = "1"
 MAX_HEADER_BYTES = 1 << 20
-TEMP_SUFFIX = ".tmp"
 
 # safetensors dtype -> how the bytes are held in numpy (bfloat16 travels as raw uint16).
 NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U32": np.uint32}
@@ -115,27 +112,16 @@ def check_entries(header: dict, data_size: int, layout: Layout | None) -> list[t
     return entries
 
 
-def open_regular(path: Path):
-    """Open a file for reading only if it is a regular file: never through a symbolic link,
-    never a FIFO or a device (O_NONBLOCK keeps a FIFO from hanging the open itself)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BlockFileError("not a regular file")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def read(path: Path, expect: dict[str, str], layout: Layout | None) -> tuple[dict[str, str], dict[str, np.ndarray]]:
     """Read and check a block file: its metadata must carry every `expect` value exactly."""
     try:
-        f = open_regular(path)
+        f = files.open_regular(path)
     except OSError as e:
         if e.errno == errno.ELOOP:  # O_NOFOLLOW met a link
             raise BlockFileError("a symbolic link, not a block file") from e
         raise
+    except files.NotRegularFile as e:
+        raise BlockFileError(str(e)) from e
     with f:
         return _read_from(f, os.fstat(f.fileno()).st_size, expect, layout)
 
@@ -162,56 +148,3 @@ def _read_from(f, size: int, expect: dict[str, str], layout: Layout | None) -> t
         for name, dtype, shape, start, stop in entries
     }
     return meta, arrays
-
-
-def open_dir(path: Path, *, follow: bool = True) -> int:
-    """A folder's descriptor, for the *at() calls below. follow=False refuses a link as the
-    folder itself (ELOOP); anything but a folder, a FIFO included, is refused unopened (ENOTDIR)."""
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NONBLOCK", 0)
-    if not follow:
-        flags |= getattr(os, "O_NOFOLLOW", 0)
-    return os.open(path, flags)
-
-
-def write_atomic(path: Path, chunks: Iterable[bytes], *, follow_parent: bool = False) -> int:
-    """Temp file in the same folder, fsync, rename, fsync the folder: old or new, never partial.
-    The folder is opened once and everything happens in it: unless follow_parent, a link
-    planted as the folder is refused (ELOOP) rather than written through."""
-    dir_fd = open_dir(path.parent, follow=follow_parent)
-    try:
-        tmp = f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
-        written = 0
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=dir_fd)
-        try:
-            try:
-                for chunk in chunks:
-                    view = memoryview(chunk)
-                    while view:
-                        n = os.write(fd, view)
-                        if n <= 0:
-                            raise OSError(errno.EIO, "short write")
-                        view, written = view[n:], written + n
-                _full_fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dir_fd)
-            except FileNotFoundError:
-                pass
-            raise
-        _full_fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return written
-
-
-def _full_fsync(fd: int) -> None:
-    if sys.platform == "darwin":
-        import fcntl
-
-        fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-    else:
-        os.fsync(fd)
-

@@ -1,5 +1,5 @@
 """The cache folder: where each file lives (what the files hold: records.py), for the server's
-disk tier (disk.py) and the `cache` commands alike. No MLX here.
+warm tier (folder_backend.py) and the `cache` commands alike. No MLX here.
 
     <cache-dir>/kv/<model>-<fingerprint>-<precision>/
         model.json                         what this folder holds (for people and the CLI)
@@ -12,7 +12,7 @@ Agent ids never become file names: a manifest is named by a hash of the id and h
 Nothing here follows a symbolic link inside a model folder or opens anything but a regular
 file: a link or a FIFO planted in the folder is listed as stray and otherwise left alone, and
 files are written, moved and deleted through their folder's descriptor, opened without
-following a link (blockfile.open_dir), so a link planted as blocks/xx/ or quarantine/ leads
+following a link (agent_memory/files.py), so a link planted as blocks/xx/ or quarantine/ leads
 nowhere. The model folder itself and `kv` may be links the user placed; they are followed.
 Folders are made 0700 and files 0600: they hold every conversation's tokens. A start makes
 those it finds readable by others private again (`FolderScan.loose`).
@@ -29,12 +29,14 @@ import secrets
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent_memory.agent_key import AgentKey
-from agent_memory.memory import blockfile
-from agent_memory.memory.records import HASH_RE, Manifest, ServerRecord, agent_file_stem, pid_alive
+from agent_memory import files
+from agent_memory.agent_key import AgentKey, agent_file_stem
+from agent_memory.files import TEMP_SUFFIX, entries
+from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.records import Manifest, ServerRecord, pid_alive
+from agent_memory.memory.warm.scan import FileInfo, FolderScan
 
 log = logging.getLogger(__name__)
 
@@ -50,50 +52,11 @@ def folder_name(model_name: str, fingerprint: str, precision_tag: str) -> str:
     return f"{safe}-{fingerprint[:12]}-{precision_tag}"
 
 
-@dataclass(frozen=True)
-class FileInfo:
-    path: Path
-    size: int
-    mtime: float
-
-
-@dataclass
-class FolderScan:
-    """What one model folder held at one moment."""
-
-    blocks: dict[str, FileInfo] = field(default_factory=dict)  # block hash -> its file
-    manifests: list[Manifest] = field(default_factory=list)
-    bad_manifests: list[tuple[Path, str]] = field(default_factory=list)
-    temp_files: list[FileInfo] = field(default_factory=list)  # leftovers of interrupted writes
-    stray_files: list[FileInfo] = field(default_factory=list)  # anything the server did not write
-    quarantined: list[FileInfo] = field(default_factory=list)
-    # Real folders and regular files (never links) that others may read: (path, the mode they
-    # should have). The scan only reports them; the server's start makes them private.
-    loose: list[tuple[Path, int]] = field(default_factory=list)
-
-    def note_mode(self, path: Path, st: os.stat_result) -> None:
-        want = 0o700 if stat.S_ISDIR(st.st_mode) else 0o600
-        if (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) and stat.S_IMODE(st.st_mode) != want:
-            self.loose.append((path, want))
-
-
-def entries(folder: Path) -> list[tuple[os.DirEntry, os.stat_result]]:
-    """A folder's entries with their own (not followed) stat; none if it is not a real folder or
-    vanishes meanwhile (another process may prune the cache while we list it)."""
-    try:
-        if not stat.S_ISDIR(os.lstat(folder).st_mode):
-            return []
-        with os.scandir(folder) as it:
-            listed = list(it)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    out = []
-    for entry in sorted(listed, key=lambda e: e.name):
-        try:
-            out.append((entry, entry.stat(follow_symlinks=False)))
-        except FileNotFoundError:
-            continue
-    return out
+def model_names(folder: str, name: str | None) -> list[str]:
+    """What `--model` and `--filter model=` match: the model's name (model.json), its
+    folder's name, and the model name that folder name starts with."""
+    parsed = FOLDER_RE.match(folder)
+    return [n for n in (name, folder, parsed["model"] if parsed else None) if n]
 
 
 def model_folders(kv_dir: Path) -> list[Folder]:
@@ -105,10 +68,6 @@ def model_folders(kv_dir: Path) -> list[Folder]:
     except (FileNotFoundError, NotADirectoryError):
         return []
     return [Folder(Path(e.path)) for e in listed if e.is_dir()]
-
-
-def _info(entry: os.DirEntry, st: os.stat_result) -> FileInfo:
-    return FileInfo(Path(entry.path), st.st_size, st.st_mtime)
 
 
 class Folder:
@@ -167,17 +126,17 @@ class Folder:
     def _dir_fd(self, d: Path) -> int:
         """A folder of this model folder, opened for *at() calls: links the user placed are
         followed only as the model folder itself."""
-        return blockfile.open_dir(d, follow=d == self.root)
+        return files.open_dir(d, follow=d == self.root)
 
     def write(self, path: Path, chunks) -> int:
         """Write one of the folder's files atomically (never through a planted link)."""
-        return blockfile.write_atomic(path, chunks, follow_parent=path.parent == self.root)
+        return files.write_atomic(path, chunks, follow_parent=path.parent == self.root)
 
     def unlink(self, path: Path) -> bool:
-        """Delete one of the folder's regular files (see unlink_regular)."""
-        return unlink_regular(path, follow_parent=path.parent == self.root)
+        """Delete one of the folder's regular files (see files.unlink_regular)."""
+        return files.unlink_regular(path, follow_parent=path.parent == self.root)
 
-    # What the `cache` commands read, by path; a shared store (redis_folder.py) answers the same.
+    # What the `cache` commands read, by path; a shared Redis namespace (redis_folder.py) answers the same.
 
     def size_at(self, path: Path) -> int:
         try:
@@ -192,7 +151,7 @@ class Folder:
         return blockfile.read(path, expect, layout)
 
     def block_meta_at(self, info: FileInfo) -> dict[str, str]:
-        with blockfile.open_regular(info.path) as f:
+        with files.open_regular(info.path) as f:
             return blockfile.read_header(f, info.size)[0]
 
     def make_private(self, loose: list[tuple[Path, int]]) -> None:
@@ -223,7 +182,7 @@ class Folder:
 
     def _read_json(self, name: str) -> tuple[dict, str | None]:
         try:
-            with blockfile.open_regular(self.root / name) as f:
+            with files.open_regular(self.root / name) as f:
                 if os.fstat(f.fileno()).st_size > MAX_MODEL_JSON_BYTES:
                     return {}, f"{name} is too large"
                 data = json.loads(f.read())
@@ -265,53 +224,23 @@ class Folder:
         for sub, sub_st in entries(self.blocks):
             if not stat.S_ISDIR(sub_st.st_mode):
                 if not sub.name.startswith("."):
-                    scan.stray_files.append(_info(sub, sub_st))
+                    scan.stray_files.append(FileInfo.of(sub, sub_st))
                 continue
             scan.note_mode(Path(sub.path), sub_st)
             for entry, st in entries(Path(sub.path)):
-                scan.note_mode(Path(entry.path), st)
-                self._sort_block_entry(scan, sub.name, entry, st)
+                scan.add_block_entry(sub.name, entry, st)
         for entry, st in entries(self.root):
             if entry.name in (MODEL_JSON, SERVER_JSON, "quarantine"):
                 scan.note_mode(Path(entry.path), st)
-            if stat.S_ISREG(st.st_mode) and entry.name.endswith(blockfile.TEMP_SUFFIX):
-                scan.temp_files.append(_info(entry, st))  # an interrupted model.json write
+            if stat.S_ISREG(st.st_mode) and entry.name.endswith(TEMP_SUFFIX):
+                scan.temp_files.append(FileInfo.of(entry, st))  # an interrupted model.json write
         for entry, st in entries(self.agents):
-            path = Path(entry.path)
-            scan.note_mode(path, st)
-            if not stat.S_ISREG(st.st_mode):
-                scan.stray_files.append(_info(entry, st))
-            elif entry.name.endswith(blockfile.TEMP_SUFFIX):
-                scan.temp_files.append(_info(entry, st))
-            elif path.suffix == ".json":
-                try:
-                    manifest = Manifest.read(path)
-                    if not owns(manifest.fingerprint):
-                        raise ValueError("manifest of another model")
-                    scan.manifests.append(manifest)
-                except FileNotFoundError:
-                    continue
-                except (OSError, ValueError, RecursionError) as e:
-                    scan.bad_manifests.append((path, str(e) or type(e).__name__))
-            elif not entry.name.startswith("."):
-                scan.stray_files.append(_info(entry, st))
+            scan.add_agent_entry(entry, st, owns)
         for entry, st in entries(self.quarantine_dir):
             if stat.S_ISREG(st.st_mode):
-                scan.quarantined.append(_info(entry, st))
+                scan.quarantined.append(FileInfo.of(entry, st))
                 scan.note_mode(Path(entry.path), st)
         return scan
-
-    @staticmethod
-    def _sort_block_entry(scan: FolderScan, sub: str, entry: os.DirEntry, st: os.stat_result) -> None:
-        name = entry.name
-        if not stat.S_ISREG(st.st_mode):
-            scan.stray_files.append(_info(entry, st))
-        elif name.endswith(blockfile.TEMP_SUFFIX):
-            scan.temp_files.append(_info(entry, st))
-        elif name.endswith(".safetensors") and HASH_RE.match(name[:-12]) and name[:2] == sub:
-            scan.blocks[name[:-12]] = _info(entry, st)
-        elif not name.startswith("."):
-            scan.stray_files.append(_info(entry, st))
 
     def quarantine(self, path: Path, reason: str) -> None:
         """Move a file that failed a check out of the way, with a note saying why. The random
@@ -343,24 +272,3 @@ def _make_private(path: Path, st: os.stat_result, mode: int) -> None:
     if stat.S_IMODE(st.st_mode) != mode:  # only when needed: a read-only disk is not an error here
         os.chmod(path, mode)
 
-
-def unlink_regular(path: Path, *, follow_parent: bool = False) -> bool:
-    """Delete a file we wrote; never a link's target, never a folder or a FIFO, never through
-    a link planted as its folder (unless follow_parent). False if it was not there (or not ours)."""
-    try:
-        dir_fd = blockfile.open_dir(path.parent, follow=follow_parent)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    except OSError as e:
-        if e.errno == errno.ELOOP:  # the folder is a link
-            return False
-        raise
-    try:
-        if not stat.S_ISREG(os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-            return False
-        os.unlink(path.name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return False
-    finally:
-        os.close(dir_fd)
-    return True

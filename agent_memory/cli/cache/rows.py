@@ -1,0 +1,75 @@
+"""The rows the `cache` commands list: one agent as `ls` shows it (and `--filter`/`--sort`
+read it), one model folder as `stats` shows it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent_memory.memory.warm.model_folder import ModelFolder
+from agent_memory.memory.warm.records import Manifest
+
+
+@dataclass
+class AgentRow:
+    """One agent as `ls` shows it."""
+
+    id: str
+    model: str
+    folder: str
+    tokens: int
+    blocks: int
+    on_disk: int
+    cold: int
+    bytes: int
+    last_used: float
+    manifest: str
+    tenant: str = ""
+
+    @classmethod
+    def of(cls, folder: ModelFolder, manifest: Manifest) -> AgentRow:
+        on_disk = [h for h in manifest.blocks if h in folder.files.blocks]
+        return cls(
+            id=manifest.key.id,
+            model=folder.name,
+            folder=folder.folder,
+            tokens=len(manifest.tokens),
+            blocks=len(manifest.blocks),
+            on_disk=len(on_disk),
+            cold=len(manifest.blocks) - len(on_disk),
+            bytes=folder.bytes_of(on_disk),
+            last_used=manifest.last_used,
+            manifest=str(manifest.path),
+            tenant=manifest.key.tenant,
+        )
+
+
+@dataclass
+class FolderStats:
+    """One model folder as `stats` shows it."""
+
+    model: str
+    folder: str
+    agents: int
+    block_files: int
+    bytes: int
+    cold_blocks: int
+    orphan_blocks: int
+    quarantined_files: int
+    quarantined_bytes: int
+    temp_files: int
+
+    @classmethod
+    def of(cls, f: ModelFolder) -> FolderStats:
+        files = f.files
+        return cls(
+            model=f.name,
+            folder=f.folder,
+            agents=len(files.manifests),
+            block_files=len(files.blocks),
+            bytes=sum(i.size for i in files.blocks.values()),
+            cold_blocks=sum(1 for h in f.users if h not in files.blocks),
+            orphan_blocks=sum(1 for h in files.blocks if h not in f.users),
+            quarantined_files=len(files.quarantined),
+            quarantined_bytes=sum(i.size for i in files.quarantined),
+            temp_files=len(files.temp_files),
+        )

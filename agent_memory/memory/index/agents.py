@@ -1,0 +1,103 @@
+"""AgentIndex: which blocks each agent's latest sequence uses, over the pool of blocks, under
+one lock. Two writers change it: the store (store.py), as this server's requests run and end,
+and the shared tier's sync (shared_sync.py), as other servers' turns arrive; HTTP handlers read
+it (`agent_info`, `all_agents`). An agent holds a reference on each of its blocks; a block no
+agent refers to lives on only in memory, for anonymous reuse."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from agent_memory.agent_key import AgentKey
+from agent_memory.memory.hashing import BlockNames
+from agent_memory.memory.index.blocks import Block, BlockPool, Tier
+from agent_memory.memory.index.prefix import common_prefix
+from agent_memory.memory.index.store_records import AgentInfo, AgentRecord
+from agent_memory.memory.warm.tier import WarmTier
+
+
+class AgentIndex:
+    def __init__(self, *, block_tokens: int, salt: str, warm: WarmTier | None) -> None:
+        """warm: the tier holding blocks' copies, whose copies of blocks nobody uses go (unless
+        it is shared: other servers' agents may name them, and its manifests count them)."""
+        self.lock = threading.RLock()
+        self.pool = BlockPool()
+        self.names = BlockNames(salt, block_tokens)
+        self.agents: dict[AgentKey, AgentRecord] = {}
+        self.warm = warm
+        self.shared = warm is not None and warm.shared
+
+    def known_prefix(self, agent: AgentKey | None, tokens: Sequence[int]) -> int:
+        """How much of `tokens` the agent's own last sequence covers: a cheap guess at what is
+        cached, for ordering work (the lookup proper comes later, when the work starts)."""
+        with self.lock:
+            record = self.agents.get(agent) if agent is not None else None
+            return common_prefix(record.tokens, tokens) if record is not None else 0
+
+    def point_agent(self, agent: AgentKey, tokens: list[int], blocks: list[Block], root: str | None) -> None:
+        """Make `blocks` the agent's latest sequence, keeping its manifest versions."""
+        for block in blocks:
+            block.refs += 1
+        old = self.agents.get(agent)
+        self.agents[agent] = AgentRecord(tokens, [b.hash for b in blocks], root)
+        if old is not None:
+            self.agents[agent].etag, self.agents[agent].stored = old.etag, old.stored
+            self._unref(old.blocks)
+
+    def forget(self, agent: AgentKey) -> bool:
+        """Drop an agent here only (the shared tier no longer has it); whether it was here."""
+        record = self.agents.pop(agent, None)
+        if record is not None:
+            self._unref(record.blocks)
+        return record is not None
+
+    def _unref(self, hashes: Sequence[str]) -> None:
+        """Drop an agent's references. Blocks it alone held and no longer uses go at once: a
+        superseded tail, the end of a reply that re-tokenized differently, an abandoned branch.
+        Kept, they would be memory that no request of the agent's can reach any more."""
+        for h in hashes:
+            block = self.pool.blocks[h]
+            block.refs -= 1
+            self._drop_if_unused(block, forget=True)
+
+    def _drop_if_unused(self, block: Block, forget: bool = False) -> None:
+        """A block no agent refers to lives on only in memory, for anonymous reuse."""
+        if block.refs or block.pins:
+            return
+        if block.disk_bytes:
+            if not self.shared:  # other servers' agents may name it: manifests count them there
+                self.warm.delete_block(block.hash)
+            self.pool.drop_disk(block)
+        if forget or block.tier is not Tier.HOT:
+            self.pool.remove(block)
+
+    # -- what the API shows ----------------------------------------------------------------
+
+    def agent_info(self, agent: AgentKey) -> AgentInfo | None:
+        with self.lock:
+            record = self.agents.get(agent)
+            if record is None:
+                return None
+            blocks = [self.pool.blocks[h] for h in record.blocks]
+            by_tier = {t.value: 0 for t in Tier}
+            for b in blocks:
+                by_tier[b.tier.value] += 1
+            return AgentInfo(
+                id=agent.id,
+                tokens=len(record.tokens),
+                blocks=by_tier,
+                hot_bytes=sum(b.hot_bytes for b in blocks),
+                exact_bytes=sum(b.hot_bytes for b in blocks if b.exact),
+                disk_bytes=sum(b.disk_bytes for b in blocks),
+                last_used=record.last_used,
+            )
+
+    def all_agents(self, tenant: str | None = "") -> list[AgentInfo]:
+        """A tenant's agents (None: every tenant's); stored responses are not agents."""
+        with self.lock:
+            return [
+                self.agent_info(a)
+                for a in sorted(self.agents)
+                if (tenant is None or a.tenant == tenant) and a.kind == "agent"
+            ]
