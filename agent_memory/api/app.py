@@ -12,11 +12,13 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent_memory import __version__
-from agent_memory.api import agents, anthropic, dashboard, errors, openai
-from agent_memory.api import responses as responses_api
+from agent_memory.api import agents, dashboard, errors
+from agent_memory.api.anthropic import routes as anthropic
+from agent_memory.api.openai import routes as openai
+from agent_memory.api.responses import routes as responses_api
 from agent_memory.api.access_log import AccessLogMiddleware
 from agent_memory.api.middleware import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware, RequestIdMiddleware
-from agent_memory.api.responses_store import ResponseStore
+from agent_memory.api.responses.store import ResponseStore
 from agent_memory.api.state import ServerState
 from agent_memory.engine.loop import BatchEngine
 from agent_memory.engine.warm import warm_health

@@ -16,7 +16,7 @@ from fastapi import Request
 from agent_memory.agent_key import AgentKey
 from agent_memory.api.access_log import shown_agent
 from agent_memory.api.errors import APIError
-from agent_memory.api.schemas import MAX_AGENT_ID
+from agent_memory.api.openai.schemas import MAX_AGENT_ID
 from agent_memory.api.state import ServerState
 from agent_memory.chat.conversation import Conversation
 from agent_memory.chat.grammar import GrammarError

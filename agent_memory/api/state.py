@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from agent_memory.api.errors import APIError
-from agent_memory.api.responses_store import ResponseStore
+from agent_memory.api.responses.store import ResponseStore
 from agent_memory.chat.grammar import GrammarCompiler
 from agent_memory.chat.render import ToolFormat
 from agent_memory.engine.loop import BatchEngine

@@ -88,7 +88,7 @@ def _serve(settings: Settings) -> int:
     import uvicorn
 
     from agent_memory.api.app import create_app
-    from agent_memory.api.responses_store import ResponseStore
+    from agent_memory.api.responses.store import ResponseStore
     from agent_memory.engine.config import EngineConfig
     from agent_memory.engine.loop import BatchEngine
     from agent_memory.models.registry import ModelError

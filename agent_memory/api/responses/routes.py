@@ -18,10 +18,10 @@ from fastapi.responses import StreamingResponse
 from agent_memory.agent_key import RESPONSE, AgentKey
 from agent_memory.api import pipeline
 from agent_memory.api.errors import APIError
-from agent_memory.api.openai import tool_parser
-from agent_memory.api.responses_reply import Reply, new_id
-from agent_memory.api.responses_schemas import ResponsesRequest, input_messages
-from agent_memory.api.responses_store import StoredResponse
+from agent_memory.api.openai.routes import tool_parser
+from agent_memory.api.responses.reply import Reply, new_id
+from agent_memory.api.responses.schemas import ResponsesRequest, input_messages
+from agent_memory.api.responses.store import StoredResponse
 from agent_memory.api.state import ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, ToolCall
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta, Usage

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agent_memory.api import pipeline
 from agent_memory.api.errors import APIError, error_body
-from agent_memory.api.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
+from agent_memory.api.openai.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
 from agent_memory.api.state import ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice
 from agent_memory.chat.toolcalls import CallStart, ContentDelta, ToolCallParser

@@ -30,8 +30,8 @@ from fastapi.responses import StreamingResponse
 
 from agent_memory.agent_key import AgentKey
 from agent_memory.api import errors, pipeline
-from agent_memory.api.anthropic_reply import Reply, sse
-from agent_memory.api.anthropic_schemas import (
+from agent_memory.api.anthropic.reply import Reply, sse
+from agent_memory.api.anthropic.schemas import (
     CountTokensRequest,
     MessageParam,
     MessagesRequest,
@@ -42,7 +42,7 @@ from agent_memory.api.anthropic_schemas import (
     joined,
 )
 from agent_memory.api.errors import APIError
-from agent_memory.api.openai import tool_parser
+from agent_memory.api.openai.routes import tool_parser
 from agent_memory.api.state import ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice
 from agent_memory.engine.requests import Event, Failed
