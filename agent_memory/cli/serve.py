@@ -127,8 +127,7 @@ def _serve(settings: Settings) -> int:
         server.should_exit = True
 
     config.app = create_app(
-        engine,
-        model_name=model_path.name,
+        {model_path.name: engine},  # the engines by the model id each serves
         host=settings.host,
         port=settings.port,
         api_keys=settings.tenant_keys(),

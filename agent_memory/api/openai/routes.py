@@ -1,5 +1,5 @@
 """The OpenAI wire format: chat and text completions (JSON or SSE), tools and structured
-output on chat, and the model list."""
+output on chat, and the model list. reply.py shapes what the engine writes."""
 
 from __future__ import annotations
 
@@ -12,73 +12,46 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from agent_memory.api import pipeline
-from agent_memory.api.errors import APIError, error_body
+from agent_memory.api.errors import APIError, ErrorShape, error_body
+from agent_memory.api.openai.reply import ChatReply, first_chunk, model_object, text_choice, usage_dict
 from agent_memory.api.openai.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
-from agent_memory.api.state import ServerState, ready_state
+from agent_memory.api.state import ServedModel, ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice
-from agent_memory.chat.toolcalls import CallStart, ContentDelta, ToolCallParser
-from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta, Usage
-from agent_memory.models.demo import aliases
+from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta
 
 router = APIRouter()
-
-
-def usage_dict(usage: Usage) -> dict:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {
-            "cached_tokens": usage.cached_tokens,
-            "hot_tokens": usage.hot_tokens,
-            "warm_tokens": usage.warm_tokens,
-        },
-    }
-
-
-def model_ids(state: ServerState) -> tuple[str, ...]:
-    """The served model's id (its folder's name), then the aliases it answers to."""
-    return (state.model_name, *aliases(state.model_name))
+ERROR_SHAPES: dict[str, ErrorShape] = {}  # OpenAI's shape is every route's unless claimed
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
-    """The served model under its id (its folder's name), then the aliases it answers to:
+    """Each served model under its id (its folder's name), then the aliases it answers to:
     `demo` for the demo model, so examples written for `--model demo` name a listed id."""
     state: ServerState = request.app.state.server
-    return {"object": "list", "data": [_model(state, i) for i in model_ids(state)]}
+    data = [model_object(i, model.id, state.started) for model in state.models.values() for i in model.ids]
+    return {"object": "list", "data": data}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def retrieve_model(model_id: str, request: Request):
     """One model object (OpenAI's `client.models.retrieve`); 404 `model_not_found` otherwise."""
     state: ServerState = request.app.state.server
-    if model_id in model_ids(state):
-        return _model(state, model_id)
+    for model in state.models.values():
+        if model_id in model.ids:
+            return model_object(model_id, model.id, state.started)
     body = error_body(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
     body["error"]["type"] = "invalid_request_error"  # OpenAI's own type for this 404
     return JSONResponse(body, status_code=404)
 
 
-def answering(state: ServerState, requested: str | None) -> str:
-    """The model id a reply names: the one asked for when it is one of the served model's ids
-    (clients such as AutoGen check), else the served model's own."""
-    return requested if requested in model_ids(state) else state.model_name
-
-
-def _model(state: ServerState, model_id: str) -> dict:
-    """A model object; `root` names the served model an alias stands for (as vLLM's do)."""
-    return {
-        "id": model_id,
-        "object": "model",
-        "created": state.started,
-        "owned_by": "agent-memory",
-        "root": state.model_name,
-    }
-
-
 def _generation(
-    state: ServerState, body: SamplingFields, request: Request, prompt: list[int], prompt_param: str, grammar=None
+    state: ServerState,
+    model: ServedModel,
+    body: SamplingFields,
+    request: Request,
+    prompt: list[int],
+    prompt_param: str,
+    grammar=None,
 ) -> GenerationRequest:
     agent = pipeline.openai_agent(body, request)
     sampling = {
@@ -89,7 +62,7 @@ def _generation(
         "logit_bias": body.logit_bias or {},
     }
     return pipeline.generation_request(
-        state, prompt, agent, body.token_limit(), sampling, request, prompt_param, grammar, body.cache_salt
+        state, model, prompt, agent, body.token_limit(), sampling, request, prompt_param, grammar, body.cache_salt
     )
 
 
@@ -118,51 +91,40 @@ def conversation(body: ChatCompletionRequest) -> Conversation:
     return Conversation(messages, tools, choice, body.parallel_tool_calls, output)
 
 
-def tool_parser(state: ServerState, conv: Conversation) -> ToolCallParser | None:
-    """How this reply's text turns into calls: None when it may hold none."""
-    if not conv.calls_tools:
-        return None
-    if state.tool_format.json_calls:
-        return ToolCallParser()
-    tok = state.engine.loaded.tokenizer
-    return ToolCallParser(tok.tool_call_start, tok.tool_call_end, lambda body: tok.tool_parser(body, conv.tools))
-
-
-def finish_reason(reason: str, calls: list) -> str:
-    return "tool_calls" if calls and reason == "stop" else reason
-
-
-def call_dict(call: ToolCall) -> dict:
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-
-
 @router.post("/v1/chat/completions")
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, state: ServerState = Depends(ready_state)
 ):
+    model = state.model_for(body.model)
     conv = conversation(body)
-    prepared = await pipeline.prepare_chat(state, conv)
-    generation = _generation(state, body, request, prepared.prompt, "messages", prepared.grammar)
+    prepared = await pipeline.prepare_chat(model, conv)
+    generation = _generation(state, model, body, request, prepared.prompt, "messages", prepared.grammar)
     completion_id = "chatcmpl-" + uuid.uuid4().hex
-    parser = tool_parser(state, conv)
+    reply = ChatReply(pipeline.tool_parser(model, conv))
     if body.stream:
-        frames = _chat_sse(state, generation, completion_id, body.include_usage(), parser, answering(state, body.model))
+        frames = _sse(
+            pipeline.events(state, model, generation),
+            completion_id,
+            "chat.completion.chunk",
+            body.include_usage(),
+            first_chunk(),
+            reply.feed,
+            model.answering(body.model),
+        )
         return StreamingResponse(frames, media_type="text/event-stream")
-    collected = await pipeline.collect_text(state, generation, request)
-    if collected is None:
+    events = await pipeline.collect(state, model, generation, request)
+    if events is None:
         return Response(status_code=499)
-    text, finished = collected
-    content, calls = parser.split(text) if parser else (text, [])
-    message: dict = {"role": "assistant", "content": content if content or not calls else None}
-    if calls:
-        message["tool_calls"] = [call_dict(c) for c in calls]
+    for event in events:
+        reply.feed(event)
+    finished = events[-1]
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": answering(state, body.model),
+        "model": model.answering(body.model),
         "choices": [
-            {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(finished.reason, calls)}
+            {"index": 0, "message": reply.message(), "logprobs": None, "finish_reason": reply.finish_reason(finished)}
         ],
         "usage": usage_dict(finished.usage),
     }
@@ -170,31 +132,30 @@ async def chat_completions(
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, state: ServerState = Depends(ready_state)):
+    model = state.model_for(body.model)
     if isinstance(body.prompt, str):
         text_prompt = body.prompt
-        pipeline.check_length(state, len(text_prompt), "prompt")
-        prompt = await state.tokenize(lambda tok: tok.encode(text_prompt))
+        pipeline.check_length(model, len(text_prompt), "prompt")
+        prompt = await model.tokenize(lambda tok: tok.encode(text_prompt))
     else:
         prompt = list(body.prompt)
-        if any(t < 0 or t >= state.vocab_size for t in prompt):
-            raise APIError(400, f"prompt token ids must be in [0, {state.vocab_size})", param="prompt")
-    generation = _generation(state, body, request, prompt, "prompt")
+        if any(t < 0 or t >= model.vocabulary for t in prompt):
+            raise APIError(400, f"prompt token ids must be in [0, {model.vocabulary})", param="prompt")
+    generation = _generation(state, model, body, request, prompt, "prompt")
     completion_id = "cmpl-" + uuid.uuid4().hex
-
-    def chunk(text: str, finish_reason: str | None = None) -> dict:
-        return {"choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
-
     if body.stream:
 
-        def chunks(event) -> list[dict]:
+        def chunks(event: TextDelta | Finished) -> list[dict]:
             if isinstance(event, TextDelta):
-                return [chunk(event.text)]
-            return [chunk("", event.reason)]
+                return [{"choices": [text_choice(event.text)]}]
+            return [{"choices": [text_choice("", event.reason)]}]
 
-        model = answering(state, body.model)
-        frames = _sse(state, generation, completion_id, "text_completion", body.include_usage(), None, chunks, model)
+        events = pipeline.events(state, model, generation)
+        frames = _sse(
+            events, completion_id, "text_completion", body.include_usage(), None, chunks, model.answering(body.model)
+        )
         return StreamingResponse(frames, media_type="text/event-stream")
-    collected = await pipeline.collect_text(state, generation, request)
+    collected = await pipeline.collect_text(state, model, generation, request)
     if collected is None:
         return Response(status_code=499)
     text, finished = collected
@@ -202,64 +163,34 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
         "id": completion_id,
         "object": "text_completion",
         "created": int(time.time()),
-        "model": answering(state, body.model),
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finished.reason}],
+        "model": model.answering(body.model),
+        "choices": [text_choice(text, finished.reason)],
         "usage": usage_dict(finished.usage),
     }
 
 
-def _chat_sse(
-    state: ServerState, generation: GenerationRequest, completion_id: str, include_usage: bool, parser, model: str
-) -> AsyncIterator[str]:
-    """Chat chunks: text as content deltas, calls as OpenAI's tool-call deltas (the first of a
-    call with its index, id, type and name; then fragments of its arguments)."""
-
-    def chunk(delta: dict, finish: str | None = None) -> dict:
-        return {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-
-    def delta(out) -> dict:
-        if isinstance(out, ContentDelta):
-            return {"content": out.text}
-        if isinstance(out, CallStart):
-            call = {"index": out.index, "id": out.id, "type": "function", "function": {"name": out.name, "arguments": ""}}
-            return {"tool_calls": [call]}
-        return {"tool_calls": [{"index": out.index, "function": {"arguments": out.text}}]}
-
-    def chunks(event) -> list[dict]:
-        if isinstance(event, TextDelta):
-            outs = parser.feed(event.text) if parser else [ContentDelta(event.text)]
-            return [chunk(delta(o)) for o in outs]
-        outs, unfinished = parser.finish() if parser else ([], "")
-        if unfinished:
-            outs.append(ContentDelta(unfinished))
-        calls = parser.calls if parser else []
-        return [*(chunk(delta(o)) for o in outs), chunk({}, finish_reason(event.reason, calls))]
-
-    first = chunk({"role": "assistant", "content": ""})
-    return _sse(state, generation, completion_id, "chat.completion.chunk", include_usage, first, chunks, model)
-
-
 async def _sse(
-    state: ServerState,
-    generation: GenerationRequest,
+    events: AsyncIterator,
     completion_id: str,
     object_name: str,
     include_usage: bool,
     first: dict | None,
     chunks: Callable[[TextDelta | Finished], list[dict]],
-    model: str,
+    model_id: str,
 ) -> AsyncIterator[str]:
+    """A completion's SSE frames: `first`, the chunks of each engine event, the usage chunk
+    when asked, then [DONE]; a failure is an error frame."""
     created = int(time.time())
 
     def frame(payload: dict) -> str:
-        payload = {"id": completion_id, "object": object_name, "created": created, "model": model, **payload}
+        payload = {"id": completion_id, "object": object_name, "created": created, "model": model_id, **payload}
         if include_usage:
             payload.setdefault("usage", None)
         return f"data: {json.dumps(payload)}\n\n"
 
     if first is not None:
         yield frame(first)
-    async for event in pipeline.events(state, generation):
+    async for event in events:
         if isinstance(event, Failed):
             yield f"data: {json.dumps(error_body(event.status, event.message, code=event.code))}\n\n"
             break
