@@ -119,7 +119,11 @@ def tool_parser(model: ServedModel, conversation: Conversation) -> ToolCallParse
     if model.tool_format.json_calls:
         return ToolCallParser()
     tok = model.facts.tokenizer
-    return ToolCallParser(tok.tool_call_start, tok.tool_call_end, lambda body: tok.tool_parser(body, conversation.tools))
+
+    def parse_whole(body: str) -> dict:
+        return tok.tool_parser(body, conversation.tools)
+
+    return ToolCallParser(tok.tool_call_start, tok.tool_call_end, parse_whole)
 
 
 def check_length(model: ServedModel, chars: int, param: str) -> None:

@@ -39,13 +39,11 @@ class CallArguments:
 @dataclass(frozen=True)
 class CallCutOff:
     """The reply ended inside this call's arguments (max_tokens, a stop string): it stays a
-    call, since a stream has sent its start, but what was written of its arguments is not JSON:
-    its arguments are `{}` (CUT_OFF_ARGUMENTS)."""
+    call, since a stream has sent its start, but what was written of its arguments is not JSON,
+    so the call is whole with `arguments` instead."""
 
     index: int
-
-
-CUT_OFF_ARGUMENTS = "{}"
+    arguments: str = "{}"
 
 OutputEvent = ContentDelta | CallStart | CallArguments | CallCutOff
 

@@ -13,15 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from agent_memory.chat.toolcalls import (
-    CUT_OFF_ARGUMENTS,
-    CallCutOff,
-    CallStart,
-    ContentDelta,
-    OutputEvent,
-    ToolCallParser,
-    reply_events,
-)
+from agent_memory.chat.toolcalls import CallCutOff, CallStart, ContentDelta, OutputEvent, ToolCallParser, reply_events
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
 
@@ -123,7 +115,7 @@ class Reply:
             call_id = "toolu_" + out.id.removeprefix("call_")
             return self._start({"type": "tool_use", "id": call_id, "name": out.name, "input": {}})
         if isinstance(out, CallCutOff):
-            self.arguments = CUT_OFF_ARGUMENTS
+            self.arguments = out.arguments
             return []
         self.arguments += out.text
         return [self._delta({"type": "input_json_delta", "partial_json": out.text})]

@@ -7,15 +7,7 @@ arguments: a call with `{}` arguments, never its markup as content)."""
 from __future__ import annotations
 
 from agent_memory.chat.conversation import ToolCall
-from agent_memory.chat.toolcalls import (
-    CUT_OFF_ARGUMENTS,
-    CallCutOff,
-    CallStart,
-    ContentDelta,
-    OutputEvent,
-    ToolCallParser,
-    reply_events,
-)
+from agent_memory.chat.toolcalls import CallCutOff, CallStart, ContentDelta, OutputEvent, ToolCallParser, reply_events
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
 
@@ -82,11 +74,11 @@ class ChatReply:
             return {"content": out.text}
         if isinstance(out, CallStart):
             self.calls.append(ToolCall(out.id, out.name, ""))
-            call = {"index": out.index, "id": out.id, "type": "function", "function": {"name": out.name, "arguments": ""}}
-            return {"tool_calls": [call]}
+            function = {"name": out.name, "arguments": ""}
+            return {"tool_calls": [{"index": out.index, "id": out.id, "type": "function", "function": function}]}
         last = self.calls[-1]
         if isinstance(out, CallCutOff):  # its fragments are sent; the JSON reply holds no broken call
-            self.calls[-1] = ToolCall(last.id, last.name, CUT_OFF_ARGUMENTS)
+            self.calls[-1] = ToolCall(last.id, last.name, out.arguments)
             return None
         self.calls[-1] = ToolCall(last.id, last.name, last.arguments + out.text)
         return {"tool_calls": [{"index": out.index, "function": {"arguments": out.text}}]}

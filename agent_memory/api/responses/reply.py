@@ -9,16 +9,8 @@ import json
 import secrets
 
 from agent_memory.chat.conversation import ToolCall
-from agent_memory.chat.toolcalls import (
-    CUT_OFF_ARGUMENTS,
-    CallArguments,
-    CallCutOff,
-    CallStart,
-    ContentDelta,
-    OutputEvent,
-    ToolCallParser,
-    reply_events,
-)
+from agent_memory.chat import toolcalls
+from agent_memory.chat.toolcalls import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
 
@@ -60,7 +52,7 @@ class Reply:
     closed in the order the model writes them; a reply with no item at all gets an empty
     message, so that every response has one."""
 
-    def __init__(self, output: list[dict], parser: ToolCallParser | None) -> None:
+    def __init__(self, output: list[dict], parser: toolcalls.ToolCallParser | None) -> None:
         self.output = output  # the response's output items, filled in place
         self.parser = parser
         self.open: dict | None = None  # the item being written
@@ -81,7 +73,7 @@ class Reply:
 
     def feed(self, event: TextDelta | Finished) -> list[str]:
         """The SSE events for one engine event; after Finished, every item is closed."""
-        outs = reply_events(self.parser, event.text if isinstance(event, TextDelta) else None)
+        outs = toolcalls.reply_events(self.parser, event.text if isinstance(event, TextDelta) else None)
         frames = [frame for out in outs for frame in self._write(out)]
         if isinstance(event, Finished):
             if not self.output:
@@ -93,7 +85,7 @@ class Reply:
         if isinstance(out, CallStart):
             return self._start(call_item(new_id("fc"), ToolCall(out.id, out.name, ""), "in_progress"))
         if isinstance(out, CallCutOff):
-            self.parts = [CUT_OFF_ARGUMENTS]
+            self.parts = [out.arguments]
             return []
         frames = []
         if isinstance(out, ContentDelta) and (self.open is None or self.open["type"] != "message"):
