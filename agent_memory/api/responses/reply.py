@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import secrets
 
-from agent_memory.chat.conversation import ToolCall
 from agent_memory.chat import toolcalls
+from agent_memory.chat.conversation import ToolCall
 from agent_memory.chat.toolcalls import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
