@@ -151,7 +151,7 @@ def test_stored_responses_are_bounded_least_recently_used_first(tmp_path):
 
 
 def test_a_streamed_reply_and_a_json_reply_are_built_alike():
-    """responses_reply.Reply, fed the same text in fragments or whole: the same output items
+    """responses.reply.Reply, fed the same text in fragments or whole: the same output items
     (text, call, then text after it as its own message), numbered events, and calls parsed."""
     from agent_memory.api.responses.reply import Reply
     from agent_memory.chat.toolcalls import ToolCallParser
