@@ -18,10 +18,10 @@ import httpx
 import jsonschema
 import pytest
 
-from agent_memory.api import anthropic as wire
+from agent_memory.api.anthropic import routes as wire
 from agent_memory.api import pipeline
-from agent_memory.api.anthropic_reply import Reply
-from agent_memory.api.anthropic_schemas import MessagesRequest
+from agent_memory.api.anthropic.reply import Reply
+from agent_memory.api.anthropic.schemas import MessagesRequest
 from agent_memory.chat.toolcalls import ToolCallParser
 from agent_memory.engine.requests import Failed, Finished, TextDelta, Usage
 from agent_memory.engine.stops import StopMatcher

@@ -132,7 +132,7 @@ def test_the_agents_sdk_default_model_runs_on_responses(server):
 
 
 def test_stored_responses_are_bounded_least_recently_used_first(tmp_path):
-    from agent_memory.api.responses_store import ResponseStore, StoredResponse
+    from agent_memory.api.responses.store import ResponseStore, StoredResponse
     from agent_memory.chat.conversation import Message
 
     ended = []
@@ -151,9 +151,9 @@ def test_stored_responses_are_bounded_least_recently_used_first(tmp_path):
 
 
 def test_a_streamed_reply_and_a_json_reply_are_built_alike():
-    """responses_reply.Reply, fed the same text in fragments or whole: the same output items
+    """responses.reply.Reply, fed the same text in fragments or whole: the same output items
     (text, call, then text after it as its own message), numbered events, and calls parsed."""
-    from agent_memory.api.responses_reply import Reply
+    from agent_memory.api.responses.reply import Reply
     from agent_memory.chat.toolcalls import ToolCallParser
     from agent_memory.engine.requests import Finished, TextDelta, Usage
 

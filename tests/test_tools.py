@@ -13,6 +13,7 @@ import pytest
 
 from agent_memory.chat.conversation import Conversation, Message, Tool, ToolChoice
 from agent_memory.chat.grammar import GrammarCompiler
+from agent_memory.chat.toolcalls import CallArguments, CallCutOff, CallStart, ContentDelta, ToolCallParser, reply_events
 from tests.conftest import Server, weather_agent
 
 WEATHER = {
@@ -145,6 +146,27 @@ def test_auto_constrains_a_call_once_the_model_opens_one(tiny_model):
     assert not accepts('Let me look.<tool_call>\n{"name": "multiply"')
     assert not accepts('<tool_call>\n{"name": "add", "arguments": {"a": 12')
     assert not accepts('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> and more text')
+
+
+def test_how_a_reply_ends_a_call_cut_off_before_its_name_or_in_its_arguments():
+    """reply_events at the end of a reply, as every wire format reads it: a call cut off before
+    its name was whole never started, so its text is content (its own text alone, after a
+    whole call); one cut off in its arguments is a call cut off, never its markup as text."""
+    whole = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>\n'
+
+    def ending(text: str) -> tuple[list, list]:
+        parser = ToolCallParser()
+        outs = reply_events(parser, text) + reply_events(parser, None)
+        return outs, parser.calls
+
+    outs, calls = ending('Sure. <tool_call>\n{"name": "ad')
+    assert outs == [ContentDelta("Sure. "), ContentDelta('<tool_call>\n{"name": "ad')] and calls == []
+    outs, calls = ending(whole + '<tool_call>\n{"na')
+    assert outs[-1] == ContentDelta('<tool_call>\n{"na') and [c.name for c in calls] == ["add"]
+    outs, calls = ending(whole + '<tool_call>\n{"name": "add", "arguments": {"a": 2')
+    assert isinstance(outs[-3], CallStart) and outs[-3].index == 1
+    assert outs[-2:] == [CallArguments(1, '{"a": 2'), CallCutOff(1)] and len(calls) == 1
+    assert not any(isinstance(o, ContentDelta) and "<tool_call>" in o.text for o in outs)
 
 
 def test_json_object_and_json_schema_validate(client, tiny_model):

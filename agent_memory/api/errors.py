@@ -1,5 +1,6 @@
 """Every error leaves the server in OpenAI's shape, {"error": {message, type, param, code}},
-but on the routes another wire format claims (ERROR_SHAPES): there, in that format's shape."""
+but on the routes another wire format claims (ErrorShapes, filled by create_app from each wire
+format's package): there, in that format's shape."""
 
 from __future__ import annotations
 
@@ -51,25 +52,29 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 # A wire format's errors: (status, message, param, code) -> (the status it answers, the body).
 ErrorShape = Callable[[int, str, str | None, str | None], tuple[int, dict]]
-# Path prefixes whose routes (and the paths under them) answer errors in another shape.
-ERROR_SHAPES: dict[str, ErrorShape] = {}
 
 
-def shaped_error(
-    path: str, status: int, message: str, param: str | None = None, code: str | None = None
-) -> tuple[int, dict]:
-    """(status, body) of an error on `path`, in the shape of the wire format that path is."""
-    for prefix, shape in ERROR_SHAPES.items():
-        if path == prefix or path.startswith(prefix + "/"):
-            return shape(status, message, param, code)
-    return status, error_body(status, message, param, code)
+class ErrorShapes:
+    """Which shape an error takes on which path: a wire format's on the path prefixes it claims
+    (the prefix and every path under it), OpenAI's everywhere else."""
 
+    def __init__(self, claims: dict[str, ErrorShape] | None = None) -> None:
+        self.claims = dict(claims or {})
 
-def error_response(
-    status: int, message: str, param: str | None = None, code: str | None = None, path: str = ""
-) -> JSONResponse:
-    status, body = shaped_error(path, status, message, param, code)
-    return JSONResponse(body, status_code=status)
+    def shaped(
+        self, path: str, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> tuple[int, dict]:
+        """(status, body) of an error on `path`, in the shape of the wire format that path is."""
+        for prefix, shape in self.claims.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                return shape(status, message, param, code)
+        return status, error_body(status, message, param, code)
+
+    def response(
+        self, path: str, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> JSONResponse:
+        status, body = self.shaped(path, status, message, param, code)
+        return JSONResponse(body, status_code=status)
 
 
 def _describe(err: dict) -> tuple[str, str | None]:
@@ -91,11 +96,13 @@ def _note(request: Request, message: str) -> None:
     request.scope.setdefault("state", {})["error"] = message
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, shapes: ErrorShapes) -> None:
+    """Answer every error raised in a route in the shape of the wire format its path is."""
+
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
         _note(request, exc.message)
-        response = error_response(exc.status, exc.message, exc.param, exc.code, request.scope["path"])
+        response = shapes.response(request.scope["path"], exc.status, exc.message, exc.param, exc.code)
         response.headers.update(exc.headers)
         return response
 
@@ -106,15 +113,15 @@ def install(app: FastAPI) -> None:
         code = "invalid_unicode" if errors and errors[0].get("type") == "invalid_unicode" else None
         code = code or ("invalid_value" if param else "invalid_json")
         _note(request, message)
-        return error_response(400, message, param, code, request.scope["path"])
+        return shapes.response(request.scope["path"], 400, message, param, code)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
         _note(request, str(exc.detail))
-        return error_response(exc.status_code, str(exc.detail), path=request.scope["path"])
+        return shapes.response(request.scope["path"], exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):
         log.exception("unhandled error")
         _note(request, f"internal error: {type(exc).__name__}")
-        return error_response(500, "internal server error", path=request.scope["path"])
+        return shapes.response(request.scope["path"], 500, "internal server error")

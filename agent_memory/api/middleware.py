@@ -20,17 +20,26 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from agent_memory.api.dashboard import SHELL_PATHS
-from agent_memory.api.errors import shaped_error
+from agent_memory.api.errors import ErrorShapes
 
 MAX_BODY_BYTES = 16 << 20
 OPEN_PATHS = {"/health", *SHELL_PATHS}  # the dashboard's page holds no data: its script asks for the key
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
+OPENAI_SHAPE = ErrorShapes()  # a middleware not told otherwise answers in OpenAI's shape
+
+
 async def _reject(
-    scope, send, status: int, message: str, code: str | None = None, headers: list[tuple[bytes, bytes]] = ()
+    scope,
+    send,
+    shapes: ErrorShapes,
+    status: int,
+    message: str,
+    code: str | None = None,
+    headers: list[tuple[bytes, bytes]] = (),
 ) -> None:
-    status, shaped = shaped_error(scope.get("path", ""), status, message, code=code)
+    status, shaped = shapes.shaped(scope.get("path", ""), status, message, code=code)
     body = json.dumps(shaped).encode()
     await send(
         {
@@ -79,8 +88,8 @@ class HostCheckMiddleware:
     bracketed IPv6 and ports included); what it refuses is answered here, in the API's shape,
     instead of its text/plain "Invalid host header"."""
 
-    def __init__(self, app, bind_host: str) -> None:
-        self.app = app
+    def __init__(self, app, bind_host: str, shapes: ErrorShapes = OPENAI_SHAPE) -> None:
+        self.app, self.shapes = app, shapes
         bind = bind_host.strip("[]").lower()
         if bind in ("0.0.0.0", "::", ""):
             self.hosts = ["*"]
@@ -98,7 +107,7 @@ class HostCheckMiddleware:
             if message["type"] == "http.response.start":
                 host = _header(scope, b"host")
                 why = f"Host {host!r} is not allowed" if host else "a Host header is required"
-                await _reject(scope, send, 400, why, "invalid_host")
+                await _reject(scope, send, self.shapes, 400, why, "invalid_host")
 
         await TrustedHostMiddleware(through, self.hosts, www_redirect=False)(scope, receive, refuse)
 
@@ -107,8 +116,8 @@ class APIKeyMiddleware:
     """Require a key as `Authorization: Bearer KEY` or `x-api-key: KEY` (not for /health).
     Each key belongs to a tenant, recorded for the routes: its own agents and blocks."""
 
-    def __init__(self, app, keys: dict[str, str]) -> None:
-        self.app = app
+    def __init__(self, app, keys: dict[str, str], shapes: ErrorShapes = OPENAI_SHAPE) -> None:
+        self.app, self.shapes = app, shapes
         self.keys = [(key.encode(), tenant) for key, tenant in keys.items()]
 
     async def __call__(self, scope, receive, send):
@@ -122,7 +131,7 @@ class APIKeyMiddleware:
                 tenant = name
         if tenant is None:
             challenge = [(b"www-authenticate", b"Bearer")]  # RFC 9110: a 401 names how to authenticate
-            return await _reject(scope, send, 401, "Invalid or missing API key", "invalid_api_key", challenge)
+            return await _reject(scope, send, self.shapes, 401, "Invalid or missing API key", "invalid_api_key", challenge)
         scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)
 
@@ -130,16 +139,15 @@ class APIKeyMiddleware:
 class BodyLimitMiddleware:
     """Refuse bodies over the limit, whether announced by Content-Length or streamed."""
 
-    def __init__(self, app, limit: int = MAX_BODY_BYTES) -> None:
-        self.app = app
-        self.limit = limit
+    def __init__(self, app, limit: int = MAX_BODY_BYTES, shapes: ErrorShapes = OPENAI_SHAPE) -> None:
+        self.app, self.limit, self.shapes = app, limit, shapes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            return await _reject(scope, send, 413, f"request body over {self.limit} bytes", "body_too_large")
+            return await _reject(scope, send, self.shapes, 413, f"request body over {self.limit} bytes", "body_too_large")
         received = 0
 
         async def limited_receive():

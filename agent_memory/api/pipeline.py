@@ -1,6 +1,7 @@
 """The one request path every wire format shares: who is speaking, render + tokenize, the
 context check, the engine's events for one request, and running it to the end while watching
-for the client to leave. Wire formats (openai.py, …) only parse their bodies and shape output."""
+for the client to leave. Wire formats (openai/, anthropic/, responses/) only parse their bodies
+and shape output."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ from fastapi import Request
 from agent_memory.agent_key import AgentKey
 from agent_memory.api.access_log import shown_agent
 from agent_memory.api.errors import APIError
-from agent_memory.api.schemas import MAX_AGENT_ID
-from agent_memory.api.state import ServerState
+from agent_memory.api.state import ServedModel, ServerState
 from agent_memory.chat.conversation import Conversation
 from agent_memory.chat.grammar import GrammarError
+from agent_memory.chat.toolcalls import ToolCallParser
 from agent_memory.engine.requests import Event, Failed, Finished, GenerationRequest, SamplingParams, TextDelta
 
 T = TypeVar("T")
+
+MAX_AGENT_ID = 256
 
 
 def utf8_header(request: Request, name: str) -> str | None:
@@ -72,49 +75,65 @@ class Prepared:
 
 
 async def prepare_chat(
-    state: ServerState, conversation: Conversation, params: tuple[str, str, str] = ("messages", "tools", "response_format")
+    model: ServedModel,
+    conversation: Conversation,
+    params: tuple[str, str, str] = ("messages", "tools", "response_format"),
 ) -> Prepared:
     """On the tokenizer worker: the conversation rendered through the chat template (tools
     natively or in the built-in format) and tokenized, and the grammar its output must follow.
     `params`: the wire format's names of the messages, the tools and the output format."""
     messages_param, tools_param, format_param = params
     chars = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in conversation.messages)
-    check_length(state, chars, messages_param)
+    check_length(model, chars, messages_param)
 
     def prepare(tokenizer) -> Prepared:
-        messages, tools = state.tool_format.template_input(conversation)
+        messages, tools = model.tool_format.template_input(conversation)
         try:
             text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         except Exception as e:  # the model's own template refused these messages
             raise APIError(400, f"the chat template cannot render these messages: {e}", param=messages_param) from e
         grammar = None
-        if conversation.calls_tools and not state.tool_format.json_calls:
+        if conversation.calls_tools and not model.tool_format.json_calls:
             if conversation.tool_choice.mode != "auto":
                 raise APIError(
                     400,
                     f"tool_choice '{conversation.tool_choice.mode}' needs the <tool_call> JSON format; this model's "
-                    f"template uses mlx-lm's {state.tool_format.parser} format, which is not constrained here",
+                    f"template uses mlx-lm's {model.tool_format.parser} format, which is not constrained here",
                     param="tool_choice",
                 )
         else:
             try:
-                text_grammar = state.grammars.grammar(conversation, tools_param, format_param)
-                grammar = state.grammars.matcher(text_grammar) if text_grammar else None
+                text_grammar = model.grammars.grammar(conversation, tools_param, format_param)
+                grammar = model.grammars.matcher(text_grammar) if text_grammar else None
             except GrammarError as e:
                 raise APIError(400, str(e), param=e.param, code="invalid_schema") from e
         return Prepared(tokenizer.encode(text, add_special_tokens=False), grammar)
 
-    return await state.tokenize(prepare)
+    return await model.tokenize(prepare)
 
 
-def check_length(state: ServerState, chars: int, param: str) -> None:
+def tool_parser(model: ServedModel, conversation: Conversation) -> ToolCallParser | None:
+    """How a reply's text turns into calls: None when it may hold none."""
+    if not conversation.calls_tools:
+        return None
+    if model.tool_format.json_calls:
+        return ToolCallParser()
+    tok = model.facts.tokenizer
+
+    def parse_whole(body: str) -> dict:
+        return tok.tool_parser(body, conversation.tools)
+
+    return ToolCallParser(tok.tool_call_start, tok.tool_call_end, parse_whole)
+
+
+def check_length(model: ServedModel, chars: int, param: str) -> None:
     """Refuse a prompt that cannot fit before tokenizing it: n characters are at least
     n / (the longest token's characters) tokens. A 10 MB message costs nothing this way."""
-    at_least = -(-chars // state.engine.loaded.max_token_chars)
-    if at_least >= state.context_length:
+    at_least = -(-chars // model.facts.max_token_chars)
+    if at_least >= model.context_length:
         raise APIError(
             400,
-            f"This model's maximum context length is {state.context_length} tokens, but the prompt "
+            f"This model's maximum context length is {model.context_length} tokens, but the prompt "
             f"is at least {at_least} tokens ({chars} characters).",
             param=param,
             code="context_length_exceeded",
@@ -123,6 +142,7 @@ def check_length(state: ServerState, chars: int, param: str) -> None:
 
 def generation_request(
     state: ServerState,
+    model: ServedModel,
     prompt: list[int],
     agent: AgentKey | None,
     limit: int | None,
@@ -141,21 +161,21 @@ def generation_request(
             503,
             f"{len(state.waiting)} requests are waiting to start; retry shortly",
             code="server_busy",
-            headers={"Retry-After": str(1 + len(state.waiting) // state.engine.config.max_batch)},
+            headers={"Retry-After": str(1 + len(state.waiting) // model.engine.max_batch)},
         )
-    room = state.context_length - len(prompt)
+    room = model.context_length - len(prompt)
     if room < 1 or (limit is not None and limit > room):
         wanted = len(prompt) + (limit or 1)
         raise APIError(
             400,
-            f"This model's maximum context length is {state.context_length} tokens, but "
+            f"This model's maximum context length is {model.context_length} tokens, but "
             f"{wanted} were requested ({len(prompt)} in the prompt, {limit or 1} to generate).",
             param=prompt_param,
             code="context_length_exceeded",
         )
     bias = sampling.get("logit_bias") or {}
-    if any(not 0 <= t < state.vocab_size for t in bias):
-        raise APIError(400, f"logit_bias token ids must be in [0, {state.vocab_size})", param="logit_bias")
+    if any(not 0 <= t < model.vocabulary for t in bias):
+        raise APIError(400, f"logit_bias token ids must be in [0, {model.vocabulary})", param="logit_bias")
     generation = GenerationRequest(
         prompt=prompt,
         params=SamplingParams(max_tokens=limit or room, **sampling),
@@ -171,7 +191,7 @@ def generation_request(
     return generation
 
 
-async def events(state: ServerState, generation: GenerationRequest) -> AsyncIterator[Event]:
+async def events(state: ServerState, model: ServedModel, generation: GenerationRequest) -> AsyncIterator[Event]:
     """The engine's events for one request; leaving early cancels its generation."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -182,7 +202,7 @@ async def events(state: ServerState, generation: GenerationRequest) -> AsyncIter
         except RuntimeError:  # the event loop has closed: nobody is listening any more
             pass
 
-    seq_id = state.engine.submit(generation, sink)
+    request_id = model.engine.submit(generation, sink)
     trace = state.traces.get(generation, {})
     started = time.perf_counter()
     first: float | None = None
@@ -208,16 +228,18 @@ async def events(state: ServerState, generation: GenerationRequest) -> AsyncIter
     finally:
         state.waiting.discard(generation)
         if not done:
-            state.engine.cancel(seq_id)
+            model.engine.cancel(request_id)
 
 
-async def collect(state: ServerState, generation: GenerationRequest, request: Request) -> list[Event] | None:
+async def collect(
+    state: ServerState, model: ServedModel, generation: GenerationRequest, request: Request
+) -> list[Event] | None:
     """Run a request to the end: its events, the last one Finished; None if the client left
     first (the request is then cancelled). A failure is raised as an APIError."""
 
     async def consume() -> list[Event]:
         out = []
-        async for event in events(state, generation):
+        async for event in events(state, model, generation):
             if isinstance(event, Failed):
                 raise APIError(event.status, event.message, code=event.code)
             out.append(event)
@@ -237,9 +259,11 @@ async def collect(state: ServerState, generation: GenerationRequest, request: Re
     return None
 
 
-async def collect_text(state: ServerState, generation: GenerationRequest, request: Request) -> tuple[str, Finished] | None:
+async def collect_text(
+    state: ServerState, model: ServedModel, generation: GenerationRequest, request: Request
+) -> tuple[str, Finished] | None:
     """Run a request to the end: its whole text and how it finished (None: the client left)."""
-    collected = await collect(state, generation, request)
+    collected = await collect(state, model, generation, request)
     if collected is None:
         return None
     return "".join(e.text for e in collected if isinstance(e, TextDelta)), collected[-1]

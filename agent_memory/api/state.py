@@ -1,4 +1,5 @@
-"""What the HTTP handlers share: settings, the engine and the tokenizer worker."""
+"""What the HTTP handlers share: the served models, each an engine seen through EngineClient
+alone, and the server's own settings and counts."""
 
 from __future__ import annotations
 
@@ -14,19 +15,68 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from agent_memory.api.errors import APIError
-from agent_memory.api.responses_store import ResponseStore
 from agent_memory.chat.grammar import GrammarCompiler
 from agent_memory.chat.render import ToolFormat
-from agent_memory.engine.loop import BatchEngine
+from agent_memory.engine.protocol import EngineClient, ModelFacts
 
 T = TypeVar("T")
 
 
+@dataclass(eq=False)
+class ServedModel:
+    """One served model as the API sees it: its engine, and what the API derives from the
+    model's facts once it is loaded (its tool format, its grammar compiler)."""
+
+    id: str  # the id it is served under: known before it loads, answered when a name is unknown
+    engine: EngineClient
+    # Tokenizing a long prompt is CPU work: one worker keeps it off the event loop and
+    # never runs the model's tokenizer from two threads at once.
+    tokenizer_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenizer")
+    )
+
+    @property
+    def facts(self) -> ModelFacts:
+        """The loaded model's facts (a route runs once every model is loaded: ready_state)."""
+        return self.engine.model
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """Every id it answers to: its own, then its aliases (known once it is loaded)."""
+        facts = self.engine.model
+        return facts.ids if facts is not None else (self.id,)
+
+    def answering(self, requested: str | None) -> str:
+        """The model id a reply names: the one asked for when it is one of this model's ids
+        (clients such as AutoGen check), else the model's own."""
+        return requested if requested in self.ids else self.id
+
+    @cached_property
+    def tool_format(self) -> ToolFormat:
+        return ToolFormat.of(self.facts.tokenizer)
+
+    @cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Built on first use, on the tokenizer worker (about a second on a large vocabulary)."""
+        return GrammarCompiler(self.facts.tokenizer, self.facts.vocab_size)
+
+    @property
+    def context_length(self) -> int:
+        return self.facts.context_length
+
+    @property
+    def vocabulary(self) -> int:
+        """How many token ids the tokenizer knows: those a request may name."""
+        return len(self.facts.tokenizer)
+
+    async def tokenize(self, fn: Callable[[Any], T]) -> T:
+        """fn(tokenizer), on the tokenizer worker."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool, fn, self.facts.tokenizer)
+
+
 @dataclass
 class ServerState:
-    engine: BatchEngine
-    model_name: str
-    responses: ResponseStore
+    models: dict[str, ServedModel]  # by the id each is served under; the first answers unknown names
     max_waiting: int = 128  # requests waiting for their first token before 503s begin
     # Requests admitted and not yet answering, as weak references: one that is dropped before
     # it reaches the engine (its client left first) leaves the count by itself.
@@ -35,37 +85,21 @@ class ServerState:
     traces: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     log_agent_ids: bool = False
     started: int = field(default_factory=lambda: int(time.time()))
-    # Tokenizing a long prompt is CPU work: one worker keeps it off the event loop and
-    # never runs the tokenizer from two threads at once.
-    tokenizer_pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenizer")
-    )
 
-    @cached_property
-    def tool_format(self) -> ToolFormat:
-        return ToolFormat.of(self.engine.loaded.tokenizer)
-
-    @cached_property
-    def grammars(self) -> GrammarCompiler:
-        """Built on first use, on the tokenizer worker (about a second on a large vocabulary)."""
-        return GrammarCompiler(self.engine.loaded.tokenizer, self.engine.loaded.vocab_size)
+    def model_for(self, requested: str | None) -> ServedModel:
+        """The model a request's `model` names: the one answering to it, else the first (a
+        name no model answers to is not an error)."""
+        models = list(self.models.values())
+        return next((m for m in models if requested in m.ids), models[0])
 
     @property
-    def context_length(self) -> int:
-        return self.engine.loaded.context_length
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.engine.loaded.tokenizer)
-
-    async def tokenize(self, fn: Callable[[Any], T]) -> T:
-        tokenizer = self.engine.loaded.tokenizer
-        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool, fn, tokenizer)
+    def loaded(self) -> bool:
+        return all(m.engine.model is not None for m in self.models.values())
 
 
 def ready_state(request: Request) -> ServerState:
-    """The server state, once the model is loaded (503 before)."""
+    """The server state, once every model is loaded (503 before)."""
     state: ServerState = request.app.state.server
-    if not state.engine.ready.is_set() or state.engine.loaded is None:
+    if not state.loaded:
         raise APIError(503, "the model is still loading; retry shortly", code="model_loading")
     return state

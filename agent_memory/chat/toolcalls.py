@@ -36,7 +36,16 @@ class CallArguments:
     text: str
 
 
-OutputEvent = ContentDelta | CallStart | CallArguments
+@dataclass(frozen=True)
+class CallCutOff:
+    """The reply ended inside this call's arguments (max_tokens, a stop string): it stays a
+    call, since a stream has sent its start, but what was written of its arguments is not JSON,
+    so the call is whole with `arguments` instead."""
+
+    index: int
+    arguments: str = "{}"
+
+OutputEvent = ContentDelta | CallStart | CallArguments | CallCutOff
 
 
 def _held(buf: str, marker: str) -> int:
@@ -89,14 +98,6 @@ class ToolCallParser:
         self._id = ""
         self._args: list[str] = []
         self._depth: JsonDepth | None = None
-        self._raw: list[str] = []  # the current call's text taken out of `buf` so far
-
-    def split(self, text: str) -> tuple[str, list[ToolCall]]:
-        """A whole reply: its content (with any unfinished call as text) and its calls."""
-        events = self.feed(text)
-        rest, unfinished = self.finish()
-        content = "".join(e.text for e in events + rest if isinstance(e, ContentDelta))
-        return content + unfinished, self.calls
 
     def feed(self, text: str) -> list[OutputEvent]:
         self.buf += text
@@ -107,11 +108,11 @@ class ToolCallParser:
             if (self.state, len(self.buf)) == before:
                 return out
 
-    def finish(self) -> tuple[list[OutputEvent], str]:
-        """Events for what is left at the end, and the text of a call left unfinished (a
-        length cut-off, say): it is not a call, the caller may show it as text."""
+    def finish(self) -> list[OutputEvent]:
+        """Events for what is left at the end. A call cut off before its name was whole never
+        started: its text is content. One cut off in its arguments has started (a stream has
+        sent its name): it is cut off, not turned into text."""
         out: list[OutputEvent] = []
-        unfinished = ""
         if self.state == "text":
             if self.buf:
                 out.append(ContentDelta(self.buf))
@@ -120,10 +121,12 @@ class ToolCallParser:
                 out.append(ContentDelta(self.buf))
         elif self.state == "suffix":
             self._close_call()  # its arguments are whole; only the end marker is missing
-        else:
-            unfinished = "".join(self._raw) + self.buf
+        elif self.state == "arguments":
+            out.append(CallCutOff(len(self.calls)))
+        else:  # head, whole: no call started
+            out.append(ContentDelta(self.buf))
         self.buf = ""
-        return out, unfinished
+        return out
 
     # -- states ----------------------------------------------------------------------------
 
@@ -161,7 +164,6 @@ class ToolCallParser:
         self._depth = JsonDepth()
         out.append(CallStart(len(self.calls), self._id, name))
         head = len(self.buf) - len(rest) + len(ARGUMENTS_KEY)
-        self._raw = [self.buf[:head]]
         self.buf = self.buf[head:]
         self.state = "arguments"
 
@@ -172,7 +174,6 @@ class ToolCallParser:
         piece = self.buf if end is None else self.buf[:end]
         if piece:
             self._args.append(piece)
-            self._raw.append(piece)
             out.append(CallArguments(len(self.calls), piece))
         self.buf = "" if end is None else self.buf[end:]
         if end is not None:
@@ -221,15 +222,11 @@ class ToolCallParser:
         self.calls.append(call)
 
 
-def reply_events(parser: ToolCallParser | None, text: str | None, started_calls: int) -> list[OutputEvent]:
-    """A reply's output events for more generated text, or for its end (`text` None), given
-    how many calls the reply has started. At the end, a call cut off before its name was whole
-    is text; one cut off in its arguments stays a call (a stream has sent its start)."""
+def reply_events(parser: ToolCallParser | None, text: str | None) -> list[OutputEvent]:
+    """A reply's output events for more generated text, or for its end (`text` None): the one
+    way every wire format's reply, streamed or not, reads generated text, so a call cut off at
+    the end is the same everywhere (ToolCallParser.finish: text if it never started, else a
+    call with `{}` arguments; never its raw markup as content)."""
     if text is not None:
         return parser.feed(text) if parser else [ContentDelta(text)]
-    if parser is None:
-        return []
-    outs, unfinished = parser.finish()
-    if unfinished and started_calls == len(parser.calls):
-        outs.append(ContentDelta(unfinished))
-    return outs
+    return parser.finish() if parser else []

@@ -116,7 +116,7 @@ def _serve(settings: Settings) -> int:
     import uvicorn
 
     from agent_memory.api.app import create_app
-    from agent_memory.api.responses_store import ResponseStore
+    from agent_memory.api.responses.store import ResponseStore
     from agent_memory.engine.config import EngineConfig
     from agent_memory.engine.engine import BatchEngine
     from agent_memory.models.registry import ModelError, served_name
@@ -127,10 +127,11 @@ def _serve(settings: Settings) -> int:
     except ModelError as e:
         error(e)
         return 1
+    model_id = served_name(settings.model, model_path)
     engine = BatchEngine(
         EngineConfig(
             model_path=model_path,
-            model_name=served_name(settings.model, model_path),
+            model_name=model_id,
             max_batch=settings.max_batch,
             hot_budget_bytes=settings.hot_budget_mb << 20,
             precisions=Precisions.of(
@@ -158,8 +159,7 @@ def _serve(settings: Settings) -> int:
         server.should_exit = True
 
     config.app = create_app(
-        engine,
-        model_name=model_path.name,
+        {model_id: engine},  # the engines by the model id each serves
         host=settings.host,
         port=settings.port,
         api_keys=settings.tenant_keys(),
@@ -173,7 +173,7 @@ def _serve(settings: Settings) -> int:
         on_load_failure=stop_server,
     )
     server.run()
-    return 1 if engine.load_error else 0
+    return 1 if engine.health().status == "error" else 0
 
 
 def _configure_logging(level: str, fmt: str) -> None:

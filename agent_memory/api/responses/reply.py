@@ -1,16 +1,32 @@
-"""The reply side of the Responses wire format (responses.py): the engine's events as output
-items — messages with their text, function calls with their arguments — the `response.*`
+"""The reply side of the Responses wire format (routes.py): usage, and the engine's events as
+output items — messages with their text, function calls with their arguments — the `response.*`
 events a stream sends about them, and the output a JSON reply holds. One `Reply` builds both,
-so a stream and a JSON reply cannot differ (anthropic_reply.py does the same for Messages)."""
+so a stream and a JSON reply cannot differ (the other wire formats' replies do the same)."""
 
 from __future__ import annotations
 
 import json
 import secrets
 
+from agent_memory.chat import toolcalls
 from agent_memory.chat.conversation import ToolCall
-from agent_memory.chat.toolcalls import CallArguments, CallStart, ContentDelta, OutputEvent, ToolCallParser, reply_events
-from agent_memory.engine.requests import Finished, TextDelta
+from agent_memory.chat.toolcalls import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent
+from agent_memory.engine.requests import Finished, TextDelta, Usage
+
+
+def usage_dict(usage: Usage) -> dict:
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {
+            "cached_tokens": usage.cached_tokens,
+            "cache_write_tokens": 0,
+            "hot_tokens": usage.hot_tokens,
+            "warm_tokens": usage.warm_tokens,
+        },
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
 
 
 def new_id(prefix: str) -> str:
@@ -36,14 +52,13 @@ class Reply:
     closed in the order the model writes them; a reply with no item at all gets an empty
     message, so that every response has one."""
 
-    def __init__(self, output: list[dict], parser: ToolCallParser | None) -> None:
+    def __init__(self, output: list[dict], parser: toolcalls.ToolCallParser | None) -> None:
         self.output = output  # the response's output items, filled in place
         self.parser = parser
         self.open: dict | None = None  # the item being written
         self.parts: list[str] = []  # its text, or its arguments, so far
         self.content: list[str] = []  # the text of every message item
         self.calls: list[ToolCall] = []
-        self.started_calls = 0
         self.sequence = 0
 
     @property
@@ -58,7 +73,7 @@ class Reply:
 
     def feed(self, event: TextDelta | Finished) -> list[str]:
         """The SSE events for one engine event; after Finished, every item is closed."""
-        outs = reply_events(self.parser, event.text if isinstance(event, TextDelta) else None, self.started_calls)
+        outs = toolcalls.reply_events(self.parser, event.text if isinstance(event, TextDelta) else None)
         frames = [frame for out in outs for frame in self._write(out)]
         if isinstance(event, Finished):
             if not self.output:
@@ -68,8 +83,10 @@ class Reply:
 
     def _write(self, out: OutputEvent) -> list[str]:
         if isinstance(out, CallStart):
-            self.started_calls += 1
             return self._start(call_item(new_id("fc"), ToolCall(out.id, out.name, ""), "in_progress"))
+        if isinstance(out, CallCutOff):
+            self.parts = [out.arguments]
+            return []
         frames = []
         if isinstance(out, ContentDelta) and (self.open is None or self.open["type"] != "message"):
             frames = self._start(message_item(new_id("msg"), "", "in_progress"))

@@ -3,56 +3,18 @@ meaningfully are rejected with a message that says which and why."""
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-MAX_AGENT_ID = 256
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def invalid_text_path(value: Any, path: tuple = ()) -> tuple | None:
-    """The path of the first string (key or value) that is not valid Unicode: JSON lets a
-    client send a lone surrogate escape ("\\ud800"), which no tokenizer or file name takes."""
-    if isinstance(value, str):
-        return path if LONE_SURROGATE.search(value) else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(key, str) and LONE_SURROGATE.search(key):
-                return (*path, key)
-            if (found := invalid_text_path(item, (*path, key))) is not None:
-                return found
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            if (found := invalid_text_path(item, (*path, i))) is not None:
-                return found
-    return None
-
-
-class RequestBody(BaseModel):
-    """A request body: unknown fields allowed, every string valid Unicode."""
-
-    model_config = ConfigDict(extra="allow")
-
-    @model_validator(mode="before")
-    @classmethod
-    def valid_unicode(cls, data: Any) -> Any:
-        path = invalid_text_path(data)
-        if path is not None:
-            param = ".".join(str(p) for p in path)
-            raise PydanticCustomError("invalid_unicode", "{param}: not valid Unicode text", {"param": param})
-        return data
+from agent_memory.api.bodies import TOOL_NAME, RequestBody
 
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: Literal["text"]
     text: str
-
-
-TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
 class FunctionCall(BaseModel):

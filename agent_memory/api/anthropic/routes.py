@@ -1,10 +1,10 @@
 """The Anthropic Messages wire format: `POST /v1/messages` (JSON or SSE) and
 `POST /v1/messages/count_tokens`, for Claude Code and the Anthropic SDK.
 
-Like openai.py it is built on pipeline.py: it maps a body into a Conversation (rendered and
-tokenized by pipeline.prepare_chat, tool calls constrained by the same grammar) and failures into
-Anthropic's errors; anthropic_reply.py maps the engine's events into content blocks and SSE
-events. Three things are particular to Claude Code (docs/usage.md, "Anthropic Messages"):
+Like the OpenAI routes it is built on pipeline.py: it maps a body into a Conversation (rendered
+and tokenized by pipeline.prepare_chat, tool calls constrained by the same grammar); reply.py
+maps the engine's events into content blocks and SSE events, and failures into Anthropic's
+errors. Three things are particular to Claude Code (docs/usage.md, "Anthropic Messages"):
 
 - What changes on every request is left out of the prompt, so it does not cost the agent its
   cache: the `x-anthropic-billing-header: …` line Claude Code puts first in `system` (its `cch`
@@ -15,7 +15,7 @@ events. Three things are particular to Claude Code (docs/usage.md, "Anthropic Me
   title and other background requests it interleaves with the main loop, with system prompts of
   their own, are then agents of their own and do not move the main agent off its conversation.
 - Usage: every prompt token a request computes is committed to the cache when it ends
-  (anthropic_reply.usage_dict): `input_tokens`, the part never cached, is 0.
+  (reply.usage_dict): `input_tokens`, the part never cached, is 0.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.api import errors, pipeline
-from agent_memory.api.anthropic_reply import Reply, sse
-from agent_memory.api.anthropic_schemas import (
+from agent_memory.api import pipeline
+from agent_memory.api.anthropic.reply import Reply, error_shape, sse
+from agent_memory.api.anthropic.schemas import (
     CountTokensRequest,
     MessageParam,
     MessagesRequest,
@@ -41,45 +41,20 @@ from agent_memory.api.anthropic_schemas import (
     ToolUseBlock,
     joined,
 )
-from agent_memory.api.errors import APIError
-from agent_memory.api.openai import tool_parser
-from agent_memory.api.state import ServerState, ready_state
+from agent_memory.api.errors import APIError, ErrorShape
+from agent_memory.api.state import ServedModel, ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice
 from agent_memory.engine.requests import Event, Failed
 
 router = APIRouter()
 
 PATH = "/v1/messages"
+ERROR_SHAPES: dict[str, ErrorShape] = {PATH: error_shape}  # /v1/messages and every path under it
 PING_SECONDS = 10.0  # a ping after this long without an event (Claude Code gives up after 300 s of silence)
 BILLING_PREFIX = "x-anthropic-billing-header:"
 TOTAL_TOKENS = re.compile(r"<total_tokens>[^<]*</total_tokens>")
 SESSION_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 LEGACY_USER_ID = re.compile(r"^user_[0-9a-f]*_account_[0-9a-f-]*_session_([0-9a-f-]{1,64})$")
-
-# -- errors ------------------------------------------------------------------------------
-
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    529: "overloaded_error",
-}
-
-
-def error_shape(status: int, message: str, param: str | None = None, code: str | None = None) -> tuple[int, dict]:
-    """Anthropic's error: {"type": "error", "error": {type, message}}. A 503 (a full queue, a
-    model still loading, a shutdown) is Anthropic's 529 overloaded_error, which its clients retry."""
-    if status == 503:
-        status = 529
-    kind = ERROR_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
-    return status, {"type": "error", "error": {"type": kind, "message": message}}
-
-
-errors.ERROR_SHAPES[PATH] = error_shape  # /v1/messages and every path under it
 
 # -- the request -------------------------------------------------------------------------
 
@@ -159,10 +134,10 @@ def conversation(body: PromptFields) -> Conversation:
     return Conversation(messages, tools, mode, parallel, output)
 
 
-async def prepare(state: ServerState, conv: Conversation) -> pipeline.Prepared:
+async def prepare(model: ServedModel, conv: Conversation) -> pipeline.Prepared:
     """pipeline.prepare_chat, with a tool's schema named as this wire format names it."""
     try:
-        return await pipeline.prepare_chat(state, conv, ("messages", "tools", "output_config.format"))
+        return await pipeline.prepare_chat(model, conv, ("messages", "tools", "output_config.format"))
     except APIError as e:
         if e.param and e.param.endswith(".parameters"):  # tools.N.parameters: our tools.N.input_schema
             ours = e.param.removesuffix(".parameters") + ".input_schema"
@@ -203,13 +178,14 @@ def agent(body: MessagesRequest, request: Request) -> AgentKey | None:
 
 @router.post(PATH)
 async def create_message(body: MessagesRequest, request: Request, state: ServerState = Depends(ready_state)):
+    model = state.model_for(body.model)
     conv = conversation(body)
-    prepared = await prepare(state, conv)
-    room = state.context_length - len(prepared.prompt)
+    prepared = await prepare(model, conv)
+    room = model.context_length - len(prepared.prompt)
     if room < 1:  # Anthropic's wording, which Claude Code recognises (it offers to compact)
         raise APIError(
             400,
-            f"prompt is too long: {len(prepared.prompt)} tokens > {state.context_length - 1} maximum",
+            f"prompt is too long: {len(prepared.prompt)} tokens > {model.context_length - 1} maximum",
             param="messages",
             code="context_length_exceeded",
         )
@@ -224,12 +200,13 @@ async def create_message(body: MessagesRequest, request: Request, state: ServerS
         "stop": [s for s in body.stop_sequences or [] if s],
     }
     generation = pipeline.generation_request(
-        state, prepared.prompt, agent(body, request), limit, sampling, request, "messages", prepared.grammar
+        state, model, prepared.prompt, agent(body, request), limit, sampling, request, "messages", prepared.grammar
     )
-    reply = Reply(body.model, tool_parser(state, conv), body.max_tokens > room, body.max_tokens == 0)
+    reply = Reply(body.model, pipeline.tool_parser(model, conv), body.max_tokens > room, body.max_tokens == 0)
     if body.stream:
-        return StreamingResponse(_stream(pipeline.events(state, generation), reply), media_type="text/event-stream")
-    events = await pipeline.collect(state, generation, request)
+        events = pipeline.events(state, model, generation)
+        return StreamingResponse(_stream(events, reply), media_type="text/event-stream")
+    events = await pipeline.collect(state, model, generation, request)
     if events is None:
         return Response(status_code=499)
     for event in events:
@@ -256,5 +233,5 @@ async def _stream(events: AsyncIterator[Event], reply: Reply) -> AsyncIterator[s
 @router.post(PATH + "/count_tokens")
 async def count_tokens(body: CountTokensRequest, state: ServerState = Depends(ready_state)) -> dict:
     """The prompt /v1/messages would run for the same body, tools included, in tokens."""
-    prepared = await prepare(state, conversation(body))
+    prepared = await prepare(state.model_for(body.model), conversation(body))
     return {"input_tokens": len(prepared.prompt)}

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_memory.api.bodies import TOOL_NAME, RequestBody
 from agent_memory.api.errors import APIError
-from agent_memory.api.schemas import TOOL_NAME, RequestBody
 from agent_memory.chat.conversation import Message, OutputFormat, Tool, ToolCall, ToolChoice
 
 

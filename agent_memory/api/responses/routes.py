@@ -2,7 +2,7 @@
 stream), `GET` and `DELETE /v1/responses/{id}`.
 
 A stored response (`store`, true by default) keeps its whole conversation — the chain it
-continues, its input, its output — and its KV under its own id (responses_store.py), so a
+continues, its input, its output — and its KV under its own id (store.py), so a
 follow-up that sends only `previous_response_id` and new input prefills only that input, also
 after a restart. Instructions are not carried over, as OpenAI specifies.
 """
@@ -17,38 +17,28 @@ from fastapi.responses import StreamingResponse
 
 from agent_memory.agent_key import RESPONSE, AgentKey
 from agent_memory.api import pipeline
-from agent_memory.api.errors import APIError
-from agent_memory.api.openai import tool_parser
-from agent_memory.api.responses_reply import Reply, new_id
-from agent_memory.api.responses_schemas import ResponsesRequest, input_messages
-from agent_memory.api.responses_store import StoredResponse
-from agent_memory.api.state import ServerState, ready_state
+from agent_memory.api.errors import APIError, ErrorShape
+from agent_memory.api.responses.reply import Reply, new_id, usage_dict
+from agent_memory.api.responses.schemas import ResponsesRequest, input_messages
+from agent_memory.api.responses.store import ResponseStore, StoredResponse
+from agent_memory.api.state import ServedModel, ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, ToolCall
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta, Usage
 
 router = APIRouter()
+ERROR_SHAPES: dict[str, ErrorShape] = {}  # OpenAI's shape, as every route's unless claimed
 
 
-def usage_dict(usage: Usage) -> dict:
-    return {
-        "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {
-            "cached_tokens": usage.cached_tokens,
-            "cache_write_tokens": 0,
-            "hot_tokens": usage.hot_tokens,
-            "warm_tokens": usage.warm_tokens,
-        },
-        "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-    }
+def stored_responses(request: Request) -> ResponseStore:
+    """The store create_app keeps the responses in."""
+    return request.app.state.responses
 
 
 class Draft:
     """One response as it is made: its request's echo, its output items, its status."""
 
-    def __init__(self, state: ServerState, body: ResponsesRequest, response_id: str) -> None:
-        self.state, self.body, self.id = state, body, response_id
+    def __init__(self, model_id: str, body: ResponsesRequest, response_id: str) -> None:
+        self.model_id, self.body, self.id = model_id, body, response_id
         self.created = int(time.time())
         self.output: list[dict] = []
 
@@ -68,7 +58,7 @@ class Draft:
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
             "max_tool_calls": None,
-            "model": self.state.model_name,
+            "model": self.model_id,
             "output": self.output if status != "in_progress" else [],
             "parallel_tool_calls": body.parallel_tool_calls,
             "previous_response_id": body.previous_response_id,
@@ -97,11 +87,16 @@ def _reply(content: str, calls: list[ToolCall]) -> Message:
 
 
 @router.post("/v1/responses")
-async def create_response(body: ResponsesRequest, request: Request, state: ServerState = Depends(ready_state)):
+async def create_response(
+    body: ResponsesRequest,
+    request: Request,
+    state: ServerState = Depends(ready_state),
+    store: ResponseStore = Depends(stored_responses),
+):
     tenant = pipeline.tenant(request)
     context: list[Message] = []
     if body.previous_response_id is not None:
-        previous = state.responses.get(tenant, body.previous_response_id)
+        previous = store.get(tenant, body.previous_response_id)
         if previous is None:
             raise APIError(
                 400,
@@ -114,25 +109,35 @@ async def create_response(body: ResponsesRequest, request: Request, state: Serve
     tools, choice, output_format = body.conversation_tools()
     system = [Message("system", body.instructions)] if body.instructions else []
     conv = Conversation(system + context, tools, choice, body.parallel_tool_calls, output_format)
-    prepared = await pipeline.prepare_chat(state, conv, ("input", "tools", "text.format"))
-    draft = Draft(state, body, new_id("resp"))
+    model = state.model_for(body.model)
+    prepared = await pipeline.prepare_chat(model, conv, ("input", "tools", "text.format"))
+    draft = Draft(model.id, body, new_id("resp"))
     # A stored response is the unit of memory: its own agent, named by its id.
     agent = AgentKey(draft.id, tenant, RESPONSE) if body.store else pipeline.openai_agent(body, request)
     sampling = {"temperature": body.temperature, "top_p": body.top_p}
     generation = pipeline.generation_request(
-        state, prepared.prompt, agent, body.max_output_tokens, sampling, request, "input", prepared.grammar, body.cache_salt
+        state,
+        model,
+        prepared.prompt,
+        agent,
+        body.max_output_tokens,
+        sampling,
+        request,
+        "input",
+        prepared.grammar,
+        body.cache_salt,
     )
-    reply = Reply(draft.output, tool_parser(state, conv))
+    reply = Reply(draft.output, pipeline.tool_parser(model, conv))
 
     def keep(finished: Finished) -> dict:
         result = draft.object(Draft.status(finished), finished.usage, finished.reason)
         if body.store:
-            state.responses.put(StoredResponse(draft.id, tenant, context + [_reply(reply.text, reply.calls)], result))
+            store.put(StoredResponse(draft.id, tenant, context + [_reply(reply.text, reply.calls)], result))
         return result
 
     if body.stream:
-        return StreamingResponse(_stream(state, generation, draft, reply, keep), media_type="text/event-stream")
-    collected = await pipeline.collect_text(state, generation, request)
+        return StreamingResponse(_stream(state, model, generation, draft, reply, keep), media_type="text/event-stream")
+    collected = await pipeline.collect_text(state, model, generation, request)
     if collected is None:
         return Response(status_code=499)
     text, finished = collected
@@ -141,13 +146,14 @@ async def create_response(body: ResponsesRequest, request: Request, state: Serve
     return keep(finished)
 
 
-async def _stream(state: ServerState, generation: GenerationRequest, draft: Draft, reply: Reply, keep) -> AsyncIterator[str]:
+async def _stream(
+    state: ServerState, model: ServedModel, generation: GenerationRequest, draft: Draft, reply: Reply, keep
+) -> AsyncIterator[str]:
     """The `response.*` events: created and in_progress at once, then each output item opened,
-    filled (text deltas or argument deltas) and closed in turn (responses_reply.py), then
-    completed."""
+    filled (text deltas or argument deltas) and closed in turn (reply.py), then completed."""
     yield reply.event("response.created", response=draft.object("in_progress"))
     yield reply.event("response.in_progress", response=draft.object("in_progress"))
-    async for engine_event in pipeline.events(state, generation):
+    async for engine_event in pipeline.events(state, model, generation):
         if isinstance(engine_event, Failed):
             yield reply.event("error", code=engine_event.code, message=engine_event.message, param=None)
             failed = {**draft.object("failed"), "error": {"code": "server_error", "message": engine_event.message}}
@@ -160,17 +166,17 @@ async def _stream(state: ServerState, generation: GenerationRequest, draft: Draf
             yield reply.event("response.completed" if result["status"] == "completed" else "response.incomplete", response=result)
 
 
-@router.get("/v1/responses/{response_id}")
-async def get_response(response_id: str, request: Request, state: ServerState = Depends(ready_state)) -> dict:
-    stored = state.responses.get(pipeline.tenant(request), response_id)
+@router.get("/v1/responses/{response_id}", dependencies=[Depends(ready_state)])
+async def get_response(response_id: str, request: Request, store: ResponseStore = Depends(stored_responses)) -> dict:
+    stored = store.get(pipeline.tenant(request), response_id)
     if stored is None:
         raise APIError(404, f"No response with id '{response_id}'.", param="response_id", code="response_not_found")
     return stored.body
 
 
-@router.delete("/v1/responses/{response_id}")
-async def delete_response(response_id: str, request: Request, state: ServerState = Depends(ready_state)) -> dict:
+@router.delete("/v1/responses/{response_id}", dependencies=[Depends(ready_state)])
+async def delete_response(response_id: str, request: Request, store: ResponseStore = Depends(stored_responses)) -> dict:
     tenant = pipeline.tenant(request)
-    if not state.responses.delete(tenant, response_id):
+    if not store.delete(tenant, response_id):
         raise APIError(404, f"No response with id '{response_id}'.", param="response_id", code="response_not_found")
     return {"id": response_id, "object": "response.deleted", "deleted": True}

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from agent_memory.api.schemas import TOOL_NAME, RequestBody
+from agent_memory.api.bodies import TOOL_NAME, RequestBody
 
 
 class Block(BaseModel):

@@ -1,6 +1,7 @@
-"""The reply side of the Anthropic Messages wire format (anthropic.py): the engine's events as
+"""The reply side of the Anthropic Messages wire format (routes.py): the engine's events as
 Anthropic's content blocks, the SSE events a stream sends and the Message a JSON reply is, with
-its stop reason and usage. One `Reply` builds both, so a stream and a JSON reply cannot differ.
+its stop reason and usage; and Anthropic's error shape. One `Reply` builds both, so a stream
+and a JSON reply cannot differ.
 
 Usage: every prompt token a request computes is committed to the cache when it ends, so
 `cache_creation_input_tokens` is the prompt less what was read from the cache, and
@@ -12,8 +13,9 @@ from __future__ import annotations
 import json
 import uuid
 
-from agent_memory.chat.toolcalls import CallStart, ContentDelta, OutputEvent, ToolCallParser, reply_events
+from agent_memory.chat.toolcalls import CallCutOff, CallStart, ContentDelta, OutputEvent, ToolCallParser, reply_events
 from agent_memory.engine.requests import Finished, TextDelta, Usage
+
 
 def usage_dict(usage: Usage, output_tokens: int) -> dict:
     """The prompt is input_tokens + cache_read_input_tokens + cache_creation_input_tokens.
@@ -33,7 +35,7 @@ def usage_dict(usage: Usage, output_tokens: int) -> dict:
 
 
 def _input(arguments: str) -> dict:
-    """A tool_use block's input from its arguments text; {} for a call cut off by max_tokens."""
+    """A tool_use block's input from its arguments text ({} if they are not an object)."""
     try:
         value = json.loads(arguments)
     except ValueError:
@@ -56,13 +58,12 @@ class Reply:
         self.content: list[dict] = []
         self.open: dict | None = None  # the block being written
         self.arguments = ""  # the open tool_use block's input so far, as JSON text
-        self.started_calls = 0
 
     def feed(self, event: TextDelta | Finished) -> list[tuple[str, dict]]:
         """The SSE events (name, data) for one engine event; after Finished, the reply is whole."""
         if isinstance(event, TextDelta) and self.prewarm:
             return []
-        outs = reply_events(self.parser, event.text if isinstance(event, TextDelta) else None, self.started_calls)
+        outs = reply_events(self.parser, event.text if isinstance(event, TextDelta) else None)
         frames = [frame for out in outs for frame in self._write(out)]
         if isinstance(event, Finished):
             frames += self._stop()
@@ -111,9 +112,11 @@ class Reply:
             self.open["text"] += out.text
             return frames + [self._delta({"type": "text_delta", "text": out.text})]
         if isinstance(out, CallStart):
-            self.started_calls += 1
             call_id = "toolu_" + out.id.removeprefix("call_")
             return self._start({"type": "tool_use", "id": call_id, "name": out.name, "input": {}})
+        if isinstance(out, CallCutOff):
+            self.arguments = out.arguments
+            return []
         self.arguments += out.text
         return [self._delta({"type": "input_json_delta", "partial_json": out.text})]
 
@@ -134,6 +137,29 @@ class Reply:
             self.open["input"] = _input(self.arguments)
         self.open = None
         return [("content_block_stop", {"type": "content_block_stop", "index": len(self.content) - 1})]
+
+
+# -- errors ------------------------------------------------------------------------------
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
+def error_shape(status: int, message: str, param: str | None = None, code: str | None = None) -> tuple[int, dict]:
+    """Anthropic's error: {"type": "error", "error": {type, message}}. A 503 (a full queue, a
+    model still loading, a shutdown) is Anthropic's 529 overloaded_error, which its clients retry."""
+    if status == 503:
+        status = 529
+    kind = ERROR_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+    return status, {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def sse(name: str, data: dict) -> str:

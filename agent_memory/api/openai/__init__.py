@@ -1,0 +1,1 @@
+"""The OpenAI wire format: chat and text completions, the model list."""

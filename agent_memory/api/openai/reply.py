@@ -1,0 +1,93 @@
+"""The reply side of the OpenAI wire format (routes.py): usage, model objects, and the engine's
+events as a chat completion — the chunks a stream sends and the message a JSON reply holds.
+One `ChatReply` builds both, reading generated text through chat/toolcalls.reply_events as the
+Anthropic and Responses replies do, so a reply ends alike in all three (a call cut off in its
+arguments: a call with `{}` arguments, never its markup as content)."""
+
+from __future__ import annotations
+
+from agent_memory.chat.conversation import ToolCall
+from agent_memory.chat.toolcalls import CallCutOff, CallStart, ContentDelta, OutputEvent, ToolCallParser, reply_events
+from agent_memory.engine.requests import Finished, TextDelta, Usage
+
+
+def usage_dict(usage: Usage) -> dict:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {
+            "cached_tokens": usage.cached_tokens,
+            "hot_tokens": usage.hot_tokens,
+            "warm_tokens": usage.warm_tokens,
+        },
+    }
+
+
+def model_object(model_id: str, root: str, created: int) -> dict:
+    """A model object; `root` names the served model an alias stands for (as vLLM's do)."""
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "agent-memory", "root": root}
+
+
+def text_choice(text: str, finish_reason: str | None = None) -> dict:
+    """A text completion's choice, whole or as a stream's chunk."""
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def call_dict(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+class ChatReply:
+    """One chat completion, built from the engine's events: its stream's chunks (text as
+    content deltas; a call's first delta with its index, id, type and name, then fragments of
+    its arguments) and, once finished, its JSON message."""
+
+    def __init__(self, parser: ToolCallParser | None) -> None:
+        self.parser = parser
+        self.content: list[str] = []
+        self.calls: list[ToolCall] = []  # as written so far; a cut-off one with `{}` arguments
+
+    def feed(self, event: TextDelta | Finished) -> list[dict]:
+        """The chunks for one engine event: deltas, and after Finished the finish reason."""
+        outs = reply_events(self.parser, event.text if isinstance(event, TextDelta) else None)
+        chunks = [_chunk(delta) for out in outs if (delta := self._write(out)) is not None]
+        if isinstance(event, Finished):
+            chunks.append(_chunk({}, self.finish_reason(event)))
+        return chunks
+
+    def message(self) -> dict:
+        """The JSON reply's message: content (None when there are calls and no text), calls."""
+        content = "".join(self.content)
+        message: dict = {"role": "assistant", "content": content if content or not self.calls else None}
+        if self.calls:
+            message["tool_calls"] = [call_dict(c) for c in self.calls]
+        return message
+
+    def finish_reason(self, finished: Finished) -> str:
+        whole_calls = self.parser.calls if self.parser else []
+        return "tool_calls" if whole_calls and finished.reason == "stop" else finished.reason
+
+    def _write(self, out: OutputEvent) -> dict | None:
+        if isinstance(out, ContentDelta):
+            self.content.append(out.text)
+            return {"content": out.text}
+        if isinstance(out, CallStart):
+            self.calls.append(ToolCall(out.id, out.name, ""))
+            function = {"name": out.name, "arguments": ""}
+            return {"tool_calls": [{"index": out.index, "id": out.id, "type": "function", "function": function}]}
+        last = self.calls[-1]
+        if isinstance(out, CallCutOff):  # its fragments are sent; the JSON reply holds no broken call
+            self.calls[-1] = ToolCall(last.id, last.name, out.arguments)
+            return None
+        self.calls[-1] = ToolCall(last.id, last.name, last.arguments + out.text)
+        return {"tool_calls": [{"index": out.index, "function": {"arguments": out.text}}]}
+
+
+def _chunk(delta: dict, finish_reason: str | None = None) -> dict:
+    return {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+
+
+def first_chunk() -> dict:
+    """What a chat stream sends first: the assistant's role."""
+    return _chunk({"role": "assistant", "content": ""})

@@ -1,0 +1,201 @@
+"""The OpenAI wire format: chat and text completions (JSON or SSE), tools and structured
+output on chat, and the model list. reply.py shapes what the engine writes."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from agent_memory.api import pipeline
+from agent_memory.api.errors import APIError, ErrorShape, error_body
+from agent_memory.api.openai.reply import ChatReply, first_chunk, model_object, text_choice, usage_dict
+from agent_memory.api.openai.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
+from agent_memory.api.state import ServedModel, ServerState, ready_state
+from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice
+from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta
+
+router = APIRouter()
+ERROR_SHAPES: dict[str, ErrorShape] = {}  # OpenAI's shape is every route's unless claimed
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict:
+    """Each served model under its id (its folder's name), then the aliases it answers to:
+    `demo` for the demo model, so examples written for `--model demo` name a listed id."""
+    state: ServerState = request.app.state.server
+    data = [model_object(i, model.id, state.started) for model in state.models.values() for i in model.ids]
+    return {"object": "list", "data": data}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request):
+    """One model object (OpenAI's `client.models.retrieve`); 404 `model_not_found` otherwise."""
+    state: ServerState = request.app.state.server
+    for model in state.models.values():
+        if model_id in model.ids:
+            return model_object(model_id, model.id, state.started)
+    body = error_body(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+    body["error"]["type"] = "invalid_request_error"  # OpenAI's own type for this 404
+    return JSONResponse(body, status_code=404)
+
+
+def _generation(
+    state: ServerState,
+    model: ServedModel,
+    body: SamplingFields,
+    request: Request,
+    prompt: list[int],
+    prompt_param: str,
+    grammar=None,
+) -> GenerationRequest:
+    agent = pipeline.openai_agent(body, request)
+    sampling = {
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "seed": body.seed,
+        "stop": body.stop_strings(),
+        "logit_bias": body.logit_bias or {},
+    }
+    return pipeline.generation_request(
+        state, model, prompt, agent, body.token_limit(), sampling, request, prompt_param, grammar, body.cache_salt
+    )
+
+
+def conversation(body: ChatCompletionRequest) -> Conversation:
+    messages = [
+        Message(
+            role=m.template_role(),
+            content=m.text(),
+            tool_calls=[ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or []],
+            tool_call_id=m.tool_call_id,
+        )
+        for m in body.messages
+    ]
+    tools = [Tool(t.function.name, t.function.description, t.function.parameters or {}) for t in body.tools or []]
+    choice = body.tool_choice or ("auto" if tools else "none")
+    if isinstance(choice, NamedToolChoice):
+        choice = ToolChoice("named", choice.function.name)
+    else:
+        choice = ToolChoice(choice)
+    fmt = body.response_format
+    output = OutputFormat()
+    if fmt is not None and fmt.type == "json_object":
+        output = OutputFormat("json_object")
+    elif fmt is not None and fmt.type == "json_schema":
+        output = OutputFormat("json_schema", fmt.json_schema.schema_)
+    return Conversation(messages, tools, choice, body.parallel_tool_calls, output)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, state: ServerState = Depends(ready_state)
+):
+    model = state.model_for(body.model)
+    conv = conversation(body)
+    prepared = await pipeline.prepare_chat(model, conv)
+    generation = _generation(state, model, body, request, prepared.prompt, "messages", prepared.grammar)
+    completion_id = "chatcmpl-" + uuid.uuid4().hex
+    reply = ChatReply(pipeline.tool_parser(model, conv))
+    if body.stream:
+        frames = _sse(
+            pipeline.events(state, model, generation),
+            completion_id,
+            "chat.completion.chunk",
+            body.include_usage(),
+            first_chunk(),
+            reply.feed,
+            model.answering(body.model),
+        )
+        return StreamingResponse(frames, media_type="text/event-stream")
+    events = await pipeline.collect(state, model, generation, request)
+    if events is None:
+        return Response(status_code=499)
+    for event in events:
+        reply.feed(event)
+    finished = events[-1]
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model.answering(body.model),
+        "choices": [
+            {"index": 0, "message": reply.message(), "logprobs": None, "finish_reason": reply.finish_reason(finished)}
+        ],
+        "usage": usage_dict(finished.usage),
+    }
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request, state: ServerState = Depends(ready_state)):
+    model = state.model_for(body.model)
+    if isinstance(body.prompt, str):
+        text_prompt = body.prompt
+        pipeline.check_length(model, len(text_prompt), "prompt")
+        prompt = await model.tokenize(lambda tok: tok.encode(text_prompt))
+    else:
+        prompt = list(body.prompt)
+        if any(t < 0 or t >= model.vocabulary for t in prompt):
+            raise APIError(400, f"prompt token ids must be in [0, {model.vocabulary})", param="prompt")
+    generation = _generation(state, model, body, request, prompt, "prompt")
+    completion_id = "cmpl-" + uuid.uuid4().hex
+    if body.stream:
+
+        def chunks(event: TextDelta | Finished) -> list[dict]:
+            if isinstance(event, TextDelta):
+                return [{"choices": [text_choice(event.text)]}]
+            return [{"choices": [text_choice("", event.reason)]}]
+
+        events = pipeline.events(state, model, generation)
+        frames = _sse(
+            events, completion_id, "text_completion", body.include_usage(), None, chunks, model.answering(body.model)
+        )
+        return StreamingResponse(frames, media_type="text/event-stream")
+    collected = await pipeline.collect_text(state, model, generation, request)
+    if collected is None:
+        return Response(status_code=499)
+    text, finished = collected
+    return {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model.answering(body.model),
+        "choices": [text_choice(text, finished.reason)],
+        "usage": usage_dict(finished.usage),
+    }
+
+
+async def _sse(
+    events: AsyncIterator,
+    completion_id: str,
+    object_name: str,
+    include_usage: bool,
+    first: dict | None,
+    chunks: Callable[[TextDelta | Finished], list[dict]],
+    model_id: str,
+) -> AsyncIterator[str]:
+    """A completion's SSE frames: `first`, the chunks of each engine event, the usage chunk
+    when asked, then [DONE]; a failure is an error frame."""
+    created = int(time.time())
+
+    def frame(payload: dict) -> str:
+        payload = {"id": completion_id, "object": object_name, "created": created, "model": model_id, **payload}
+        if include_usage:
+            payload.setdefault("usage", None)
+        return f"data: {json.dumps(payload)}\n\n"
+
+    if first is not None:
+        yield frame(first)
+    async for event in events:
+        if isinstance(event, Failed):
+            yield f"data: {json.dumps(error_body(event.status, event.message, code=event.code))}\n\n"
+            break
+        for payload in chunks(event):
+            yield frame(payload)
+        if isinstance(event, Finished) and include_usage:
+            yield frame({"choices": [], "usage": usage_dict(event.usage)})
+    yield "data: [DONE]\n\n"

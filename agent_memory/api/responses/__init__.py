@@ -1,0 +1,1 @@
+"""The OpenAI Responses wire format: `/v1/responses`, its stored responses."""
