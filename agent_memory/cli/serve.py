@@ -155,7 +155,11 @@ def _serve(settings: Settings) -> int:
     )
     server = uvicorn.Server(config)
 
-    def stop_server() -> None:
+    load_failed = False
+
+    def on_load_failure() -> None:
+        nonlocal load_failed
+        load_failed = True
         server.should_exit = True
 
     config.app = create_app(
@@ -170,10 +174,10 @@ def _serve(settings: Settings) -> int:
             max(settings.disk_budget_mb << 20, 160 << 20) // 10,
             engine.end_agent,
         ),
-        on_load_failure=stop_server,
+        on_load_failure=on_load_failure,
     )
     server.run()
-    return 1 if engine.health().status == "error" else 0
+    return 1 if load_failed else 0
 
 
 def _configure_logging(level: str, fmt: str) -> None:
