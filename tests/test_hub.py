@@ -50,7 +50,7 @@ def test_serve_by_hub_id(machine, tmp_path, hub_id):
         reply = chat(client, "Hello", max_tokens=4, model=hub_id)
         assert reply.model == hub_id and reply.usage.completion_tokens == 4
     # Its warm tier is a folder of the cache dir, named from the hub id (no slash in it).
-    assert [p.name.split("-")[0] for p in (tmp_path / "cache" / "kv").iterdir()] == [hub_id.replace("/", "_")]
+    assert [p.name.rsplit("-", 2)[0] for p in (tmp_path / "cache" / "kv").iterdir()] == [hub_id.replace("/", "_")]
 
 
 def test_a_hub_id_not_on_the_machine_is_refused_with_what_to_do(machine, tmp_path):
