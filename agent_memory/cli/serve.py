@@ -119,7 +119,9 @@ def _serve(settings: Settings) -> int:
     from agent_memory.api.responses.store import ResponseStore
     from agent_memory.engine.config import EngineConfig
     from agent_memory.engine.engine import BatchEngine
-    from agent_memory.models.registry import ModelError, served_name
+    from agent_memory.models.demo import aliases
+    from agent_memory.models.folders import ModelError
+    from agent_memory.models.registry import served_name
     from agent_memory.precision import Precisions
 
     try:
@@ -132,6 +134,7 @@ def _serve(settings: Settings) -> int:
         EngineConfig(
             model_path=model_path,
             model_name=model_id,
+            model_aliases=tuple(aliases(model_id)),
             max_batch=settings.max_batch,
             hot_budget_bytes=settings.hot_budget_mb << 20,
             precisions=Precisions.of(

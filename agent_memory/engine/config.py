@@ -12,6 +12,7 @@ from agent_memory.precision import Precisions
 class EngineConfig:
     model_path: Path
     model_name: str | None = None  # what it is served as: the hub id it was named by (default: the folder's name)
+    model_aliases: tuple[str, ...] = ()  # other ids it answers to (`demo` for the demo model)
     max_batch: int = 32
     hot_budget_bytes: int = 2 << 30
     # From --kv-bits, --disk-kv-bits, --decode-quantized (precision.py); default: all unquantized.

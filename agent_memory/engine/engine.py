@@ -32,7 +32,6 @@ from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelF
 from agent_memory.engine.requests import GenerationRequest, Sink
 from agent_memory.engine.trace import NO_TRACE, Trace
 from agent_memory.memory.warm.health import warm_health
-from agent_memory.models.demo import aliases
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +208,7 @@ class BatchEngine(EngineClient):
         loaded = parts.loaded
         self._facts = ModelFacts(
             name=loaded.name,
-            ids=(loaded.name, *aliases(loaded.name)),
+            ids=(loaded.name, *self.config.model_aliases),
             tokenizer=loaded.tokenizer,
             context_length=loaded.context_length,
             vocab_size=loaded.vocab_size,

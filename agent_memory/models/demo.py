@@ -28,7 +28,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent_memory.models.registry import ModelFetchError, complete, move_into_place
+from agent_memory.models.folders import ModelFetchError, complete, move_into_place
 
 if TYPE_CHECKING:  # gguf imports MLX; the download and the API's model ids need none
     from agent_memory.models.gguf import Progress

@@ -9,27 +9,15 @@ try to download it.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent_memory.models.folders import ModelNotFoundError, complete
 from agent_memory.models.hub import find_local, is_hub_id, local_repos
 
 if TYPE_CHECKING:  # gguf imports MLX, which `models ls` does not need
     from agent_memory.models.gguf import Progress
-
-
-class ModelError(RuntimeError):
-    """The model cannot be had; the message says what to do."""
-
-
-class ModelNotFoundError(ModelError):
-    """`--model` names no model folder."""
-
-
-class ModelFetchError(ModelError):
-    """The demo model could not be downloaded or converted."""
 
 
 @dataclass(frozen=True)
@@ -40,25 +28,6 @@ class ModelInfo:
     model_type: str
     num_layers: int
     weights: str  # "float", or the quantization ("4-bit")
-    served: str  # "yes", or why not
-
-
-def complete(folder: Path) -> bool:
-    """config.json is written last, so a folder with one is whole."""
-    return (folder / "config.json").is_file()
-
-
-def move_into_place(folder: Path, target: Path) -> None:
-    """Rename a finished model folder to its final name (atomic on one file system). If another
-    process finished first, its folder is kept and ours is left for the caller to clean up."""
-    if complete(target):
-        return
-    shutil.rmtree(target, ignore_errors=True)  # an incomplete leftover, e.g. config.json deleted
-    try:
-        folder.rename(target)
-    except OSError:
-        if not complete(target):
-            raise
 
 
 def resolve_model(spec: str, models_dir: Path, progress: Progress | None = None) -> Path:
@@ -110,15 +79,9 @@ def list_models(models_dir: Path) -> list[ModelInfo]:
 
 
 def _info(name: str, folder: Path) -> ModelInfo:
-    from agent_memory.engine.loader import served
-
     config = json.loads((folder / "config.json").read_text())
     text = config.get("text_config") or config
     bits = (config.get("quantization") or {}).get("bits")
-    try:
-        why_not = served(folder)
-    except Exception as e:  # a folder mlx-lm cannot even describe: an unknown family, a bad config
-        why_not = f"mlx-lm cannot load it ({e})"
     return ModelInfo(
         name=name,
         path=folder,
@@ -126,5 +89,4 @@ def _info(name: str, folder: Path) -> ModelInfo:
         model_type=config.get("model_type", "?"),
         num_layers=text.get("num_hidden_layers", 0),
         weights=f"{bits}-bit" if bits else "float",
-        served=f"no: {why_not}" if why_not else "yes",
     )

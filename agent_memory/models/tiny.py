@@ -29,7 +29,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from agent_memory.models.gguf import Progress
-from agent_memory.models.registry import ModelError, complete, move_into_place
+from agent_memory.models.folders import ModelError, complete, move_into_place
 from agent_memory.models.tiny_archs import ARCHS, VOCAB_SIZE, TinyArch
 
 log = logging.getLogger(__name__)
