@@ -153,7 +153,8 @@ def generation_request(
     cache_salt: str | None = None,
 ) -> GenerationRequest:
     """Check the prompt and the tokens to generate against the context, then build the
-    engine's request. `sampling`: SamplingParams' fields but max_tokens."""
+    engine's request. `sampling`: SamplingParams' fields but max_tokens; a field the request
+    left out (None) takes the model's own default (its generation_config.json), else ours."""
     if not prompt:
         raise APIError(400, "the prompt is empty", param=prompt_param)
     if len(state.waiting) >= state.max_waiting:
@@ -173,6 +174,7 @@ def generation_request(
             param=prompt_param,
             code="context_length_exceeded",
         )
+    sampling = {**model.facts.sampling_defaults, **{k: v for k, v in sampling.items() if v is not None}}
     bias = sampling.get("logit_bias") or {}
     if any(not 0 <= t < model.vocabulary for t in bias):
         raise APIError(400, f"logit_bias token ids must be in [0, {model.vocabulary})", param="logit_bias")

@@ -151,17 +151,12 @@ class PromptFields(RequestBody):
 class MessagesRequest(PromptFields):
     max_tokens: int = Field(ge=0)  # 0: only compute (and cache) the prompt, write nothing
     stop_sequences: list[str] | None = None
-    temperature: float = Field(default=1.0, ge=0.0, le=1.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)  # 0: no top-k cut
+    # None (left out, or null as some clients send): the model's default.
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)  # 0: no top-k cut
     metadata: Metadata | None = None
     stream: bool = False
-
-    @field_validator("temperature", "top_p", "top_k", mode="before")
-    @classmethod
-    def null_is_default(cls, v, info):
-        """Some clients send null for "not set"."""
-        return {"temperature": 1.0, "top_p": 1.0, "top_k": 0}[info.field_name] if v is None else v
 
 
 class CountTokensRequest(PromptFields):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from agent_memory.chat.conversation import ToolCall
 from agent_memory.chat.toolcalls import CallCutOff, CallStart, ContentDelta, OutputEvent, ToolCallParser, reply_events
+from agent_memory.engine.protocol import ModelFacts
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
 
@@ -24,9 +25,14 @@ def usage_dict(usage: Usage) -> dict:
     }
 
 
-def model_object(model_id: str, root: str, created: int) -> dict:
-    """A model object; `root` names the served model an alias stands for (as vLLM's do)."""
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "agent-memory", "root": root}
+def model_object(model_id: str, root: str, created: int, facts: ModelFacts | None) -> dict:
+    """A model object; `root` names the served model an alias stands for, `max_model_len` its
+    context (as vLLM's do); once loaded, `sampling_defaults`: what a request that leaves out
+    temperature, top_p or top_k samples with (the model's generation_config.json)."""
+    obj = {"id": model_id, "object": "model", "created": created, "owned_by": "agent-memory", "root": root}
+    if facts is not None:
+        obj.update(max_model_len=facts.context_length, sampling_defaults=facts.sampling_defaults)
+    return obj
 
 
 def text_choice(text: str, finish_reason: str | None = None) -> dict:

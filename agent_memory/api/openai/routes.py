@@ -28,7 +28,9 @@ async def list_models(request: Request) -> dict:
     """Each served model under its id (its folder's name), then the aliases it answers to:
     `demo` for the demo model, so examples written for `--model demo` name a listed id."""
     state: ServerState = request.app.state.server
-    data = [model_object(i, model.id, state.started) for model in state.models.values() for i in model.ids]
+    data = [
+        model_object(i, model.id, state.started, model.engine.model) for model in state.models.values() for i in model.ids
+    ]
     return {"object": "list", "data": data}
 
 
@@ -38,7 +40,7 @@ async def retrieve_model(model_id: str, request: Request):
     state: ServerState = request.app.state.server
     for model in state.models.values():
         if model_id in model.ids:
-            return model_object(model_id, model.id, state.started)
+            return model_object(model_id, model.id, state.started, model.engine.model)
     body = error_body(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
     body["error"]["type"] = "invalid_request_error"  # OpenAI's own type for this 404
     return JSONResponse(body, status_code=404)

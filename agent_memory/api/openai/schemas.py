@@ -66,8 +66,8 @@ class SamplingFields(RequestBody):
     """The fields chat and text completions share."""
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)  # None: the model's default
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False

@@ -23,7 +23,7 @@ from agent_memory.api.responses.schemas import ResponsesRequest, input_messages
 from agent_memory.api.responses.store import ResponseStore, StoredResponse
 from agent_memory.api.state import ServedModel, ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, ToolCall
-from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta, Usage
+from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, TextDelta, Usage
 
 router = APIRouter()
 ERROR_SHAPES: dict[str, ErrorShape] = {}  # OpenAI's shape, as every route's unless claimed
@@ -41,6 +41,7 @@ class Draft:
         self.model_id, self.body, self.id = model_id, body, response_id
         self.created = int(time.time())
         self.output: list[dict] = []
+        self.params: SamplingParams | None = None  # what it samples with, once the request is made
 
     def object(self, status: str, usage: Usage | None = None, reason: str | None = None) -> dict:
         body = self.body
@@ -65,11 +66,11 @@ class Draft:
             "prompt_cache_key": body.prompt_cache_key,
             "reasoning": {"effort": None, "summary": None},
             "store": body.store,
-            "temperature": body.temperature,
+            "temperature": self.params.temperature if self.params else body.temperature,
             "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True), "verbosity": "medium"},
             "tool_choice": choice,
             "tools": tools,
-            "top_p": body.top_p,
+            "top_p": self.params.top_p if self.params else body.top_p,
             "truncation": "disabled",
             "usage": usage_dict(usage) if usage is not None else None,
             "user": body.user,
@@ -127,6 +128,7 @@ async def create_response(
         prepared.grammar,
         body.cache_salt,
     )
+    draft.params = generation.params
     reply = Reply(draft.output, pipeline.tool_parser(model, conv))
 
     def keep(finished: Finished) -> dict:

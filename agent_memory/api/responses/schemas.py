@@ -50,8 +50,8 @@ class ResponsesRequest(RequestBody):
     parallel_tool_calls: bool = True
     text: TextOptions = Field(default_factory=TextOptions)
     max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)  # None: the model's default
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stream: bool = False
     store: bool = True
     previous_response_id: str | None = None
