@@ -206,9 +206,10 @@ def test_models_ls_is_plain_columns(tmp_path, tiny_model):
     (tmp_path / "models" / "tiny").symlink_to(tiny_model, target_is_directory=True)
     result = CliRunner().invoke(app, ["models", "ls", "--cache-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    header, row = result.stdout.splitlines()
-    assert _columns(header) == ["name", "type", "layers", "weights", "size", "path"]
+    header, row = result.stdout.splitlines()[:2]  # then whatever the hub cache holds here
+    assert _columns(header) == ["name", "type", "layers", "weights", "size", "served", "path"]
     assert _columns(row)[:4] == ["tiny", "llama", "4", "float"] and _columns(row)[4].endswith("MB")
+    assert _columns(row)[5] == "yes"
     assert not BOX.search(result.stdout)
 
 
