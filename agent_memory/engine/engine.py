@@ -160,8 +160,10 @@ class BatchEngine(EngineClient):
         loaded, precisions, store = p.loaded, p.precisions, p.store
         hot = precisions.hot.tag
         kv = f"KV exact while hot, {hot} once cooled" if precisions.exact_while_hot else f"KV {hot}"
+        counts = store.counts()
+        held = f"{counts['agents']} agents, {counts['stored_responses']} stored responses"
         warm = (
-            f"warm tier {p.warm.location} ({len(store.agents)} agents, {store.pool.disk_bytes >> 20} MiB "
+            f"warm tier {p.warm.location} ({held}, {store.pool.disk_bytes >> 20} MiB "
             f"of {store.disk_budget_bytes >> 20} MiB at {precisions.disk.tag})"
             if p.warm is not None
             else f"no warm tier ({p.warm_error or 'disk budget 0'})"

@@ -104,7 +104,10 @@ class Metrics:
         self.sequences = Gauge("agent_memory_sequences", "Sequences in the engine, by state", ["state"], registry=r)
         self.cache_bytes = Gauge("agent_memory_cache_bytes", "Bytes of cached KV, by tier", ["tier"], registry=r)
         self.budget_bytes = Gauge("agent_memory_cache_budget_bytes", "The budget of a tier, in bytes", ["tier"], registry=r)
-        self.agents = Gauge("agent_memory_agents", "Agents with cached KV", registry=r)
+        self.agents = Gauge("agent_memory_agents", "Agents with cached KV (every tenant's)", registry=r)
+        self.stored_responses = Gauge(
+            "agent_memory_stored_responses", "Stored Responses-API responses with cached KV", registry=r
+        )
 
     def watch(self, store, count: Callable[[str], int], warm_on: bool) -> None:
         """Read the engine's and the store's state at scrape time rather than tracking every
@@ -117,6 +120,7 @@ class Metrics:
         self.cache_bytes.labels("warm").set_function(lambda: pool.disk_bytes)
         self.budget_bytes.labels("hot").set_function(lambda: store.hot_budget_bytes)
         self.budget_bytes.labels("warm").set_function(lambda: store.disk_budget_bytes if warm_on else 0)
-        self.agents.set_function(lambda: len(store.agents))
+        self.agents.set_function(lambda: store.counts()["agents"])
+        self.stored_responses.set_function(lambda: store.counts()["stored_responses"])
         self.registry.register(BlockMoves(store))
         self.registry.register(BlockCounts(store))

@@ -69,9 +69,9 @@ def build(cfg: EngineConfig, trace: NoTrace) -> Parts:
     if scan is not None and not warm.shared:
         store.restore(scan)
         log.info(
-            "warm tier %s: %d agents, %d block files (%.1f MiB)",
+            "warm tier %s: %d agents, %d stored responses, %d block files (%.1f MiB)",
             warm.location,
-            len(store.agents),
+            *store.counts().values(),
             len(scan.blocks),
             store.pool.disk_bytes / (1 << 20),
         )

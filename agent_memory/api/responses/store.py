@@ -29,6 +29,11 @@ log = logging.getLogger(__name__)
 MAX_FILE_BYTES = 64 << 20
 
 
+def response_file(folder: Path, key: AgentKey) -> Path:
+    """Where a stored response's conversation is kept (its KV is an agent of kind response)."""
+    return folder / f"{agent_file_stem(key)}.json"
+
+
 @dataclass
 class StoredResponse:
     id: str
@@ -127,7 +132,7 @@ class ResponseStore:
         """Queue the file's write (or its deletion, for None), in order, off the event loop."""
         if self.folder is None:
             return
-        path = self.folder / f"{agent_file_stem(key)}.json"
+        path = response_file(self.folder, key)
 
         def run() -> None:
             try:

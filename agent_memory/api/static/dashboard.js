@@ -429,7 +429,14 @@
     const health = $("health");
     health.textContent = h.status === "ok" ? "ok" : `${h.status}${h.message ? ": " + h.message : ""}`;
     health.className = h.status === "ok" ? "ok" : "bad";
-    if (h.kv) setText($("kv"), `hot ${h.kv.hot}, working ${h.kv.working}, disk ${h.kv.disk}`);
+    if (h.kv) setText($("kv"), kvText(h.kv));
+  }
+
+  /** The precisions as the memory bar counts them: exact while hot, quantized once cooled. */
+  function kvText(kv) {
+    const name = (tag) => (tag === "kv16" ? "unquantized" : tag);
+    const hot = kv.working !== kv.hot ? `exact while hot, ${name(kv.hot)} once cooled` : `${name(kv.hot)} in memory`;
+    return `${hot}; ${name(kv.disk)} on disk`;
   }
 
   function showStatus(text, isError = false) {

@@ -17,8 +17,9 @@ import typer
 from agent_memory.cli.cache import render
 from agent_memory.cli.cache.operations import PruneRun, Removal
 from agent_memory.cli.cache.render import Format, human_bytes, parse_duration, plural, printable
-from agent_memory.cli.cache.rows import AgentRow, FolderStats
-from agent_memory.cli.cache.scan import describe_agent, find_agent, locate_agent, open_cache
+from agent_memory.agent_key import RESPONSE
+from agent_memory.cli.cache.rows import FolderStats
+from agent_memory.cli.cache.scan import agent_rows, describe_agent, find_agent, locate_agent, open_cache
 from agent_memory.cli.cache.select import FILTER_HELP, SORT_HELP, select
 from agent_memory.cli.common import CacheDirOption, fail, progress
 from agent_memory.memory.warm.admin import Problem, plan_prune, verify_folder
@@ -67,14 +68,17 @@ def ls_command(
     warm_store: str | None = WarmStoreOption,
     fmt: Format = FormatOption,
 ) -> None:
-    """List every agent that has a manifest on disk, across all models (like `hf cache ls`).
+    """List every agent, across all models (like `hf cache ls`): those with a manifest on disk,
+    and those a folder's running server holds in memory only so far (where: server). Stored
+    Responses-API responses are counted apart.
 
     Examples: `cache ls --filter "last_used>7d" --sort size`; `cache ls -f "size>10MB" -f model=tiny`;
     `cache ls -f "id=test-*" --format quiet | xargs -I{} agent-memory cache rm -y {}`."""
-    _, root, folders = open_cache(cache_dir, warm_store, model)
-    rows = [AgentRow.of(f, m) for f in folders for m in f.files.manifests]
+    config, root, folders = open_cache(cache_dir, warm_store, model)
+    rows = [row for f in folders for row in agent_rows(f, config.key_of)]
     rows = select(rows, filters or [], sort, reverse, time.time())
-    render.ls(root, rows[:limit] if limit else rows, folders, fmt)
+    responses = sum(1 for f in folders for m in f.files.manifests if m.key.kind == RESPONSE)
+    render.ls(root, rows[:limit] if limit else rows, folders, responses, fmt)
 
 
 @cache_app.command("show")
@@ -155,7 +159,7 @@ def rm_command(
         (folder, first), *others = found
         what = plural(len(found), "agent") if others else f"agent {printable(first.key.id)} from {folder.folder}"
         typer.confirm(f"Remove {what} ({plural(blocks, 'block file')}, {human_bytes(freed)})?", abort=True, err=True)
-    render.removal(plan.report(plan.execute(config.key_of), dry_run=False), fmt)
+    render.removal(plan.report(plan.execute(config.key_of, config.cache_dir / "responses"), dry_run=False), fmt)
 
 
 @cache_app.command("prune")

@@ -6,11 +6,15 @@ has answered."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from agent_memory.agent_key import AgentKey
+from agent_memory.agent_key import RESPONSE, AgentKey
+from agent_memory.api.responses.store import response_file
 from agent_memory.cli.cache.server import LiveServer
+from agent_memory.files import unlink_regular
 from agent_memory.memory.warm.admin import Prune, delete_agents, finish_prune, removed_by_server, still_unused
 from agent_memory.memory.warm.model_folder import ModelFolder
 from agent_memory.memory.warm.records import Manifest
@@ -18,16 +22,23 @@ from agent_memory.memory.warm.records import Manifest
 KeyOf = Callable[[str], str | None]  # the API key to speak for a tenant (the settings' keys)
 
 
-def remove_agent(folder: ModelFolder, manifest: Manifest, key_of: KeyOf) -> tuple[list[str], int, str | None]:
+def remove_agent(
+    folder: ModelFolder, manifest: Manifest, key_of: KeyOf, responses_dir: Path
+) -> tuple[list[str], int, str | None]:
     """Remove one agent and the block files only it used: through the folder's live server
-    if there is one, else on disk. Returns the blocks removed, bytes freed and the server's URL."""
+    if there is one, else on disk; a stored response with its conversation (responses_dir).
+    Returns the blocks removed, bytes freed and the server's URL."""
     private = folder.private_blocks(manifest)
     record = folder.layout.read_server_json()
     if record is not None:
         server = LiveServer(record, key_of)
         if server.end_agent(manifest.key):
             return *removed_by_server(folder, [manifest], private), server.url
-    return *delete_agents(folder, [manifest], private), None
+    removed = delete_agents(folder, [manifest], private)
+    if manifest.key.kind == RESPONSE:
+        with contextlib.suppress(FileNotFoundError):
+            unlink_regular(response_file(responses_dir, manifest.key))
+    return *removed, None
 
 
 @dataclass
@@ -63,7 +74,7 @@ class Removal:
             kept += len(on_disk - set(folder.blocks_only_of(manifests)))
         return kept
 
-    def execute(self, key_of: KeyOf) -> list[dict]:
+    def execute(self, key_of: KeyOf, responses_dir: Path) -> list[dict]:
         """Remove the agents (`remove_agent` each, on a fresh scan of its folder)."""
         agents = []
         for folder, manifests in self.targets.values():
@@ -71,7 +82,7 @@ class Removal:
                 folder = folder.rescan()
                 current = next((m for m in folder.files.manifests if m.key == manifest.key), None)
                 if current is not None:  # else gone meanwhile (its server ended it)
-                    removed, freed, server = remove_agent(folder, current, key_of)
+                    removed, freed, server = remove_agent(folder, current, key_of, responses_dir)
                     agents.append(_removed(folder, current, removed, freed, server))
         return agents
 

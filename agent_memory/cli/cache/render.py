@@ -109,16 +109,16 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: Collecti
         typer.echo(line(row))
 
 
-def ls(root: Path, rows: list[AgentRow], folders: list[ModelFolder], fmt: Format) -> None:
+def ls(root: Path, rows: list[AgentRow], folders: list[ModelFolder], responses: int, fmt: Format) -> None:
     if fmt is Format.json:
-        emit_json({"cache_dir": str(root), "agents": [asdict(r) for r in rows]})
+        emit_json({"cache_dir": str(root), "agents": [asdict(r) for r in rows], "stored_responses": responses})
     elif fmt is Format.quiet:
         for row in rows:
             typer.echo(printable(row.id))
     else:
         now = time.time()
         table(
-            ("id", "model", "tokens", "blocks", "size", "last_used"),
+            ("id", "model", "tokens", "blocks", "size", "last_used", "where"),
             [
                 (
                     r.id,
@@ -127,6 +127,7 @@ def ls(root: Path, rows: list[AgentRow], folders: list[ModelFolder], fmt: Format
                     f"{r.on_disk} + {r.cold} cold" if r.cold else str(r.on_disk),
                     human_bytes(r.bytes),
                     human_age(r.last_used, now),
+                    r.where,
                 )
                 for r in rows
             ],
@@ -136,7 +137,12 @@ def ls(root: Path, rows: list[AgentRow], folders: list[ModelFolder], fmt: Format
         unique = sum(
             f.bytes_of(h for m in f.files.manifests if (f.folder, m.key.id) in shown for h in m.blocks) for f in folders
         )
-        say(f"{plural(len(rows), 'agent')}, {human_bytes(unique)} of blocks on disk")
+        in_server = sum(1 for r in rows if r.where == "server")
+        memory_only = f" ({in_server} only in a running server's memory so far)" if in_server else ""
+        say(
+            f"{plural(len(rows), 'agent')}{memory_only}, {human_bytes(unique)} of blocks on disk; "
+            f"{plural(responses, 'stored response')} besides"
+        )
 
 
 def show(doc: dict, folder_path: Path) -> None:
@@ -242,13 +248,14 @@ def stats(root: Path, rows: list[FolderStats], total: FolderStats, fmt: Format) 
         numbers = {k: v for k, v in asdict(total).items() if k not in ("model", "folder")}
         emit_json({"cache_dir": str(root), "models": [asdict(r) for r in rows], "total": numbers})
     elif fmt is Format.human:
-        columns = ("agents", "blocks", "size", "cold", "orphans", "quarantined", "temp")
+        columns = ("agents", "responses", "blocks", "size", "cold", "orphans", "quarantined", "temp")
         table(
             ("model", *columns),
             [
                 (
                     r.folder or r.model,
                     str(r.agents),
+                    str(r.stored_responses),
                     str(r.block_files),
                     human_bytes(r.bytes),
                     str(r.cold_blocks),

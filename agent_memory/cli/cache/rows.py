@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent_memory.agent_key import AGENT, RESPONSE
 from agent_memory.memory.warm.model_folder import ModelFolder
 from agent_memory.memory.warm.records import Manifest
 
@@ -22,8 +23,28 @@ class AgentRow:
     cold: int
     bytes: int
     last_used: float
-    manifest: str
+    manifest: str  # "" for an agent only in its server's memory so far
     tenant: str = ""
+    where: str = "disk"  # "disk"; "disk+server": its folder's running server holds it too; "server": only there
+
+    @classmethod
+    def in_server(cls, folder: ModelFolder, agent: dict) -> AgentRow:
+        """An agent the folder's running server holds that has no manifest on disk yet (the
+        server's /v1/agents entry)."""
+        blocks = agent["blocks"]
+        return cls(
+            id=agent["id"],
+            model=folder.name,
+            folder=folder.folder,
+            tokens=agent["tokens"],
+            blocks=sum(blocks.values()),
+            on_disk=0,
+            cold=blocks.get("cold", 0),
+            bytes=0,
+            last_used=agent["last_used"],
+            manifest="",
+            where="server",
+        )
 
     @classmethod
     def of(cls, folder: ModelFolder, manifest: Manifest) -> AgentRow:
@@ -50,6 +71,7 @@ class FolderStats:
     model: str
     folder: str
     agents: int
+    stored_responses: int
     block_files: int
     bytes: int
     cold_blocks: int
@@ -64,7 +86,8 @@ class FolderStats:
         return cls(
             model=f.name,
             folder=f.folder,
-            agents=len(files.manifests),
+            agents=sum(1 for m in files.manifests if m.key.kind == AGENT),
+            stored_responses=sum(1 for m in files.manifests if m.key.kind == RESPONSE),
             block_files=len(files.blocks),
             bytes=sum(i.size for i in files.blocks.values()),
             cold_blocks=sum(1 for h in f.users if h not in files.blocks),

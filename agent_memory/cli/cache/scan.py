@@ -4,10 +4,13 @@ view (memory/warm/model_folder.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from agent_memory.agent_key import AgentKey, agent_file_stem
+from agent_memory.agent_key import AGENT, AgentKey, agent_file_stem
 from agent_memory.cli.cache.render import printable
+from agent_memory.cli.cache.rows import AgentRow
+from agent_memory.cli.cache.server import LiveServer
 from agent_memory.cli.common import fail, settings
 from agent_memory.config import Settings
 from agent_memory.memory.warm.folder import Folder, model_folders, model_names
@@ -117,3 +120,19 @@ def describe_agent(folder: ModelFolder, manifest: Manifest) -> dict:
         "blocks": blocks,
         "totals": totals,
     }
+
+
+def agent_rows(folder: ModelFolder, key_of: Callable[[str], str | None]) -> list[AgentRow]:
+    """The folder's agents as `ls` lists them: each manifest on disk (stored responses are not
+    agents), and, while a server runs on the folder, the agents it holds in memory only so far,
+    so that `ls` counts what /v1/agents, /metrics and the dashboard count."""
+    rows = [AgentRow.of(folder, m) for m in folder.files.manifests if m.key.kind == AGENT]
+    record = folder.layout.read_server_json()
+    if record is None:
+        return rows
+    held = {a["id"]: a for a in LiveServer(record, key_of).agent_list()}
+    for row in rows:
+        if row.tenant == "" and row.id in held:
+            row.where = "disk+server"
+    on_disk = {row.id for row in rows if row.tenant == ""}
+    return rows + [AgentRow.in_server(folder, a) for i, a in held.items() if i not in on_disk]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from agent_memory.agent_key import AgentKey
+from agent_memory.agent_key import RESPONSE, AgentKey
 from agent_memory.cli.common import fail
 from agent_memory.config import ENV_PREFIX, config_file_path
 from agent_memory.memory.warm.records import ServerRecord
@@ -39,18 +39,26 @@ class LiveServer:
     def agents(self, tenant: str = "") -> dict[str, float]:
         """Every agent the server holds for a tenant -> its last use (wall clock). Also proves,
         before anything is deleted, that the server answers and takes the key."""
+        return {a["id"]: float(a["last_used"]) for a in self.agent_list(tenant)}
+
+    def agent_list(self, tenant: str = "") -> list[dict]:
+        """The server's /v1/agents entries for a tenant (id, tokens, blocks by tier, last_used)."""
         response = self._request("GET", "/v1/agents", tenant)
         try:
-            return {a["id"]: float(a["last_used"]) for a in response.json()["data"]}
+            agents = response.json()["data"]
+            for a in agents:
+                a["last_used"], a["tokens"] = float(a["last_used"]), int(a["tokens"])
+            return agents
         except (ValueError, KeyError, TypeError) as e:
             fail(f"the server at {self.url} sent an agent list this command cannot read ({e})")
 
     def end_agent(self, agent: AgentKey) -> bool:
         """End the agent; False when the server does not hold it (then its files are not the
         server's: the caller deletes them itself)."""
+        route = "/v1/responses/" if agent.kind == RESPONSE else "/v1/agents/"  # a response goes whole
         try:
             # Dots too: a client would resolve an id of ".." as a path segment.
-            path = "/v1/agents/" + quote(agent.id, safe="").replace(".", "%2E")
+            path = route + quote(agent.id, safe="").replace(".", "%2E")
         except UnicodeEncodeError:
             return False  # not valid Unicode: no request could have made this agent
         return self._request("DELETE", path, agent.tenant, missing_ok=True).status_code != 404

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from agent_memory.agent_key import AgentKey
+from agent_memory.agent_key import AGENT, RESPONSE, AgentKey
 from agent_memory.memory.hashing import BlockNames
 from agent_memory.memory.index.blocks import Block, BlockPool, Tier
 from agent_memory.memory.index.prefix import common_prefix
@@ -93,11 +93,18 @@ class AgentIndex:
                 last_used=record.last_used,
             )
 
+    def counts(self) -> dict[str, int]:
+        """How many agents and stored responses this server holds, every tenant's: the one
+        count /v1/agents' totals, /metrics, the dashboard and the start log all show."""
+        with self.lock:
+            responses = sum(1 for a in self.agents if a.kind == RESPONSE)
+            return {"agents": len(self.agents) - responses, "stored_responses": responses}
+
     def all_agents(self, tenant: str | None = "") -> list[AgentInfo]:
         """A tenant's agents (None: every tenant's); stored responses are not agents."""
         with self.lock:
             return [
                 self.agent_info(a)
                 for a in sorted(self.agents)
-                if (tenant is None or a.tenant == tenant) and a.kind == "agent"
+                if (tenant is None or a.tenant == tenant) and a.kind == AGENT
             ]

@@ -219,6 +219,7 @@ class AgentCacheStore(AgentIndex):
                 "disk_bytes": self.pool.disk_bytes,
                 "disk_budget_bytes": self._disk_budget(),
                 **{f"{t.value}_blocks": n for t, n in by_tier.items()},
+                **self.counts(),
             }
 
     def _disk_budget(self) -> int:
