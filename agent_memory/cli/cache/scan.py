@@ -84,7 +84,10 @@ def locate_agent(
     damaged = [(f, why) for f in folders for p, why in f.files.bad_manifests if p.stem == stem]
     if damaged:
         return f"agent {printable(agent)}: its manifest in {damaged[0][0].folder} is unusable ({damaged[0][1]})"
-    return f"no agent {printable(agent)} in the disk cache"
+    return (
+        f"no agent {printable(agent)} on disk here; one a running server holds only in memory so far is in "
+        f"`agent-memory cache ls` (where: server) and at the server's GET /v1/agents/{printable(agent)}"
+    )
 
 
 def describe_agent(folder: ModelFolder, manifest: Manifest) -> dict:
