@@ -201,6 +201,25 @@ def test_non_text_content_part_is_400(client):
     assert "image_url" in e.value.message
 
 
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, "messages.1.content.1"),
+        ("/v1/messages", {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}, "messages.1.content.1"),
+        ("/v1/responses", {"input": [{"role": "user", "content": "x"}]}, "input.1.content.1"),
+    ],
+)
+def test_an_unknown_content_part_is_a_400_naming_its_path(server, path, body, param):
+    """The part itself is named (its index in its message's content), in each API's shape."""
+    parts = [{"type": "text", "text": "look:"}, {"type": "hologram", "data": "..."}]
+    key = "input" if path == "/v1/responses" else "messages"
+    body = {**body, key: [*body[key], {"role": "user", "content": parts}]}
+    r = httpx.post(server.base_url + path, json=body, timeout=60)
+    error = r.json()["error"]  # Anthropic's shape has no param: the message names the path
+    assert r.status_code == 400, error
+    assert error.get("param", param) == param and param in error["message"] and "hologram" in error["message"]
+
+
 def test_malformed_json_is_400(server):
     status, error = _error(
         server, "POST", "/v1/chat/completions", content=b'{"messages": [', headers={"content-type": "application/json"}

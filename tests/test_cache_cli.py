@@ -154,6 +154,7 @@ def test_ls_json_has_stable_fields(cache):
         "bytes",
         "last_used",
         "manifest",
+        "where",
     }
     assert (bob["tokens"], bob["blocks"], bob["on_disk"], bob["cold"]) == (14, 4, 3, 1)
     sizes = {h: cache.tiny.block_path(h).stat().st_size for h in cache.bob.blocks[:3]}
@@ -487,6 +488,7 @@ def test_stats_per_model_and_total(cache):
         "model": cache.tiny.root.name,
         "folder": cache.tiny.root.name,
         "agents": 2,
+        "stored_responses": 0,
         "block_files": 6,  # alice 4, bob's own 1, the orphan
         "bytes": tiny_bytes,
         "cold_blocks": 1,

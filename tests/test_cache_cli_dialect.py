@@ -187,18 +187,19 @@ def test_tables_are_plain_columns_one_line_per_row(cache, monkeypatch):
     write_agent(cache.tiny, FP_TINY, 4, long_id, [1, 2, 3, 4, 5], time.time())
     result = cache.run("ls")
     lines = result.stdout.splitlines()
-    assert _columns(lines[0]) == ["id", "model", "tokens", "blocks", "size", "last_used"]
+    assert _columns(lines[0]) == ["id", "model", "tokens", "blocks", "size", "last_used", "where"]
     rows = lines[1:5]
-    assert all(len(_columns(row)) == 6 for row in rows), rows
+    assert all(len(_columns(row)) == 7 for row in rows), rows
     assert any(row.startswith(long_id + "  ") for row in rows)  # whole, on its row's line
-    starts = {m.start() for row in rows for m in [re.search(r"\S+\s+ago$|just now$", row)]}
+    starts = {m.start() for row in rows for m in [re.search(r"disk$", row)]}
     assert len(starts) == 1  # the last column starts at one offset: aligned
     for args in (["ls"], ["show", "bob"], ["stats"], ["prune", "--older-than", "7d", "--dry-run"], ["verify"]):
         out = cache.run(*args).stdout
         assert not BOX.search(out) and not any(line != line.rstrip() for line in out.splitlines()), (args, out)
     stats = cache.run("stats").stdout.splitlines()
-    assert _columns(stats[0]) == ["model", "agents", "blocks", "size", "cold", "orphans", "quarantined", "temp"]
-    assert all(len(_columns(line)) == 8 for line in stats[1:])
+    columns = ["model", "agents", "responses", "blocks", "size", "cold", "orphans", "quarantined", "temp"]
+    assert _columns(stats[0]) == columns
+    assert all(len(_columns(line)) == 9 for line in stats[1:])
 
 
 def test_models_ls_is_plain_columns(tmp_path, tiny_model):

@@ -84,6 +84,9 @@ def _describe(err: dict) -> tuple[str, str | None]:
         return err["msg"], err["ctx"]["param"]
     if err.get("type") == "unknown_tool":
         return err["msg"], "tool_choice"
+    if err.get("type") == "unsupported_part":  # the part itself, not the content holding it
+        param = ".".join([*loc, str(err["ctx"]["i"])])
+        return f"{param}: {err['msg']}", param
     if err.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}", None
     param = ".".join(loc) or None

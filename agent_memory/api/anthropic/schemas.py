@@ -63,7 +63,7 @@ def _blocks(v: Any, kinds: tuple[str, ...]) -> Any:
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
             if kind not in kinds:
                 raise PydanticCustomError(
-                    "unsupported_block",
+                    "unsupported_part",
                     "content block {i} has type '{kind}': only {kinds} blocks are supported",
                     {"i": i, "kind": kind, "kinds": ", ".join(kinds)},
                 )

@@ -45,7 +45,11 @@ class Message(BaseModel):
             for i, part in enumerate(v):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 if kind != "text":
-                    raise ValueError(f"content part {i} has type '{kind}': only 'text' parts are supported")
+                    raise PydanticCustomError(
+                        "unsupported_part",
+                        "content part {i} has type '{kind}': only text parts are supported",
+                        {"i": i, "kind": kind},
+                    )
         return v
 
     def text(self) -> str:
