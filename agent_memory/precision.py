@@ -27,16 +27,6 @@ class KVPrecision:
         """What every block file at this precision says about it (checked on read)."""
         return {"bits": str(self.bits), "group_size": str(self.group_size if self.quantized else 0)}
 
-    @classmethod
-    def from_meta(cls, meta: dict) -> KVPrecision:
-        """The precision `file_meta` wrote; ValueError when the fields are not one."""
-        bits, group = meta.get("bits"), meta.get("group_size")
-        if not all(isinstance(v, str) and v.isascii() and v.isdigit() for v in (bits, group)):
-            raise ValueError("bits and group_size are not numbers")
-        if int(bits) >= 16:
-            return cls()
-        return cls(int(bits), int(group))
-
 
 FULL = KVPrecision()
 

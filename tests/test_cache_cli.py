@@ -26,6 +26,7 @@ from agent_memory.memory.warm import blockfile
 from agent_memory.memory.warm.folder import Folder, folder_name
 from agent_memory.memory.warm.records import Manifest, tokens_text
 from agent_memory.memory.warm.tier import WarmTier
+from agent_memory.precision import KVPrecision
 
 REPO = Path(__file__).resolve().parent.parent
 FP_TINY = "a1" * 16
@@ -222,7 +223,7 @@ def test_the_servers_model_json_names_the_model_and_its_block_size(tmp_path):
     disk = WarmTier(
         layout,
         fingerprint=FP_TINY,
-        meta={"bits": "16", "group_size": "0"},
+        precision=KVPrecision(),
         block_layout=lambda n: {},
         name="org/Model-1",
         block_tokens=4,

@@ -31,6 +31,7 @@ from agent_memory.memory.warm.blockfile import BlockFileError
 from agent_memory.memory.warm.folder import Folder
 from agent_memory.memory.warm.records import Manifest
 from agent_memory.memory.warm.tier import WarmTier
+from agent_memory.precision import KVPrecision
 
 FINGERPRINT = "f" * 32
 BYTES_PER_TOKEN = 10
@@ -53,7 +54,7 @@ def make_store(root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=
     disk = WarmTier(
         Folder(root),
         fingerprint=FINGERPRINT,
-        meta={"bits": "16"},
+        precision=KVPrecision(),
         block_layout=layout,
         name="test/model",
         block_tokens=block_tokens,
@@ -250,7 +251,7 @@ def test_model_json_names_the_model_block_size_and_precision_and_is_written_atom
     disk = WarmTier(
         Folder(tmp_path),
         fingerprint=FINGERPRINT,
-        meta={"bits": "8", "group_size": "32"},
+        precision=KVPrecision(8, 32),
         block_layout=layout,
         name="HuggingFaceTB/SmolLM2-135M",
         block_tokens=64,

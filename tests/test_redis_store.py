@@ -21,6 +21,7 @@ from agent_memory.memory.warm.records import BlockRecord, Manifest
 from agent_memory.memory.warm.redis_backend import RedisBackend
 from agent_memory.memory.warm.redis_url import check_url, redact
 from agent_memory.memory.warm.tier import WarmTier
+from agent_memory.precision import KVPrecision
 from tests.services import RedisServer
 from tests.test_disk import BYTES_PER_TOKEN, FINGERPRINT, FakeKV, commit, encode, layout
 
@@ -46,7 +47,7 @@ def ns(redis_url, request):
 
 def shared_disk(url: str, ns: str) -> WarmTier:
     disk = WarmTier(
-        RedisBackend(url, ns), fingerprint=FINGERPRINT, meta={"bits": "16"}, block_layout=layout, name="t", block_tokens=BLOCK
+        RedisBackend(url, ns), fingerprint=FINGERPRINT, precision=KVPrecision(), block_layout=layout, name="t", block_tokens=BLOCK
     )
     disk.open()
     return disk

@@ -31,7 +31,7 @@ def open_warm_tier(
         return WarmTier(
             backend,
             fingerprint=loaded.fingerprint,
-            meta=precision.file_meta(),
+            precision=precision,
             name=loaded.name,
             block_tokens=BLOCK_TOKENS,
             block_layout=lambda n: kv.block_layout(n, shape, precision),

@@ -34,6 +34,7 @@ from agent_memory.memory.warm.folder import Folder
 from agent_memory.memory.warm.folder_backend import FolderBackend
 from agent_memory.memory.warm.records import BlockRecord, Manifest, tokens_text
 from agent_memory.memory.warm.scan import FolderScan
+from agent_memory.precision import KVPrecision
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +55,21 @@ class WarmTier:
         backend: WarmBackend | Folder,
         *,
         fingerprint: str,
-        meta: dict[str, str],
+        precision: KVPrecision,
         block_layout: Callable[[int], Layout],
         name: str,
         block_tokens: int,
     ) -> None:
         """backend: where blocks and manifests live (a Folder means FolderBackend(folder)).
-        meta: precision fields every block file carries and must match on read;
+        precision: of the blocks' KV, which every block file says and must match on read;
         block_layout(n): the tensors a block of n tokens must hold; name and block_tokens:
         the model's name and the block size, for model.json."""
         self.backend = FolderBackend(backend) if isinstance(backend, Folder) else backend
         self.folder = self.backend.folder  # None for a shared backend
         self.shared = self.backend.shared
         self.fingerprint = fingerprint
-        self.meta = {"fingerprint": fingerprint, **meta}
+        self.precision = precision
+        self.meta = {"fingerprint": fingerprint, **precision.file_meta()}
         self.name = name
         self.block_tokens = block_tokens
         self.block_layout = block_layout
@@ -112,7 +114,8 @@ class WarmTier:
     def model_info(self) -> dict:
         """model.json: what the folder holds, for people and `agent-memory cache`. The string
         fields of `meta` are the ones every block file repeats (checked by `cache verify`)."""
-        precision = {k: int(v) for k, v in self.meta.items() if k in ("bits", "group_size")}
+        p = self.precision
+        precision = {"bits": p.bits, "group_size": p.group_size if p.quantized else 0}
         return {"name": self.name, **self.meta, "block_tokens": self.block_tokens, "precision": precision}
 
     def open(self) -> FolderScan:
