@@ -33,16 +33,17 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
+
 import mlx.core as mx  # noqa: E402
 
 from agent_memory.config import default_cache_dir  # noqa: E402
-from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
 from agent_memory import files  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
 from agent_memory.memory.warm import blockfile  # noqa: E402
 from agent_memory.memory.warm.folder import Folder  # noqa: E402
 from agent_memory.memory.warm.records import BLOCK_TOKENS, tokens_text  # noqa: E402
-from agent_memory.precision import KVPrecision
+from agent_memory.precision import KVPrecision  # noqa: E402
 
 # SmolLM2-135M, the demo model, as the server sees it.
 DEMO = kv.KVShape(layers=30, kv_heads=3, k_dim=64, v_dim=64, dtype=mx.float32)

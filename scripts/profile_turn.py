@@ -25,12 +25,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
+
 import httpx  # noqa: E402
 import mlx.core as mx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
 from agent_memory.config import default_cache_dir  # noqa: E402
-from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
 from agent_memory.engine.loader import load_model  # noqa: E402
 from agent_memory import files  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402

@@ -45,7 +45,12 @@ def test_one_line_per_request_says_what_it_did(tiny_model, tmp_path):
         assert httpx.delete(s.base_url + "/v1/agents/secret-agent-name").status_code == 200
         bad = httpx.post(s.base_url + "/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]})
         assert bad.status_code == 400
+        # A prompt longer than the model's context, counted: tokenizers' own warning stays out.
+        long = [{"role": "user", "content": "lighthouse keeper " * 3000}]
+        counted = httpx.post(s.base_url + "/v1/messages/count_tokens", json={"model": "tiny", "messages": long})
+        assert counted.json()["input_tokens"] > 4096
     log = s.log()  # once it has stopped: a request's line is written after its response is sent
+    assert "Token indices sequence length" not in log
     lines = [line for line in log.splitlines() if "agent_memory.requests" in line]
     (first,) = [line for line in lines if "request_id=req-one" in line]
     (second,) = [line for line in lines if "request_id=req-two" in line]
