@@ -4,9 +4,9 @@ Each ```python block runs in its own interpreter (this one's), and each `curl` a
 `agent-memory cache` command of the ```bash blocks through bash, against a server on the tiny
 test model. One substitution, and only it, is made first: `http://127.0.0.1:8000` becomes that
 server's URL and the model id `demo` (also as `openai/demo`) becomes `tiny`, the id the tiny
-server lists. Nothing is installed here: a block whose imports are missing (a framework left
-out of the `test` extra, such as CrewAI, which needs `openai<3`) is skipped, naming
-what to install (the block's `# pip install ...` line).
+server lists. Nothing is installed here: a block whose imports this interpreter lacks runs in
+`.venv-frameworks` (scripts/test puts CrewAI there: it needs `openai<3`, the rest of the test
+extra `openai>=3`), or is skipped, naming what to install (the block's `# pip install ...` line).
 
 `python tests/test_examples.py --base-url URL [--model ID]` runs the same blocks against a
 running server of your own (the demo model: `--model demo`) and says which passed.
@@ -106,13 +106,29 @@ def missing_imports(code: str) -> list[str]:
     return sorted(m for m in modules if importlib.util.find_spec(m) is None)
 
 
+FRAMEWORKS_PYTHON = REPO / ".venv-frameworks" / "bin" / "python"
+
+
+def interpreter(code: str) -> str | None:
+    """The Python that can run a block: this one, else the frameworks' venv if it has what the
+    block imports; None when neither does."""
+    missing = missing_imports(code)
+    if not missing:
+        return sys.executable
+    if FRAMEWORKS_PYTHON.exists():
+        probe = f"import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in {missing!r}))"
+        if subprocess.run([str(FRAMEWORKS_PYTHON), "-c", probe]).returncode == 0:
+            return str(FRAMEWORKS_PYTHON)
+    return None
+
+
 def run(example: Example, base_url: str, model: str, cache_dir: Path | None = None) -> subprocess.CompletedProcess:
     code = substitute(example.code, base_url, model)
     env = {**os.environ, **QUIET_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     if cache_dir is not None:
         env["AGENT_MEMORY_CACHE_DIR"] = str(cache_dir)
     if example.kind == "python":
-        cmd = [sys.executable, "-c", code]
+        cmd = [interpreter(example.code) or sys.executable, "-c", code]
     else:
         cmd = ["bash", "-c", code]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, input="y\n", timeout=TIMEOUT_S, cwd=REPO)
@@ -169,7 +185,8 @@ def docs_server(tiny_model, tmp_path_factory):
 # Python blocks first (README's makes the agent `planner` that the curl and cache commands show).
 @pytest.mark.parametrize("example", sorted(ALL, key=lambda e: e.kind != "python"), ids=lambda e: f"{e.kind}-{e.name}")
 def test_example_runs(example: Example, docs_server):
-    if example.kind == "python" and (missing := missing_imports(example.code)):
+    if example.kind == "python" and interpreter(example.code) is None:
+        missing = missing_imports(example.code)
         wanted = PIP_LINE.search(example.code)
         install = f"pip install {wanted[1]}" if wanted else f"install {', '.join(missing)}"
         pytest.skip(f"{example.name} needs {', '.join(missing)} ({install}), not installed here")
@@ -196,8 +213,8 @@ def main() -> int:
             continue
         if args.kind and example.kind not in args.kind:
             continue
-        if example.kind == "python" and (missing := missing_imports(example.code)):
-            print(f"SKIP {example.name}: needs {', '.join(missing)}")
+        if example.kind == "python" and interpreter(example.code) is None:
+            print(f"SKIP {example.name}: needs {', '.join(missing_imports(example.code))}")
             continue
         if example.kind != "python":
             make_agents(args.base_url, args.cache_dir)
