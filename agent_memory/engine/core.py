@@ -43,8 +43,7 @@ class Work:
 
 @dataclass
 class Outcome:
-    """What running a step gave: each decoding sequence's token, and whether the prefilling
-    sequence's whole plan is now in its cache."""
+    """What a step gave: each decoding sequence's token; whether the prefill's plan is all in."""
 
     tokens: list[Token] = field(default_factory=list)
     prefilled: bool = False
@@ -100,7 +99,8 @@ class EngineCore:
             t0 = time.perf_counter()
             n = self.decoding
             self.metrics.batch_size.observe(n)
-            outcome.tokens = self._guard(self.parts.batch.step, self._batch_seqs()) or []
+            batch = [self.seqs[i] for i in self.parts.batch.seq_ids]
+            outcome.tokens = self._guard(self.parts.batch.step, batch) or []
             self.trace.decoded(t0, n)
         if work.prefill is not None:
             seq, t0, pos = work.prefill, time.perf_counter(), work.prefill.pos
@@ -113,11 +113,7 @@ class EngineCore:
         if outcome.tokens:
             self._apply_tokens(outcome.tokens)
         if outcome.prefilled:
-            seq = work.prefill
-            self._guard(lambda: self._prefill_done(seq), [seq])
-
-    def _batch_seqs(self) -> list[Sequence]:
-        return [self.seqs[i] for i in self.parts.batch.seq_ids]
+            self._guard(lambda: self._prefill_done(work.prefill), [work.prefill])
 
     def _guard(self, work: Callable[[], T], seqs: list[Sequence]) -> T | None:
         """Run one unit of MLX work; if it fails, fail the sequences it touched, not the server."""

@@ -1,20 +1,13 @@
-"""WarmTier: the warm tier. Block files and agent manifests in a backend (backend.py): the
-model folder (folder_backend.py), or a Redis several servers share (redis_backend.py), written
-behind the request path by one thread and read back by another.
+"""WarmTier: block files and agent manifests in a backend (backend.py) — the model folder
+(folder_backend.py) or a Redis several servers share (redis_backend.py) — written behind the
+request path by one thread and read back by another. No MLX: numpy in, numpy out.
 
-Every write is atomic (a folder's files: files.write_atomic, a crash leaves old or new files
-and temp files that the next start removes; Redis: one command or one script). Nothing here
-touches MLX: the engine hands over numpy arrays it made, and gets numpy arrays back. The writer
-thread does the copying, checksumming and I/O; the reader thread reads blocks and asks a shared
-backend about returning agents. A write that fails (a full disk, a folder planted as a link, a
-directory where a file should go, a Redis that does not answer) costs that write only: the
-writer says so once per kind of failure and goes on, and `write_error` says what failed last
-until a write succeeds again.
-
-With a shared backend, a manifest write is compare-and-set (`_write_manifest`): a turn committed
-by another server is never overwritten by one that did not see it.
+Every write is atomic (files.write_atomic: a crash leaves old or new files and temp files the
+next start removes; Redis: one command or one script). A failed write (a full disk, a link
+planted for a folder, a Redis that does not answer) costs that write only: said once per kind
+of failure, and in `write_error` until a write succeeds. With a shared backend a manifest
+write is compare-and-set (`_write_manifest`): no server overwrites a turn it did not see.
 """
-
 from __future__ import annotations
 
 import itertools
@@ -278,7 +271,7 @@ class WarmTier:
         self._logged_errors.add(key)
         log.log(
             level,
-            "disk tier: %s failed (%s); blocks stay in memory or are recomputed%s",
+            "warm tier: %s failed (%s); blocks stay in memory or are recomputed%s",
             kind,
             e,
             "" if level == logging.DEBUG else " (said once for this kind of failure)",
