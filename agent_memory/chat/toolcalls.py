@@ -45,6 +45,7 @@ class CallCutOff:
     index: int
     arguments: str = "{}"
 
+
 OutputEvent = ContentDelta | CallStart | CallArguments | CallCutOff
 
 
