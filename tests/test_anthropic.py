@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 
 from agent_memory.api.anthropic import routes as wire
-from agent_memory.api import pipeline
+from agent_memory.api.keepalive import with_keepalive
 from agent_memory.api.anthropic.reply import Reply
 from agent_memory.api.anthropic.schemas import MessagesRequest
 from agent_memory.chat.toolcalls import ToolCallParser
@@ -187,6 +187,21 @@ def test_count_tokens_is_the_prompt_a_request_runs(claude):
     counted = claude.messages.count_tokens(model="m", **body).input_tokens
     assert prompt_tokens(create(claude, max_tokens=4, **body).usage) == counted
     assert counted > claude.messages.count_tokens(model="m", messages=body["messages"]).input_tokens
+
+
+def test_count_tokens_compiles_no_grammar(claude):
+    """Claude Code's TaskCreate describes `metadata` with propertyNames, which constrained
+    decoding cannot enforce: counting the prompt still works (no grammar is made for a count)."""
+    task = {
+        "name": "TaskCreate",
+        "description": "Create a task.",
+        "input_schema": {
+            "type": "object",
+            "properties": {"metadata": {"type": "object", "propertyNames": {"pattern": "^[a-z_]+$"}}},
+        },
+    }
+    counted = claude.messages.count_tokens(model="m", messages=HI, tools=[*TOOLS, task]).input_tokens
+    assert counted > claude.messages.count_tokens(model="m", messages=HI, tools=TOOLS).input_tokens
 
 
 def test_a_second_turn_reads_the_whole_first_turn_from_the_cache(server, claude):
@@ -507,7 +522,7 @@ def test_keepalive_pings_while_waiting_and_leaving_closes_the_source():
 
     async def leave_after_the_token():
         got = []
-        async with contextlib.aclosing(pipeline.with_keepalive(slow(), 0.1)) as items:
+        async with contextlib.aclosing(with_keepalive(slow(), 0.1)) as items:
             async for item in items:
                 got.append(item)
                 if item == "token":
@@ -520,7 +535,7 @@ def test_keepalive_pings_while_waiting_and_leaving_closes_the_source():
 
     async def disconnect_while_waiting():  # the client leaves during a long prefill
         async def consume():
-            async for _ in pipeline.with_keepalive(slow(), 0.1):
+            async for _ in with_keepalive(slow(), 0.1):
                 pass
 
         task = asyncio.ensure_future(consume())

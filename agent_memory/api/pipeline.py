@@ -6,11 +6,10 @@ and shape output."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import Request
 
@@ -23,7 +22,6 @@ from agent_memory.chat.grammar import GrammarError
 from agent_memory.chat.toolcalls import ToolCallParser
 from agent_memory.engine.requests import Event, Failed, Finished, GenerationRequest, SamplingParams, TextDelta
 
-T = TypeVar("T")
 
 MAX_AGENT_ID = 256
 
@@ -78,10 +76,12 @@ async def prepare_chat(
     model: ServedModel,
     conversation: Conversation,
     params: tuple[str, str, str] = ("messages", "tools", "response_format"),
+    constrained: bool = True,
 ) -> Prepared:
     """On the tokenizer worker: the conversation rendered through the chat template (tools
     natively or in the built-in format) and tokenized, and the grammar its output must follow.
-    `params`: the wire format's names of the messages, the tools and the output format."""
+    `params`: the wire format's names of the messages, the tools and the output format;
+    `constrained` False: only the prompt (counting tokens compiles no grammar)."""
     messages_param, tools_param, format_param = params
     chars = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in conversation.messages)
     check_length(model, chars, messages_param)
@@ -92,24 +92,29 @@ async def prepare_chat(
             text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         except Exception as e:  # the model's own template refused these messages
             raise APIError(400, f"the chat template cannot render these messages: {e}", param=messages_param) from e
-        grammar = None
-        if conversation.calls_tools and not model.tool_format.json_calls:
-            if conversation.tool_choice.mode != "auto":
-                raise APIError(
-                    400,
-                    f"tool_choice '{conversation.tool_choice.mode}' needs the <tool_call> JSON format; this model's "
-                    f"template uses mlx-lm's {model.tool_format.parser} format, which is not constrained here",
-                    param="tool_choice",
-                )
-        else:
-            try:
-                text_grammar = model.grammars.grammar(conversation, tools_param, format_param)
-                grammar = model.grammars.matcher(text_grammar) if text_grammar else None
-            except GrammarError as e:
-                raise APIError(400, str(e), param=e.param, code="invalid_schema") from e
+        grammar = output_grammar(model, conversation, tools_param, format_param) if constrained else None
         return Prepared(tokenizer.encode(text, add_special_tokens=False), grammar)
 
     return await model.tokenize(prepare)
+
+
+def output_grammar(model: ServedModel, conversation: Conversation, tools_param: str, format_param: str) -> Any:
+    """The llguidance matcher the reply must follow (None: free text); a 400 when the request
+    asks for what cannot be enforced. On the tokenizer worker: it compiles."""
+    if conversation.calls_tools and not model.tool_format.json_calls:
+        if conversation.tool_choice.mode != "auto":
+            raise APIError(
+                400,
+                f"tool_choice '{conversation.tool_choice.mode}' needs the <tool_call> JSON format; this model's "
+                f"template uses mlx-lm's {model.tool_format.parser} format, which is not constrained here",
+                param="tool_choice",
+            )
+        return None
+    try:
+        text_grammar = model.grammars.grammar(conversation, tools_param, format_param)
+        return model.grammars.matcher(text_grammar) if text_grammar else None
+    except GrammarError as e:
+        raise APIError(400, str(e), param=e.param, code="invalid_schema") from e
 
 
 def tool_parser(model: ServedModel, conversation: Conversation) -> ToolCallParser | None:
@@ -269,32 +274,3 @@ async def collect_text(
     if collected is None:
         return None
     return "".join(e.text for e in collected if isinstance(e, TextDelta)), collected[-1]
-
-
-async def with_keepalive(source: AsyncIterator[T], seconds: float) -> AsyncIterator[T | None]:
-    """`source`'s items, and None each time `seconds` pass without one: a stream's cue to send
-    something (a ping, a comment) so that clients with idle timeouts wait through a long
-    prefill or a queue. Waiting never cancels `source`; leaving early closes it."""
-    items = aiter(source)
-    pending: asyncio.Future | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(items))
-            done, _ = await asyncio.wait({pending}, timeout=seconds)
-            if not done:
-                yield None
-                continue
-            finished, pending = pending, None
-            try:
-                item = finished.result()
-            except StopAsyncIteration:
-                return
-            yield item
-    finally:
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
-        if hasattr(items, "aclose"):
-            await items.aclose()

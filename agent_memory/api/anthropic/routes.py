@@ -30,6 +30,7 @@ from fastapi.responses import StreamingResponse
 
 from agent_memory.agent_key import AgentKey
 from agent_memory.api import pipeline
+from agent_memory.api.keepalive import with_keepalive
 from agent_memory.api.anthropic.reply import Reply, error_shape, sse
 from agent_memory.api.anthropic.schemas import (
     CountTokensRequest,
@@ -134,10 +135,10 @@ def conversation(body: PromptFields) -> Conversation:
     return Conversation(messages, tools, mode, parallel, output)
 
 
-async def prepare(model: ServedModel, conv: Conversation) -> pipeline.Prepared:
+async def prepare(model: ServedModel, conv: Conversation, constrained: bool = True) -> pipeline.Prepared:
     """pipeline.prepare_chat, with a tool's schema named as this wire format names it."""
     try:
-        return await pipeline.prepare_chat(model, conv, ("messages", "tools", "output_config.format"))
+        return await pipeline.prepare_chat(model, conv, ("messages", "tools", "output_config.format"), constrained)
     except APIError as e:
         if e.param and e.param.endswith(".parameters"):  # tools.N.parameters: our tools.N.input_schema
             ours = e.param.removesuffix(".parameters") + ".input_schema"
@@ -219,7 +220,7 @@ async def _stream(events: AsyncIterator[Event], reply: Reply) -> AsyncIterator[s
     prefill, a queue); the blocks; message_delta and message_stop. A failure after the start
     is an `error` event."""
     yield sse("message_start", {"type": "message_start", "message": reply.message(None)})
-    async for event in pipeline.with_keepalive(events, PING_SECONDS):
+    async for event in with_keepalive(events, PING_SECONDS):
         if event is None:
             yield sse("ping", {"type": "ping"})
         elif isinstance(event, Failed):
@@ -232,6 +233,7 @@ async def _stream(events: AsyncIterator[Event], reply: Reply) -> AsyncIterator[s
 
 @router.post(PATH + "/count_tokens")
 async def count_tokens(body: CountTokensRequest, state: ServerState = Depends(ready_state)) -> dict:
-    """The prompt /v1/messages would run for the same body, tools included, in tokens."""
-    prepared = await prepare(state.model_for(body.model), conversation(body))
+    """The prompt /v1/messages would run for the same body, tools included, in tokens (no
+    grammar is compiled: a schema constrained decoding cannot enforce does not stop a count)."""
+    prepared = await prepare(state.model_for(body.model), conversation(body), constrained=False)
     return {"input_tokens": len(prepared.prompt)}
