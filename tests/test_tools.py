@@ -281,6 +281,41 @@ def test_an_unenforceable_tool_schema_is_a_400_naming_its_path_and_keyword(serve
     assert "propertyNames" in error["message"] and "\n" not in error["message"] and "%json" not in error["message"]
 
 
+def test_under_auto_an_unenforceable_keyword_is_dropped_from_the_grammar_not_the_request(server):
+    """tool_choice auto with the same tool: served; its calls follow the schema without
+    propertyNames (the server says so once in its log)."""
+    loose = {"type": "object", "properties": {"m": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}}}
+    tools = [TOOLS[0], {"type": "function", "function": {"name": "tag", "parameters": loose}}]
+    r = httpx.post(
+        server.base_url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "tools": tools, "tool_choice": "auto"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_loosen_drops_only_what_cannot_be_enforced():
+    from agent_memory.chat.loosen import loosen
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "not": {"type": "string", "format": "made-up"},  # a property named like a keyword stays
+            "m": {"type": "object", "propertyNames": {"pattern": "^a"}, "default": {"not": 1}},
+        },
+        "if": {"properties": {"a": {"const": 1}}},
+        "then": {"required": ["m"]},
+    }
+    refusals = iter(['Unimplemented keys: ["if", "then"]', 'Unimplemented keys: ["propertyNames"]', "Unknown format: made-up"])
+    fitted, dropped = loosen(schema, lambda s: next(refusals, None))
+    assert dropped == ["if", "then", "propertyNames", "format made-up"]
+    assert fitted == {
+        "type": "object",
+        "properties": {"not": {"type": "string"}, "m": {"type": "object", "default": {"not": 1}}},
+    }
+    assert loosen(schema, lambda s: "Pointer '/$defs/x' does not exist") is None
+
+
 def test_the_openai_agents_sdk_runs_an_agent_with_a_tool(server):
     from agents import OpenAIChatCompletionsModel, Runner
 

@@ -11,17 +11,22 @@ vocabulary, at equal per-token cost (docs/benchmarks.md, "Constrained decoding")
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import replace
 
 import jsonschema
 import llguidance
 import llguidance.hf
 
 from agent_memory.chat.conversation import Conversation, Tool
+from agent_memory.chat.loosen import loosen
 from agent_memory.chat.render import ARGUMENTS_KEY, CALL_PREFIX, CALL_SEPARATOR, CALL_START, CALL_SUFFIX
 
 # How JSON is written: as json.dumps writes it, so clients and the next turn see the same text.
 JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 ANY_OBJECT = {"type": "object"}
+log = logging.getLogger(__name__)
+_LOOSENED: set[tuple[str, tuple[str, ...]]] = set()  # (tool, keywords dropped) already logged
 
 
 class GrammarError(ValueError):
@@ -109,12 +114,12 @@ class GrammarCompiler:
         elif output.kind == "json_schema":
             answer = check_schema(output.schema, format_param)
         if conversation.calls_tools:
-            tools = conversation.tools
+            tools = [
+                self._constrainable(tool, f"{tools_param}.{i}.parameters", loosen_ok=choice.mode == "auto")
+                for i, tool in enumerate(conversation.tools)
+            ]
             if choice.mode == "named":
                 tools = [t for t in tools if t.name == choice.name]
-            for i, tool in enumerate(conversation.tools):
-                param = f"{tools_param}.{i}.parameters"
-                self._enforceable(check_schema(tool.parameters or ANY_OBJECT, param), param)
             if answer is not None:
                 self._enforceable(answer, format_param)
             lark = tool_calls_lark(tools, conversation.parallel_tool_calls, choice.mode, answer)
@@ -124,10 +129,32 @@ class GrammarCompiler:
             return self._checked(llguidance.LLMatcher.grammar_from_json_schema(answer, defaults=JSON_STYLE), format_param)
         return None
 
+    def _constrainable(self, tool: Tool, param: str, loosen_ok: bool) -> Tool:
+        """The tool as its calls are constrained: as given when its schema can be enforced;
+        under `auto`, else, with the nearest looser schema (loosen.py), said once per tool and
+        keywords; else a GrammarError naming it (a call the client requires must be exact)."""
+        schema = check_schema(tool.parameters or ANY_OBJECT, param)
+        loosened = loosen(schema, self._refusal) if loosen_ok else None
+        if loosened is None:
+            self._enforceable(schema, param)
+            return tool
+        fitted, dropped = loosened
+        if dropped and (tool.name, tuple(dropped)) not in _LOOSENED:
+            _LOOSENED.add((tool.name, tuple(dropped)))
+            dropped_text = ", ".join(dropped)
+            log.info("tool %r: its calls are constrained without %s, which cannot be enforced", tool.name, dropped_text)
+        return replace(tool, parameters=fitted) if dropped else tool
+
+    def _refusal(self, schema: dict) -> str | None:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+        return (messages[0] if messages else "refused") if is_error else None
+
     def _enforceable(self, schema: dict, param: str) -> None:
         """Compile one schema alone, so that a refusal names the schema at fault and says in a
         sentence what in it cannot be enforced (never the compiled grammar)."""
-        self._checked(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE), param)
+        if (reason := self._refusal(schema)) is not None:
+            raise GrammarError(f"{param} cannot be enforced by constrained decoding: {_cause(reason)}", param)
 
     def _checked(self, grammar: str, param: str) -> str:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
