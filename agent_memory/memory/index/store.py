@@ -268,7 +268,7 @@ class AgentCacheStore(AgentIndex):
 
     def _evict_disk(self) -> None:
         if self.shared or self.pool.disk_bytes <= self.disk_budget_bytes:
-            return  # a shared tier is bounded by its own maxmemory (redis_store.py)
+            return  # a shared tier is bounded by its own maxmemory (warm/redis_backend.py)
         now = time.monotonic()
         candidates = [b for b in self.pool.blocks.values() if b.disk_bytes and b.pins == 0]
         candidates.sort(key=lambda b: self.retention_value(b, now, b.disk_bytes, False))

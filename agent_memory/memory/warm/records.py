@@ -42,7 +42,7 @@ class BlockRecord:
     tokens: tuple[int, ...]
 
     def meta(self) -> dict[str, str]:
-        """The block file's metadata that names the block (DiskTier adds the folder's fields)."""
+        """The block file's metadata that names the block (WarmTier adds the folder's fields)."""
         parent = self.parent or ""
         return {"hash": self.hash, "parent": parent, "start": str(self.start), "tokens": tokens_text(self.tokens)}
 
