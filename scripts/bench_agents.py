@@ -739,7 +739,8 @@ def fetch_cache_state(root: str) -> dict:
         if r.status_code == 200:
             body = r.json()
             for key in ("hot_bytes", "hot_exact_bytes", "hot_quantized_bytes", "disk_bytes", "hot_budget_bytes",
-                        "hot_blocks", "warm_blocks", "cold_blocks"):
+                        "hot_blocks", "warm_blocks", "cold_blocks", "snapshots", "snapshot_hot_bytes",
+                        "snapshot_disk_bytes"):
                 if key in body:
                     out[key] = body[key]
             data = body.get("data", [])
@@ -1016,6 +1017,9 @@ def run_workload(kind: str, args, agents_n: int, turns: int, history_tokens: int
     if hot is None and exact is not None and quant is not None:
         hot = exact + quant
     result["hot_bytes"], result["hot_exact_bytes"], result["hot_quantized_bytes"] = hot, exact, quant
+    # Models with window or recurrent layers: their snapshots, a part of hot_bytes (and of disk).
+    result["snapshots"] = cache.get("snapshots")
+    result["snapshot_hot_bytes"], result["snapshot_disk_bytes"] = cache.get("snapshot_hot_bytes"), cache.get("snapshot_disk_bytes")
     if exact_kvb and totals:
         s = shared or 0
         unique = s + sum(t - s for t in totals.values())
@@ -1098,6 +1102,9 @@ METRICS = {
     "ideal_hot_bytes": lambda r: r.get("ideal_hot_bytes"),
     "ideal_hot_bytes_exact": lambda r: r.get("ideal_hot_bytes_exact"),
     "ideal_hot_bytes_quantized": lambda r: r.get("ideal_hot_bytes_quantized"),
+    "snapshots": lambda r: r.get("snapshots"),
+    "snapshot_hot_bytes": lambda r: r.get("snapshot_hot_bytes"),
+    "snapshot_disk_bytes": lambda r: r.get("snapshot_disk_bytes"),
     "errors": lambda r: r["errors"],
     "first_prompt_tokens": lambda r: r["tokens_first_prompt_median"],
     "crash_load_s": lambda r: r.get("crash_load_s"),
@@ -1507,6 +1514,10 @@ def main(argv=None) -> int:
             text = table(summary)
             if history:
                 text += "\n\n" + cold_table(summary)
+            if (ours := summary.get("ours")) and ours.get("snapshots"):
+                text += (f"\n\nours after the turns: hot {ours['hot_bytes'] / 2**20:.2f} MiB, of which "
+                         f"{ours['snapshots']:.0f} snapshots {ours['snapshot_hot_bytes'] / 2**20:.2f} MiB; snapshots "
+                         f"on disk {ours['snapshot_disk_bytes'] / 2**20:.2f} MiB")
             cmp_text, ratios = compare_table(summary)
             if cmp_text:
                 text += "\n\n" + cmp_text

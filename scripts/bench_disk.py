@@ -8,7 +8,7 @@ The target (issue): a durable save or load of a block runs within 2x of the disk
 The disk is measured with dd (`conv=fsync`: one fsync at the end of 64 MiB; read back at once
 so from the page cache). Blocks are the demo model's (SmolLM2-135M: 30 layers, 3 KV heads,
 head_dim 64, 64 tokens, float32 KV) at 16, 8 and 4 bits, made the way the server makes them
-(engine/kv.py convert + to_numpy) and timed on the server's own paths: a save is
+(engine/kinds/attention.py convert + to_numpy) and timed on the server's own paths: a save is
 blockfile.encode + files.write_atomic (temp file, fsync, rename, fsync the folder) as
 WarmTier writes it; a load is blockfile.read with every check (header, layout, identity,
 CRC32), as the kv-reader thread does. Loads read files just written, so they too come from
@@ -33,7 +33,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
+from agent_memory.engine.kinds import attention as kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
 
 import mlx.core as mx  # noqa: E402
 

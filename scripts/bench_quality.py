@@ -12,7 +12,7 @@ the way an agent's conversation grows. How the server uses a precision:
   float row. Once its blocks cooled (the hot budget's pressure, or a restart: the disk holds
   --kv-bits), a returning request attends to its prefix dequantized and to its own new tokens
   at full precision: here each 128-token step is a request, the steps before it come back from
-  64-token blocks cooled to the precision (engine/kv.py, as the engine stores and restores them).
+  64-token blocks cooled to the precision (engine/kinds/, as the engine stores and restores them).
 - decode-quantized (`--decode-quantized`): everything attended to is quantized, through
   mlx-lm's QuantizedKVCache (the batched cache decodes the same tokens, tests/test_quantized.py).
 
@@ -44,7 +44,8 @@ from mlx_lm import load
 from mlx_lm.models.cache import BatchKVCache
 
 from agent_memory.config import default_cache_dir
-from agent_memory.engine import kv
+from agent_memory.engine.kinds import attention as kv
+from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.quantized import BatchQuantizedKVCache
 from agent_memory.memory.warm.records import BLOCK_TOKENS
 from agent_memory.models.registry import resolve_model
@@ -89,9 +90,9 @@ class Runner:
 
     def __init__(self, model, scheme: Scheme) -> None:
         self.model, self.scheme = model, scheme
-        self.layers = len(model.layers)
+        self.layers = ModelLayers(model)
         working = scheme.precision if scheme.decode_quantized else FULL
-        self.cache = kv.new_cache(self.layers, working)
+        self.cache = self.layers.new_cache(working)
         self.runs: list[kv.StoredRun] = []  # what the current request restored, block by block
         self.length = 0
 
@@ -106,13 +107,13 @@ class Runner:
         blocks = []
         for start in range(0, self.length, BLOCK_TOKENS):
             end = min(start + BLOCK_TOKENS, self.length)
-            block = kv.cut_at(self.cache, start, end, self.runs, FULL)
+            block = self.layers.cut_at(self.cache, start, end, self.runs, FULL)
             if block.precision != self.scheme.precision:
                 block = kv.demote(block, self.scheme.precision)
             blocks.append((start, end, block))
         self.runs = [kv.StoredRun(start, end, block) for start, end, block in blocks]
-        self.cache = kv.new_cache(self.layers, FULL)
-        kv.append(self.cache, [(block, end - start) for start, end, block in blocks], FULL)
+        self.cache = self.layers.new_cache(FULL)
+        self.layers.append(self.cache, [(block, end - start) for start, end, block in blocks], FULL)
 
     def forward(self, tokens: list[int]) -> mx.array:
         logits = self.model(mx.array(tokens)[None], cache=self.cache)
@@ -174,7 +175,7 @@ def free_running(model, prompt: list[int], reference: list[int], scheme: Scheme)
 def decode_speed(model, scheme: Scheme, batch: int, context: int, steps: int) -> float:
     """Aggregate tok/s of `batch` sequences decoding together over `context` cached tokens."""
     history = mx.random.randint(0, 1000, (1, context), key=mx.random.key(0))
-    single = kv.new_cache(len(model.layers), scheme.precision if scheme.decode_quantized else FULL)
+    single = ModelLayers(model).new_cache(scheme.precision if scheme.decode_quantized else FULL)
     model(history, cache=single)
     mx.eval([c.state for c in single])
     merge = BatchQuantizedKVCache.merge if scheme.decode_quantized else BatchKVCache.merge
@@ -191,10 +192,7 @@ def decode_speed(model, scheme: Scheme, batch: int, context: int, steps: int) ->
 
 
 def kv_bytes_per_1k_tokens(model, precision: KVPrecision) -> int:
-    shape = kv.probe_shape(model, len(model.layers))
-    dtype_bytes = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4}
-    layout = kv.block_layout(1000, shape, precision)
-    return sum(dtype_bytes[d] * math.prod(dims) for d, dims in layout.values())
+    return 1000 * ModelLayers(model).bytes_per_token(precision)
 
 
 def main() -> None:

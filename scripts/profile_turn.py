@@ -25,13 +25,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent_memory.engine import kv  # noqa: E402  (first: it loads OpenBLAS before MLX)
+from agent_memory.engine.kinds import attention  # noqa: E402  (first: it loads OpenBLAS before MLX)
 
 import httpx  # noqa: E402
 import mlx.core as mx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
 from agent_memory.config import default_cache_dir  # noqa: E402
+from agent_memory.engine.kinds.layers import ModelLayers  # noqa: E402
 from agent_memory.engine.loader import load_model  # noqa: E402
 from agent_memory import files  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
@@ -74,17 +75,18 @@ def engine_parts(loaded, messages: list[dict], precision: KVPrecision, work: Pat
     history = tokenizer.apply_chat_template(messages, tokenize=True)
     cached = len(history) // BLOCK_TOKENS * BLOCK_TOKENS
     full = KVPrecision()
+    layers = ModelLayers(model)
 
     def prefill(tokens, cache=None):
-        cache = cache or kv.new_cache(loaded.num_layers, full)
+        cache = cache or layers.new_cache(full)
         model(mx.array(tokens)[None], cache=cache)
         mx.eval([c.state for c in cache])
         return cache
 
     t_cold, _ = timed(lambda: prefill(prompt[:-1]), repeats=2)
     cache = prefill(prompt[:cached])
-    exact = [kv.BlockKV(kv.cut(cache, s, s + BLOCK_TOKENS), full) for s in range(0, cached, BLOCK_TOKENS)]
-    blocks = [kv.demote(b, precision) for b in exact]  # cooled: what the disk and a full hot tier hold
+    exact = [layers.cut_at(cache, s, s + BLOCK_TOKENS, [], full) for s in range(0, cached, BLOCK_TOKENS)]
+    blocks = [attention.demote(b, precision) for b in exact]  # cooled: what the disk and a full hot tier hold
     prefix = BlockNames(loaded.fingerprint, BLOCK_TOKENS)
     t_hash, _ = timed(lambda: prefix.chain(prompt[:-1]))
 
@@ -92,15 +94,14 @@ def engine_parts(loaded, messages: list[dict], precision: KVPrecision, work: Pat
     paths = []
     for i, block in enumerate(blocks):
         path = work / f"{i}.safetensors"
-        files.write_atomic(path, blockfile.encode({"hash": str(i)}, kv.to_numpy(block.arrays)))
+        files.write_atomic(path, blockfile.encode({"hash": str(i)}, attention.to_numpy(block.arrays)))
         paths.append(path)
-    shape = kv.probe_shape(model, loaded.num_layers)
-    layout = kv.block_layout(BLOCK_TOKENS, shape, precision)
+    layout = layers.block_layout(BLOCK_TOKENS, precision)
     t_read, _ = timed(lambda: [blockfile.read(p, {"hash": str(i)}, layout) for i, p in enumerate(paths)])
 
     def assemble(parts=blocks):
-        working = kv.new_cache(loaded.num_layers, full)
-        kv.append(working, [(b, BLOCK_TOKENS) for b in parts], full)
+        working = layers.new_cache(full)
+        layers.append(working, [(b, BLOCK_TOKENS) for b in parts], full)
         return working
 
     t_exact, _ = timed(lambda: assemble(exact))

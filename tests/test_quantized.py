@@ -11,7 +11,8 @@ from mlx_lm import load
 from mlx_lm.models.cache import QuantizedKVCache
 
 from agent_memory import files
-from agent_memory.engine import kv
+from agent_memory.engine.kinds import attention as kv
+from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.quantized import BatchQuantizedKVCache
 from agent_memory.memory.warm import blockfile
 from agent_memory.precision import KVPrecision
@@ -103,7 +104,7 @@ def test_quantized_blocks_round_trip_through_the_tiers_unchanged(model_and_token
     precision = KVPrecision(bits, group)
     cache = prefilled(model, prompts[0], bits, group)
     hot = kv.cut(cache, 0, 8)
-    shape = kv.probe_shape(model, len(model.layers))
+    shape = ModelLayers(model).groups[0][2]
     tensors = kv.to_numpy(hot)
     path = tmp_path / "block.safetensors"
     files.write_atomic(path, blockfile.encode({"hash": "h"}, tensors))
@@ -124,20 +125,20 @@ def test_a_commit_keeps_whole_restored_blocks_and_cuts_the_rest_as_attended(mode
     precision, full = KVPrecision(4, 32), KVPrecision()
     tokens = prompts[3]
     stored = kv.BlockKV(kv.cut(prefilled(model, tokens[:11], 4, 32), 0, 10), precision)  # at rest
-    working = kv.new_cache(len(model.layers), full)
+    working = ModelLayers(model).new_cache(full)
     kv.append(working, [(stored, 10)], full)
     model(mx.array(tokens[10:-1])[None], cache=working)
     n = len(tokens) - 1
     runs = [kv.StoredRun(0, 10, stored)]
-    kept = kv.cut_at(working, 2, 8, runs, full)
+    kept = kv.cut_at({"": working}, 2, 8, runs, full)
     assert kept.precision == precision
     for name in stored.arrays:
         assert mx.array_equal(kept.arrays[name], stored.arrays[name][:, :, 2:8]).item()
-    exact = kv.cut_at(working, 0, n, runs, full)
+    exact = kv.cut_at({"": working}, 0, n, runs, full)
     assert exact.precision == full
     assert mx.array_equal(exact.arrays["k"], kv.cut(working, 0, n)["k"]).item()
     # What a repeat reads back is what the first request attended to, bit for bit.
-    again = kv.new_cache(len(model.layers), full)
+    again = ModelLayers(model).new_cache(full)
     kv.append(again, [(exact, n)], full)
     assert mx.array_equal(again[0].keys[..., :n, :], working[0].keys[..., :n, :]).item()
     cooled = kv.demote(exact, precision)

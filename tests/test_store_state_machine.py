@@ -1,6 +1,7 @@
 """The store's invariants (docs/architecture.md) under random commits, lookups, branches,
 evictions, agent ends and concurrent running sequences, in several namespaces (tenants, cache
-salts), checked after every step."""
+salts), checked after every step; for a model with state layers too, whose commits take
+snapshots and whose lookups resume only at one (memory/index/snapshots.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.prefix import common_prefix
+from agent_memory.memory.index.snapshots import KEPT_PER_AGENT
 from agent_memory.memory.index.store import AgentCacheStore
 
 BYTES_PER_TOKEN = 10
+SNAPSHOT_BYTES = 25  # a fixed size, whatever the position
 AGENTS = st.sampled_from([AgentKey("a"), AgentKey("b"), AgentKey("a", "t2"), AgentKey("c", "t2"), None])
 SALTS = st.sampled_from(["", "salt"])  # an anonymous request's namespace: its cache_salt
 TOKENS = st.lists(st.integers(0, 3), max_size=14)  # a small alphabet makes shared prefixes
@@ -45,14 +48,15 @@ class Running:
 
 
 class StoreMachine(RuleBasedStateMachine):
-    @initialize(budget_tokens=st.integers(0, 60), block_tokens=st.sampled_from([2, 3, 4]))
-    def setup(self, budget_tokens, block_tokens):
+    @initialize(budget_tokens=st.integers(0, 60), block_tokens=st.sampled_from([2, 3, 4]), state=st.booleans())
+    def setup(self, budget_tokens, block_tokens, state):
         self.store = AgentCacheStore(
             block_tokens=block_tokens,
             salt="fingerprint",
             hot_budget_bytes=budget_tokens * BYTES_PER_TOKEN,
             attention_tokens=50.0,
             demote=demote,
+            state_layers=state,
         )
         self.seen: list[list[int]] = []
         self.running: list[Running] = []
@@ -62,12 +66,15 @@ class StoreMachine(RuleBasedStateMachine):
     def _root(self, agent, salt: str = "") -> str | None:
         return self.store.names.root(namespace(agent.tenant if agent else "", salt))
 
-    def _commit(self, agent, tokens, salt=""):
+    def _commit(self, agent, tokens, salt="", snapshot=False):
         def cut(start, end):  # computed KV is exact, at twice the bytes of its cooled form
             return FakeKV(tuple(tokens[start:end]), exact=True), 2 * (end - start) * BYTES_PER_TOKEN, True
 
+        def take():
+            return FakeKV(()), SNAPSHOT_BYTES
+
         root = self._root(agent, salt)
-        self.store.commit(agent, tokens, cut, root)
+        self.store.commit(agent, tokens, cut, root, take if snapshot and self.store.state_layers else None)
         self.namespace_of.update({h: root for h, *_ in self.store.names.chain(tokens, root)})
         self.seen.append(tokens)
         if agent is not None:
@@ -78,11 +85,11 @@ class StoreMachine(RuleBasedStateMachine):
         keep = data.draw(st.integers(0, len(base)))
         return base[:keep] + data.draw(TOKENS)
 
-    @rule(agent=AGENTS, salt=SALTS, data=st.data())
-    def commit(self, agent, salt, data):
+    @rule(agent=AGENTS, salt=SALTS, snapshot=st.booleans(), data=st.data())
+    def commit(self, agent, salt, snapshot, data):
         tokens = self._draw_tokens(data)
         if tokens:
-            self._commit(agent, tokens, salt if agent is None else "")
+            self._commit(agent, tokens, salt if agent is None else "", snapshot)
 
     @rule(agent=AGENTS, salt=SALTS, data=st.data())
     def lookup(self, agent, salt, data):
@@ -100,18 +107,25 @@ class StoreMachine(RuleBasedStateMachine):
                 assert seg.block.payload.tokens[: seg.end - seg.start] == tuple(tokens[seg.start : seg.end])
             pos = seg.end
         assert lease.segments == [] or lease.segments[-1].block is not None
+        if self.store.state_layers:  # it resumes exactly after a snapshot's prefix, or at 0
+            snapshot = lease.snapshot
+            assert lease.end == (snapshot.start if snapshot else 0)
+            if snapshot is not None:
+                names = self.store.names
+                assert snapshot.parent == names.prefix_name(names.chain(tokens, root), tokens, snapshot.start)
+                assert all(s.block is not None for s in lease.segments)
         hot = [s.block for s in lease.segments if s.block is not None and s.block.tier is Tier.HOT]
         self.running.append(Running(tokens, lease, hot, agent, salt))
 
     @precondition(lambda self: self.running)
-    @rule(data=st.data(), extra=TOKENS)
-    def finish(self, data, extra):
+    @rule(data=st.data(), extra=TOKENS, snapshot=st.booleans())
+    def finish(self, data, extra, snapshot):
         """A running sequence ends: its pins go, then its prompt and reply are committed."""
         run = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
         tokens = run.tokens + extra
         self.store.release(run.lease)  # as the engine does: release, then commit
         if tokens:
-            self._commit(run.agent, tokens, run.salt if run.agent is None else "")
+            self._commit(run.agent, tokens, run.salt if run.agent is None else "", snapshot)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())
@@ -128,9 +142,9 @@ class StoreMachine(RuleBasedStateMachine):
         if record is None:
             return
         self.ended.add(agent)
-        others = {h for a, r in self.store.agents.items() for h in r.blocks}
+        others = {h for a, r in self.store.agents.items() for h in [*r.blocks, *r.snapshots]}
         pinned = {b.hash for r in self.running for b in r.lease.blocks}
-        for h in record.blocks:
+        for h in [*record.blocks, *record.snapshots]:
             if h not in others and h not in pinned:
                 assert h not in self.store.pool, "an ended agent's own block survived"
 
@@ -147,7 +161,11 @@ class StoreMachine(RuleBasedStateMachine):
         record = hot_agents[pick % len(hot_agents)]
         prompt = record.tokens[: round(keep * len(record.tokens))] + extra
         lease = self.store.lookup(prompt, record.root)
-        assert lease.end >= common_prefix(record.tokens, prompt)
+        shared = common_prefix(record.tokens, prompt)
+        if self.store.state_layers:  # as far as its latest snapshot within what it shares
+            held = [self.store.pool.blocks[h] for h in record.snapshots]
+            shared = max((s.start for s in held if s.tier is Tier.HOT and s.start <= shared), default=0)
+        assert lease.end >= shared
         self.store.release(lease)
 
     @invariant()
@@ -162,7 +180,15 @@ class StoreMachine(RuleBasedStateMachine):
         # Both kinds of hot bytes are counted, each exactly, against one budget.
         assert pool.exact_bytes == sum(b.hot_bytes for b in hot if b.exact)
         assert all(b.exact == b.payload.exact for b in hot)
-        assert all(b.hot_bytes == len(b.tokens) * BYTES_PER_TOKEN * (2 if b.exact else 1) for b in hot)
+        assert all(
+            b.hot_bytes == (SNAPSHOT_BYTES if b.snapshot else len(b.tokens) * BYTES_PER_TOKEN * (2 if b.exact else 1))
+            for b in hot
+        )
+        # Snapshots exist only for models with state layers, found by the prefix they follow.
+        snapshots = [b for b in pool.blocks.values() if b.snapshot]
+        assert store.state_layers or not snapshots
+        assert {s.parent: s for s in snapshots} == pool.snapshots
+        assert all(s.hash == store.names.snapshot_name(s.parent) and not s.tokens for s in snapshots)
         assert all(b.hot_bytes == 0 for b in pool.blocks.values() if b.tier is not Tier.HOT)
         assert pool.hot_bytes <= store.hot_budget_bytes
         assert pool.disk_bytes == sum(b.disk_bytes for b in pool.blocks.values()) == 0
@@ -170,7 +196,8 @@ class StoreMachine(RuleBasedStateMachine):
         refs = {h: 0 for h in pool.blocks}
         for record in store.agents.values():
             assert len(set(record.blocks)) == len(record.blocks)
-            for h in record.blocks:
+            assert len(set(record.snapshots)) == len(record.snapshots) <= KEPT_PER_AGENT
+            for h in [*record.blocks, *record.snapshots]:
                 refs[h] += 1
         pins = {h: 0 for h in pool.blocks}
         for run in self.running:
@@ -179,8 +206,8 @@ class StoreMachine(RuleBasedStateMachine):
         for h, b in pool.blocks.items():
             assert b.refs == refs[h] and b.pins == pins[h]
             assert b.refs or b.pins or b.tier is Tier.HOT, "an unreferenced block outside memory"
-            assert h in pool.children[b.parent]
-        assert sum(len(c) for c in pool.children.values()) == len(pool)
+            assert b.snapshot or h in pool.children[b.parent]
+        assert sum(len(c) for c in pool.children.values()) == len(pool) - len(snapshots)
         # 4: ended agents are gone.
         assert not (self.ended & set(store.agents))
         # 5: blocks pinned by running sequences stay hot.
@@ -190,6 +217,11 @@ class StoreMachine(RuleBasedStateMachine):
         for record in store.agents.values():
             covered = [t for h in record.blocks for t in pool.blocks[h].tokens]
             assert covered == record.tokens
+            # ... and keep only snapshots along their tokens.
+            chain = store.names.chain(record.tokens, record.root)
+            for h in record.snapshots:
+                s = pool.blocks[h]
+                assert s.snapshot and s.parent == store.names.prefix_name(chain, record.tokens, s.start)
 
 
 StoreMachine.TestCase.settings = settings(

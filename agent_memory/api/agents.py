@@ -22,6 +22,7 @@ def agent_dict(info: AgentInfo) -> dict:
         "object": "agent",
         "tokens": info.tokens,
         "blocks": info.blocks,
+        "snapshots": info.snapshots,
         "bytes": {
             "hot": info.hot_bytes,
             "hot_exact": info.exact_bytes,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import typer
@@ -93,6 +95,9 @@ def models_build_tiny(
     arch: str = typer.Option("llama", "--arch", help="The model family (`--list` shows them); 'help' lists them too."),
     quantize: str | None = typer.Option(None, "--quantize", "-q", help="4, 8 (bits) or mxfp4, as mlx_lm.convert -q."),
     list_archs: bool = typer.Option(False, "--list", help="List the families and exit."),
+    sets: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE", help="Change a config field (JSON value), e.g. --set hidden_size=512: a bigger model."
+    ),
 ) -> None:
     """Build a deterministic tiny random model: the llama one the tests use, or one of any
     mlx-lm text family (`--arch gemma3_text`) to reproduce a bug or benchmark, offline."""
@@ -106,12 +111,21 @@ def models_build_tiny(
     from agent_memory.models.tiny import QUANTIZATIONS, build_tiny, tiny_arch
 
     bits = int(quantize) if quantize in ("4", "8") else quantize
+    changes = {}
+    for setting in sets:
+        key, sep, value = setting.partition("=")
+        try:
+            changes[key] = json.loads(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key:
+            raise typer.BadParameter(f"{setting!r} is not KEY=VALUE with a JSON value", param_hint="--set")
     try:
         tiny_arch(arch)  # before the progress bar: an unknown one is said alone
         if bits is not None and bits not in QUANTIZATIONS:
             raise typer.BadParameter(f"one of {', '.join(map(str, QUANTIZATIONS))}", param_hint="--quantize")
         with progress() as bars:
-            path = build_tiny(directory, arch=arch, quantize=bits, progress=ProgressReporter(bars))
+            path = build_tiny(directory, arch=arch, quantize=bits, config=changes, progress=ProgressReporter(bars))
     except ModelError as e:
         fail(e)
     typer.echo(path)

@@ -1,7 +1,8 @@
 """The commit path, in one place: a sequence's KV cut into blocks at the store's request (exact,
-as computed; runs it restored keep their stored bits, see kv.cut_at), made hot in the store,
-and what the store says is new turned into numpy at the disk's precision once and queued for
-the disk tier's writer."""
+as computed; runs it restored keep their stored bits, see attention.cut_at) and, for a model
+with window or recurrent layers, a snapshot of those where the committed tokens end; made hot in
+the store, and what the store says is new turned into numpy at the disk's precision once and
+queued for the warm tier's writer."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.engine import kv
+from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.sequence import Sequence, canonical_reply
 from agent_memory.engine.trace import NoTrace
 from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.index.store_records import Persist
 from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import Precisions
 
@@ -24,10 +26,17 @@ log = logging.getLogger(__name__)
 
 class Committer:
     def __init__(
-        self, store: AgentCacheStore, warm: WarmTier | None, precisions: Precisions, decoder, trace: NoTrace
+        self,
+        store: AgentCacheStore,
+        warm: WarmTier | None,
+        layers: ModelLayers,
+        precisions: Precisions,
+        decoder,
+        trace: NoTrace,
     ) -> None:
         self.store = store
         self.warm = warm
+        self.layers = layers
         self.precisions = precisions
         self.decoder = decoder  # a tokenizers.Tokenizer: the reply's canonical tokens
         self.trace = trace
@@ -35,32 +44,52 @@ class Committer:
     def commit_turn(self, seq: Sequence, reason: str, cache: list, tokens: list[int]) -> list[int] | None:
         """Commit a finished sequence's KV for its agent, as far as it is what the agent's next
         turn will send; return the canonical sequence still to compute, if any (see
-        sequence.canonical_reply)."""
+        sequence.canonical_reply). `cache` holds exactly `tokens`."""
         follow_up = None
+        held = len(tokens)
         if seq.agent is not None and reason in ("stop", "length"):
             reply = self.decoder.encode(seq.output.text, add_special_tokens=False).ids
             keep, follow_up = canonical_reply(seq.prompt, tokens, reply)
             tokens = tokens[:keep]
-        self.commit(seq, seq.agent, cache, tokens)
+        # A state layer's cache cannot be cut back: its snapshot is taken only where it ends.
+        self.commit(seq, seq.agent, cache, tokens, snapshot=len(tokens) == held)
         return follow_up
 
-    def commit(self, seq: Sequence, agent: AgentKey | None, cache: list, tokens: list[int]) -> None:
-        """Store tokens' KV (for `agent`, or anonymously); a failure costs only reuse."""
+    def share(self, seq: Sequence, end: int) -> None:
+        """Offer the first `end` prompt tokens, which the cache holds now, for reuse by requests
+        that arrive meanwhile (with a snapshot there, for a model with state layers)."""
+        persist = self.commit(seq, None, seq.cache, seq.prompt[:end], snapshot=True)
+        if persist is not None and persist.snapshot is not None:
+            seq.snapshots.append(persist.snapshot)
+
+    def commit(
+        self, seq: Sequence, agent: AgentKey | None, cache: list, tokens: list[int], snapshot: bool = False
+    ) -> Persist | None:
+        """Store tokens' KV (for `agent`, or anonymously), and where they end a snapshot if the
+        model has state layers and `snapshot` says the cache ends there too; a failure costs
+        only reuse."""
         p = self.precisions
         payloads = []
 
         def cut(start: int, end: int):
-            block = kv.cut_at(cache, start, end, seq.stored, p.working)
+            block = self.layers.cut_at(cache, start, end, seq.stored, p.working)
             payloads.append(block.arrays)
             return block, block.nbytes, block.precision != p.hot
 
+        def take():
+            taken = self.layers.take_snapshot(cache)
+            return taken, taken.nbytes
+
         try:
             t0 = time.perf_counter()
-            persist = self.store.commit(agent, tokens, cut, seq.root)
+            take_snapshot = take if snapshot and self.layers.has_state else None
+            persist = self.store.commit(agent, tokens, cut, seq.root, take_snapshot, seq.snapshots)
             mx.eval(payloads)
             if self.warm is not None:
-                persist.write(self.warm, lambda block: kv.to_numpy(block.at(p.disk)))
+                persist.write(self.warm, lambda payload: payload.tensors(p.disk))
                 written = persist.manifest.key.id if persist.manifest is not None else None
                 self.trace.committed([record.hash for record, _ in persist.blocks], written, t0)
+            return persist
         except Exception:
             log.exception("could not cache the KV of request %s", seq.request.request_id)
+            return None

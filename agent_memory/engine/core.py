@@ -21,13 +21,12 @@ from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.decode_batch import Token
 from agent_memory.engine.metrics import Metrics
 from agent_memory.engine.parts import Parts
+from agent_memory.engine.planner import Planner
 from agent_memory.engine.requests import Failed, GenerationRequest, SamplingParams, Sink
 from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status, new_sequence
 from agent_memory.engine.trace import NoTrace
-from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.warm.records import BLOCK_TOKENS
-from agent_memory.memory.index.store_records import Segment
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,6 +66,7 @@ class EngineCore:
         self._post = post  # queue a call for the engine thread (it wakes the loop)
         self._ids = ids  # sequence ids, shared with the requests' (BatchEngine.submit)
         self.seqs: dict[int, Sequence] = {}  # in arrival order
+        self.planner = Planner(parts.store, parts.warm, metrics, trace, post)
 
     @property
     def decoding(self) -> int:
@@ -141,40 +141,10 @@ class EngineCore:
         if seq is not None:
             return seq
         for seq in self.scheduler.planning_order(self.seqs.values(), time.perf_counter()):
-            self._plan(seq)
+            self.planner.plan(seq)
             if seq.ready():
                 return seq
         return None
-
-    def _plan(self, seq: Sequence) -> None:
-        """Look the prompt up when the sequence's turn to prefill comes rather than on arrival:
-        agents that arrive together then reuse the shared prefix the first of them computed.
-        The lookup pins the blocks it names; warm ones start being read."""
-        t0 = time.perf_counter()
-        if not seq.prefill_only:
-            self.metrics.queue_time.observe(t0 - seq.submitted)
-        seq.lease = self.store.lookup(seq.prompt[: seq.prefill_end], seq.root)
-        seq.plan.extend(seq.lease.segments)
-        if seq.lease.end < seq.prefill_end:
-            seq.plan.append(Segment(seq.lease.end, seq.prefill_end, None))
-        for segment in seq.lease.segments:
-            if segment.block is not None and segment.block.tier is Tier.WARM:
-                future = self.warm.read_block(segment.block)
-                future.add_done_callback(self._read_done(seq.id, t0))
-                seq.reads[segment.block.hash] = future
-        seq.status = Status.PREFILLING
-        self.trace.planned(seq, t0)
-
-    def _read_done(self, seq_id: int, started: float) -> Callable[[Future], None]:
-        """On the reader thread when a warm block is read: count it, wake the loop."""
-
-        def done(future: Future) -> None:
-            outcome = "ok" if future.exception() is None else "refused"
-            self.metrics.disk_loads.labels(outcome).observe(time.perf_counter() - started)
-            self.trace.read_done(seq_id)
-            self._post(lambda: None)
-
-        return done
 
     # -- applying results -------------------------------------------------------------------
 
@@ -214,7 +184,13 @@ class EngineCore:
 
     def _share_prompt(self, seq: Sequence) -> None:
         """Offer the prompt's new whole blocks for reuse now, not when the request ends, so
-        that requests arriving while this one decodes skip the prefix they share with it."""
+        that requests arriving while this one decodes skip the prefix they share with it. With
+        state layers, all of the prompt in the cache and a snapshot where it ends: its agent
+        resumes there if the reply is not what the next turn sends."""
+        if self.parts.layers.has_state:
+            if seq.prefill_end > seq.lease.end:
+                self.parts.committer.share(seq, seq.prefill_end)
+            return
         whole = (len(seq.prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
         if whole > seq.lease.end:
             self.parts.committer.commit(seq, None, seq.cache, seq.prompt[:whole])
@@ -278,7 +254,9 @@ class EngineCore:
         self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float, prefill_only: bool = False
     ) -> Sequence:
         p = self.parts
-        return new_sequence(seq_id, request, sink, submitted, p.loaded, p.precisions.working, self.store, prefill_only)
+        return new_sequence(
+            seq_id, request, sink, submitted, p.loaded, p.layers, p.precisions.working, self.store, prefill_only
+        )
 
     def cancel(self, seq_id: int) -> None:
         seq = self.seqs.get(seq_id)

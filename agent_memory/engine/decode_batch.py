@@ -1,9 +1,11 @@
 """DecodeBatch: the one place that touches mlx-lm's batch internals.
 
-Every running sequence decodes one token per step together in mlx-lm's `GenerationBatch`
-over `BatchKVCache` (or our `BatchQuantizedKVCache`). A sequence joins with its own prefilled
-single-sequence cache and leaves with exactly its own rows and length. When mlx-lm changes
-its batching API, this file is where to look.
+Every running sequence decodes one token per step together in mlx-lm's `GenerationBatch`,
+each layer's cache batched by its own class's `merge` (`KVCache` into `BatchKVCache`,
+`RotatingKVCache` into `BatchRotatingKVCache`, `ArraysCache` and `CacheList` into
+themselves) or, for Q4/Q8 KV, our `BatchQuantizedKVCache`. A sequence joins with its own
+prefilled single-sequence cache and leaves with exactly its own rows and length. When mlx-lm
+changes its batching API, this file is where to look.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, StopSequences
-from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.models.cache import QuantizedKVCache
 from mlx_lm.sample_utils import greedy_sampler
 
 from agent_memory.engine.quantized import BatchQuantizedKVCache
@@ -31,10 +33,9 @@ class Token:
 
 
 class DecodeBatch:
-    def __init__(self, model: Any, eos_token_ids: list[int], quantized: bool) -> None:
+    def __init__(self, model: Any, eos_token_ids: list[int]) -> None:
         self.model = model
         self._eos = StopSequences([(t,) for t in eos_token_ids])
-        self._merge = BatchQuantizedKVCache.merge if quantized else BatchKVCache.merge
         self._batch = GenerationBatch.empty(model, greedy_sampler)
 
     def __len__(self) -> int:
@@ -51,7 +52,7 @@ class DecodeBatch:
             self.model,
             [seq_id],
             mx.array(prompt[-1:]),
-            [self._merge([c]) for c in cache],
+            [_batched(c) for c in cache],
             [list(prompt[:-1])],
             [sampler],
             greedy_sampler,
@@ -78,3 +79,8 @@ class DecodeBatch:
     def reset(self) -> None:
         """Start over empty (after a failed step left the batch in an unknown state)."""
         self._batch = GenerationBatch.empty(self.model, greedy_sampler)
+
+
+def _batched(cache):
+    """One sequence's layer cache as a batch of one, by its class's own merge."""
+    return BatchQuantizedKVCache.merge([cache]) if isinstance(cache, QuantizedKVCache) else cache.merge([cache])

@@ -26,6 +26,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.engine.budget import give_back_memory
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.core import EngineCore
+from agent_memory.engine.loader import UnsupportedModelError
 from agent_memory.engine.metrics import Metrics
 from agent_memory.engine.parts import Parts, build
 from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
@@ -183,6 +184,10 @@ class BatchEngine(EngineClient):
     def _run(self) -> None:
         try:
             self._load()
+        except UnsupportedModelError as e:  # said in one line by whoever waits for the load
+            self._load_error = str(e)
+            self._loaded.set()
+            return
         except Exception as e:
             log.exception("could not load %s", self.config.model_path)
             self._load_error = str(e)

@@ -15,6 +15,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model as load_weights
 from tokenizers import Tokenizer
 
+from agent_memory.engine.kinds import layers
+
 log = logging.getLogger(__name__)
 
 # What a request that omits them samples with, when the model folder's generation_config.json
@@ -77,12 +79,9 @@ def fingerprint(path: Path) -> str:
 
 
 def refusal(model) -> str | None:
-    """Why this server cannot serve the model, or None: only models whose every layer keeps a
-    plain KV cache are served today."""
-    kinds = sorted({type(c).__name__ for c in make_prompt_cache(model)} - {"KVCache"})
-    if not kinds:
-        return None
-    return f"its layers keep {', '.join(kinds)} caches; only models whose every layer keeps a plain KV cache are served"
+    """Why this server cannot serve the model, or None: a cache of a kind it cannot keep
+    (engine/kinds/layers.py)."""
+    return layers.refusal(make_prompt_cache(model))
 
 
 def served(path: Path) -> str | None:
@@ -102,13 +101,14 @@ def load_model(path: Path, name: str | None = None, model_defaults: bool = True)
     config = json.loads((path / "config.json").read_text())
     text = {**config, **(config.get("text_config") or {})}  # multimodal configs nest the text model's
     context = text.get("max_position_embeddings") or text.get("max_seq_len") or 4096
-    layers = len(model.layers)
-    hidden = text["hidden_size"]
-    heads = text["num_attention_heads"]
+    num_layers = len(model.layers)
+    # Names differ by family (Mamba's num_heads, d_model); the estimate below only needs sizes.
+    hidden = text.get("hidden_size") or text.get("d_model") or 1024
+    heads = text.get("num_attention_heads") or text.get("num_heads") or 8
     kv_heads = text.get("num_key_value_heads") or heads
     head_dim = text.get("head_dim") or hidden // heads
     ffn = text.get("intermediate_size") or 4 * hidden
-    matmul_params = layers * (2 * hidden * (heads + kv_heads) * head_dim + 3 * hidden * ffn)
+    matmul_params = num_layers * (2 * hidden * (heads + kv_heads) * head_dim + 3 * hidden * ffn)
     return LoadedModel(
         name=name or path.name,
         path=path,
@@ -118,11 +118,11 @@ def load_model(path: Path, name: str | None = None, model_defaults: bool = True)
         context_length=int(context),
         vocab_size=int(text["vocab_size"]),
         max_token_chars=max(len(t) for t in tokenizer.get_vocab()),
-        num_layers=layers,
+        num_layers=num_layers,
         fingerprint=fingerprint(path),
         # Matmuls cost ~2 FLOP per weight per token; attention ~4 per query head dim per
         # layer per earlier token.
-        attention_tokens=2 * matmul_params / (4 * layers * heads * head_dim),
+        attention_tokens=2 * matmul_params / (4 * num_layers * heads * head_dim),
         sampling_defaults=sampling_defaults(path) if model_defaults else {},
     )
 

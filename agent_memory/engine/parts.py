@@ -8,12 +8,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from agent_memory.engine import kv
 from agent_memory.engine.budget import working_budget
 from agent_memory.engine.commit import Committer
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.decode_batch import DecodeBatch
-from agent_memory.engine.loader import LoadedModel, load_model
+from agent_memory.engine.kinds import attention
+from agent_memory.engine.kinds.layers import ModelLayers
+from agent_memory.engine.loader import LoadedModel, UnsupportedModelError, load_model
 from agent_memory.engine.prefill import Prefiller
 from agent_memory.engine.trace import NoTrace
 from agent_memory.engine.warm import open_warm_tier
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Parts:
     loaded: LoadedModel
+    layers: ModelLayers
     precisions: Precisions
     store: AgentCacheStore
     warm: WarmTier | None
@@ -44,8 +46,8 @@ def demoter(p: Precisions):
     if not p.exact_while_hot:
         return None
 
-    def demote(block: kv.BlockKV) -> tuple[kv.BlockKV, int]:
-        cooled = kv.demote(block, p.hot)
+    def demote(block: attention.BlockKV) -> tuple[attention.BlockKV, int]:
+        cooled = attention.demote(block, p.hot)
         return cooled, cooled.nbytes
 
     return demote
@@ -55,8 +57,10 @@ def build(cfg: EngineConfig, trace: NoTrace) -> Parts:
     """Load the model and open the tiers (on the engine thread: it makes MLX arrays)."""
     p = cfg.precisions
     loaded = load_model(cfg.model_path, cfg.model_name, cfg.model_defaults)
-    shape = kv.probe_shape(loaded.model, loaded.num_layers)
-    warm, scan, warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, shape, p, cfg.warm_store)
+    layers = ModelLayers(loaded.model)
+    if p.working.quantized and (why := layers.quantized_refusal(p.working)):
+        raise UnsupportedModelError(f"{loaded.name}: {why}")
+    warm, scan, warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, layers, p, cfg.warm_store)
     store = AgentCacheStore(
         block_tokens=BLOCK_TOKENS,
         salt=loaded.fingerprint,
@@ -65,6 +69,7 @@ def build(cfg: EngineConfig, trace: NoTrace) -> Parts:
         warm=warm,
         disk_budget_bytes=cfg.disk_budget_bytes,
         demote=demoter(p),
+        state_layers=layers.has_state,
     )
     if scan is not None and not warm.shared:
         store.restore(scan)
@@ -76,22 +81,26 @@ def build(cfg: EngineConfig, trace: NoTrace) -> Parts:
             store.pool.disk_bytes / (1 << 20),
         )
     log.info(
-        "loaded %s: %d layers, context %d; KV cached as %s, attended as %s",
+        "loaded %s: %d layers (%s), context %d; KV cached as %s, attended as %s%s",
         loaded.name,
         loaded.num_layers,
+        ", ".join(layers.kinds),
         loaded.context_length,
         p.hot.tag,
         p.working.tag,
+        "; window and recurrent layers resume from snapshots" if layers.has_state else "",
     )
+    committer = Committer(store, warm, layers, p, loaded.decoder, trace)
     return Parts(
         loaded=loaded,
+        layers=layers,
         precisions=p,
         store=store,
         warm=warm,
         warm_error=warm_error,
-        batch=DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids, p.working.quantized),
-        prefiller=Prefiller(loaded.model, shape, p, store),
-        committer=Committer(store, warm, p, loaded.decoder, trace),
+        batch=DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids),
+        prefiller=Prefiller(loaded.model, layers, p, store, committer),
+        committer=committer,
         working_budget=working_budget(cfg.memory_limit_bytes, loaded.model, cfg.hot_budget_bytes),
-        bytes_per_token=kv.bytes_per_token(shape, p.working),
+        bytes_per_token=layers.bytes_per_token(p.working),
     )

@@ -1,16 +1,23 @@
 """Prefill one sequence from its plan, a chunk at a time: runs of cached blocks are appended to
-its working cache as KV (from memory, or read from disk and brought to the hot precision, then
-converted to the working precision); gaps and the new suffix are computed by the model."""
+its working cache's attention layers as KV (from memory, or read from disk and brought to the
+hot precision, then converted to the working precision), and at the plan's snapshot its window
+and recurrent layers take the state kept there (engine/kinds/layers.py); gaps and the new
+suffix are computed by the model. Where the prompt stops matching what others cached (a head
+agents share), a model with state layers stops to offer a snapshot for the next agent."""
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
-from agent_memory.engine import kv
+from agent_memory.engine.commit import Committer
+from agent_memory.engine.kinds import attention
+from agent_memory.engine.kinds.layers import ModelLayers, Snapshot
 from agent_memory.engine.sequence import Sequence
+from agent_memory.memory.index.blocks import Block
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.store_records import Segment
 from agent_memory.precision import Precisions
@@ -19,11 +26,14 @@ log = logging.getLogger(__name__)
 
 
 class Prefiller:
-    def __init__(self, model, shape: kv.KVShape, precisions: Precisions, store: AgentCacheStore) -> None:
+    def __init__(
+        self, model, layers: ModelLayers, precisions: Precisions, store: AgentCacheStore, committer: Committer
+    ) -> None:
         self.model = model
-        self.shape = shape
+        self.layers = layers
         self.precisions = precisions
         self.store = store
+        self.committer = committer
 
     def run(self, seq: Sequence, budget: int) -> bool:
         """Put up to `budget` computed tokens (and any cached runs) into the sequence's cache;
@@ -34,36 +44,71 @@ class Prefiller:
                 continue
             segment = seq.plan[0]
             n = min(budget, segment.end - seq.pos)
+            if seq.mark > seq.pos:
+                n = min(n, seq.mark - seq.pos)
             self.model(mx.array(seq.prompt[seq.pos : seq.pos + n])[None], cache=seq.cache)
             mx.eval([c.state for c in seq.cache])
             seq.pos += n
             budget -= n
+            if seq.pos == seq.mark:
+                self.committer.share(seq, seq.pos)
             if seq.pos == segment.end:
                 seq.plan.popleft()
         return not seq.plan
 
     def _append_cached(self, seq: Sequence) -> None:
-        """Append the run of cached blocks at the head of the plan to the sequence's cache.
-        A block whose file cannot be read becomes a gap to recompute."""
+        """Append the run of cached blocks at the head of the plan to the sequence's cache, and
+        the snapshot where the run ends. A block whose file cannot be read becomes a gap to
+        recompute; with state layers, whose state before a gap is unknown, the whole prompt is."""
         p = self.precisions
         parts = []
         while seq.plan and seq.plan[0].block is not None:
             segment = seq.plan.popleft()
             n = segment.end - segment.start
             block = segment.block
-            read = seq.reads.pop(block.hash, None)
-            if read is None:
-                stored = block.payload
-                seq.usage.hot_tokens += n
-            elif read.exception() is None:
-                stored = kv.BlockKV(kv.convert(kv.from_numpy(read.result(), self.shape), p.disk, p.hot), p.hot)
-                seq.usage.warm_tokens += n
-            else:
-                log.info("block %s unreadable (%s): recomputing it", block.hash[:12], read.exception())
-                self.store.warm_lost(block)
+            from_warm = block.hash in seq.reads
+            stored = self._payload(seq, block)
+            if stored is None:
+                if self.layers.has_state:
+                    self._start_over(seq)
+                    return
                 seq.plan.appendleft(Segment(segment.start, segment.end, None))
                 break
             parts.append((stored, n))
-            seq.stored.append(kv.StoredRun(seq.pos, seq.pos + n, stored))
+            seq.stored.append(attention.StoredRun(seq.pos, seq.pos + n, stored))
             seq.pos += n
-        kv.append(seq.cache, parts, p.working)
+            if from_warm:
+                seq.usage.warm_tokens += n
+            else:
+                seq.usage.hot_tokens += n
+        self.layers.append(seq.cache, parts, p.working)
+        snapshot = seq.lease.snapshot
+        if snapshot is not None and seq.pos == snapshot.start:
+            state = self._payload(seq, snapshot)
+            if state is None:
+                self._start_over(seq)
+                return
+            self.layers.restore(seq.cache, state)
+
+    def _payload(self, seq: Sequence, block: Block) -> attention.BlockKV | Snapshot | None:
+        """A planned block's or snapshot's payload: held in memory, or read from the warm tier
+        (None when that copy is unreadable: it is recomputed from now on)."""
+        read = seq.reads.pop(block.hash, None)
+        if read is None:
+            return block.payload
+        if read.exception() is not None:
+            log.info("block %s unreadable (%s): recomputing it", block.hash[:12], read.exception())
+            self.store.warm_lost(block)
+            return None
+        if block.snapshot:
+            return self.layers.snapshot_from_numpy(read.result(), block.start)
+        p = self.precisions
+        stored = self.layers.block_from_numpy(read.result(), p.disk)
+        return attention.BlockKV(attention.convert(stored.arrays, p.disk, p.hot), p.hot)
+
+    def _start_over(self, seq: Sequence) -> None:
+        """Compute the whole prompt: what was put in the cache cannot be completed."""
+        seq.cache = self.layers.new_cache(self.precisions.working)
+        seq.pos, seq.stored = 0, []
+        seq.usage.hot_tokens = seq.usage.warm_tokens = 0
+        seq.plan = deque([Segment(0, seq.prefill_end, None)])

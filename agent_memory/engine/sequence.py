@@ -12,7 +12,8 @@ from typing import Any
 from agent_memory.agent_key import AgentKey
 from agent_memory.engine.constraint import logits_processors
 from agent_memory.engine.detokenizer import Detokenizer
-from agent_memory.engine.kv import StoredRun, new_cache
+from agent_memory.engine.kinds.attention import StoredRun
+from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.loader import LoadedModel
 from agent_memory.engine.output import Output
 from agent_memory.engine.requests import GenerationRequest, Sink, Usage
@@ -53,6 +54,10 @@ class Sequence:
     # Runs of `cache` that came from cached blocks, as those blocks' stored payloads: a commit
     # reuses them rather than quantizing dequantized KV again (which is not exact).
     stored: list[StoredRun] = field(default_factory=list)
+    # Snapshots of its state layers it took on the way (their names), for its agent to keep,
+    # and the prompt position where it takes one while prefilling (0: none).
+    snapshots: list[str] = field(default_factory=list)
+    mark: int = 0
     last_token: float = 0.0  # perf_counter() of its latest token
     # A follow-up that only computes KV for its agent (see canonical_reply): no decoding.
     prefill_only: bool = False
@@ -94,6 +99,7 @@ def new_sequence(
     sink: Sink,
     submitted: float,
     loaded: LoadedModel,
+    layers: ModelLayers,
     working: KVPrecision,
     store: AgentCacheStore,
     prefill_only: bool = False,
@@ -109,7 +115,7 @@ def new_sequence(
         sampler=make_sampler(params.temperature, params.top_p, params.seed, params.top_k),
         processors=logits_processors(request, loaded.vocab_size, loaded.tokenizer.eos_token_ids),
         usage=Usage(prompt_tokens=len(request.prompt)),
-        cache=new_cache(loaded.num_layers, working),
+        cache=layers.new_cache(working),
         agent=request.agent,
         root=store.names.root(namespace(request.tenant, request.cache_salt)),
         prefill_only=prefill_only,

@@ -1,12 +1,12 @@
 """Open the warm tier for the loaded model: its tier (memory/warm/tier.py) over the backend
-that memory/warm/opening.py picks, with the block layout of this model's KV at the disk
-precision (engine/kv.py), which only the engine knows."""
+that memory/warm/opening.py picks, with the layouts of this model's block and snapshot files
+at the disk precision (engine/kinds/layers.py), which only the engine knows."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from agent_memory.engine import kv
+from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.loader import LoadedModel
 from agent_memory.memory.warm.backend import WarmBackend
 from agent_memory.memory.warm.folder import Folder, folder_name
@@ -20,7 +20,7 @@ def open_warm_tier(
     cache_dir: Path | None,
     budget_bytes: int,
     loaded: LoadedModel,
-    shape: kv.KVShape,
+    layers: ModelLayers,
     precisions: Precisions,
     warm_store: str | None = None,
 ) -> Opened:
@@ -34,7 +34,8 @@ def open_warm_tier(
             precision=precision,
             name=loaded.name,
             block_tokens=BLOCK_TOKENS,
-            block_layout=lambda n: kv.block_layout(n, shape, precision),
+            block_layout=lambda n: layers.block_layout(n, precision),
+            snapshot_layout=layers.snapshot_layout if layers.has_state else None,
         )
 
     name = folder_name(loaded.name, loaded.fingerprint, precision.tag)

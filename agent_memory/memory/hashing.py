@@ -42,6 +42,19 @@ class BlockNames:
         h.update(namespace.encode("utf-8", "surrogatepass"))
         return h.hexdigest()
 
+    def snapshot_name(self, prefix: str) -> str:
+        """A snapshot's name: derived from the name of the prefix it is the state after, and
+        never equal to a block's."""
+        h = hashlib.blake2b(self.salt, digest_size=16, person=b"agent-memory-st")
+        h.update(bytes.fromhex(prefix))
+        return h.hexdigest()
+
+    def prefix_name(self, chain: list[tuple[str, str | None, int, int]], tokens: Sequence[int], end: int) -> str:
+        """The name of tokens[:end] (end >= 1), given the chain of a sequence they begin: a
+        block of the chain when `end` is a block's end, else the partial block before it."""
+        h, parent, start, stop = chain[(end - 1) // self.block_tokens]
+        return h if stop == end else self.block_hash(parent, tokens[start:end])
+
     def chain(self, tokens: Sequence[int], root: str | None = None) -> list[tuple[str, str | None, int, int]]:
         """(hash, parent, start, end) of every block of `tokens`, the last one maybe partial."""
         out, parent = [], root

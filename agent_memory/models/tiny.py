@@ -72,13 +72,19 @@ def tiny_arch(arch: str) -> TinyArch:
 
 
 def build_tiny(
-    out_dir: Path, *, arch: str = "llama", quantize: int | str | None = None, progress: Progress | None = None
+    out_dir: Path,
+    *,
+    arch: str = "llama",
+    quantize: int | str | None = None,
+    config: dict | None = None,
+    progress: Progress | None = None,
 ) -> Path:
     """Build the model folder of `arch` (same bytes every time); an existing complete one is kept.
 
     `quantize` (4, 8 or "mxfp4", gpt-oss's format) quantizes it with mlx-lm's own quantize_model,
     so the folder looks like a converted model: packed weights, scales and the config's
-    `quantization` block."""
+    `quantization` block. `config`: fields changed in the (text) config, e.g. a wider or deeper
+    model for a benchmark where computing a prompt must cost what it does in a real one."""
     spec = tiny_arch(arch)
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ModelError(f"quantize must be one of {', '.join(map(str, QUANTIZATIONS))}, not {quantize!r}")
@@ -96,7 +102,7 @@ def build_tiny(
         _write_tokenizer_config(work)
         step(STAGE, 1, 2)
         eos = [tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")]
-        config = _config(spec, tokenizer.get_vocab_size(), eos)
+        config = _config(spec, tokenizer.get_vocab_size(), eos, config or {})
         weights = random_weights(config, _seed(arch), embed_std=spec.embed_std)
         if quantize:
             weights, config = _quantized(config, weights, quantize)
@@ -123,14 +129,14 @@ def _check_kept(folder: Path, spec: TinyArch, quantize: int | str | None) -> Non
         raise ModelError(f"{folder} already holds another model ({held}); build into another folder or delete it")
 
 
-def _config(spec: TinyArch, vocab_size: int, eos: list[int]) -> dict:
-    """The table's config with the tokenizer's vocabulary (inside `text_config` where the family
-    nests one, as mistral3 and qwen3_vl checkpoints do) and the end-of-turn tokens."""
+def _config(spec: TinyArch, vocab_size: int, eos: list[int], changes: dict) -> dict:
+    """The table's config with `changes` and the tokenizer's vocabulary (inside `text_config`
+    where the family nests one, as mistral3 and qwen3_vl checkpoints do) and the end-of-turn tokens."""
     config = json.loads(json.dumps(spec.config))  # a deep copy: model args may edit what they are given
     if "text_config" in config:
-        config["text_config"]["vocab_size"] = vocab_size
+        config["text_config"].update(changes, vocab_size=vocab_size)
         return {**config, "eos_token_id": eos}
-    return {**config, "vocab_size": vocab_size, "eos_token_id": eos}
+    return {**config, **changes, "vocab_size": vocab_size, "eos_token_id": eos}
 
 
 def _model(config: dict):

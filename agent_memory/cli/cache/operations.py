@@ -70,7 +70,7 @@ class Removal:
         """Block files of these agents that other agents still use."""
         kept = 0
         for folder, manifests in self.targets.values():
-            on_disk = {h for m in manifests for h in m.blocks if h in folder.files.blocks}
+            on_disk = {h for m in manifests for h in m.names if h in folder.files.blocks}
             kept += len(on_disk - set(folder.blocks_only_of(manifests)))
         return kept
 

@@ -135,7 +135,7 @@ def ls(root: Path, rows: list[AgentRow], folders: list[ModelFolder], responses: 
         )
         shown = {(r.folder, r.id) for r in rows}
         unique = sum(
-            f.bytes_of(h for m in f.files.manifests if (f.folder, m.key.id) in shown for h in m.blocks) for f in folders
+            f.bytes_of(h for m in f.files.manifests if (f.folder, m.key.id) in shown for h in m.names) for f in folders
         )
         in_server = sum(1 for r in rows if r.where == "server")
         memory_only = f" ({in_server} only in a running server's memory so far)" if in_server else ""
@@ -170,9 +170,13 @@ def show(doc: dict, folder_path: Path) -> None:
         ],
         right=("#", "start", "tokens", "size", "shared_with"),
     )
-    totals = doc["totals"]
+    totals, snapshots = doc["totals"], doc.get("snapshots") or []
+    if snapshots:  # a model with window or recurrent layers resumes only at one of these
+        held = ", ".join(f"{s['position']} ({human_bytes(s['bytes'])})" for s in snapshots)
+        say(f"snapshots of its state layers at tokens {held}")
+    with_snapshots = " with its snapshots" if snapshots else ""
     say(
-        f"{totals['blocks']} blocks: {totals['on_disk']} on disk ({human_bytes(totals['bytes'])}), "
+        f"{totals['blocks']} blocks: {totals['on_disk']} on disk ({human_bytes(totals['bytes'])}{with_snapshots}), "
         f"{totals['cold']} cold; removing this agent frees {human_bytes(totals['private_bytes'])}"
     )
 

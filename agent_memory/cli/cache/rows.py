@@ -49,6 +49,7 @@ class AgentRow:
     @classmethod
     def of(cls, folder: ModelFolder, manifest: Manifest) -> AgentRow:
         on_disk = [h for h in manifest.blocks if h in folder.files.blocks]
+        snapshots = [h for _, h in manifest.snapshots if h in folder.files.blocks]
         return cls(
             id=manifest.key.id,
             model=folder.name,
@@ -57,7 +58,7 @@ class AgentRow:
             blocks=len(manifest.blocks),
             on_disk=len(on_disk),
             cold=len(manifest.blocks) - len(on_disk),
-            bytes=folder.bytes_of(on_disk),
+            bytes=folder.bytes_of(on_disk + snapshots),
             last_used=manifest.last_used,
             manifest=str(manifest.path),
             tenant=manifest.key.tenant,

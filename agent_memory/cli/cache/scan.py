@@ -91,7 +91,8 @@ def locate_agent(
 
 
 def describe_agent(folder: ModelFolder, manifest: Manifest) -> dict:
-    """One agent as `show` tells it: each block, on disk or cold, and whom it is shared with."""
+    """One agent as `show` tells it: each block, on disk or cold, and whom it is shared with;
+    its snapshots (models with window or recurrent layers) by position."""
     blocks = [
         {
             "hash": h,
@@ -104,11 +105,16 @@ def describe_agent(folder: ModelFolder, manifest: Manifest) -> dict:
         for h, start, count in folder.spans(manifest)
     ]
     on_disk = [b for b in blocks if b["on_disk"]]
+    snapshots = [
+        {"hash": h, "position": position, "bytes": folder.bytes_of([h])}
+        for position, h in manifest.snapshots
+        if h in folder.files.blocks
+    ]
     totals = {
         "blocks": len(blocks),
         "on_disk": len(on_disk),
         "cold": len(blocks) - len(on_disk),
-        "bytes": sum(b["bytes"] for b in on_disk),
+        "bytes": sum(b["bytes"] for b in on_disk) + sum(s["bytes"] for s in snapshots),
         "private_bytes": folder.bytes_of(folder.private_blocks(manifest)),
     }
     return {
@@ -121,6 +127,7 @@ def describe_agent(folder: ModelFolder, manifest: Manifest) -> dict:
         "block_tokens": folder.block_tokens(manifest),
         "last_used": manifest.last_used,
         "blocks": blocks,
+        "snapshots": snapshots,
         "totals": totals,
     }
 

@@ -35,21 +35,24 @@ class AgentIndex:
             record = self.agents.get(agent) if agent is not None else None
             return common_prefix(record.tokens, tokens) if record is not None else 0
 
-    def point_agent(self, agent: AgentKey, tokens: list[int], blocks: list[Block], root: str | None) -> None:
-        """Make `blocks` the agent's latest sequence, keeping its manifest versions."""
-        for block in blocks:
+    def point_agent(
+        self, agent: AgentKey, tokens: list[int], blocks: list[Block], root: str | None, snapshots: Sequence[Block] = ()
+    ) -> None:
+        """Make `blocks` (and `snapshots` along them) the agent's latest sequence, keeping its
+        manifest versions."""
+        for block in [*blocks, *snapshots]:
             block.refs += 1
         old = self.agents.get(agent)
-        self.agents[agent] = AgentRecord(tokens, [b.hash for b in blocks], root)
+        self.agents[agent] = AgentRecord(tokens, [b.hash for b in blocks], root, snapshots=[s.hash for s in snapshots])
         if old is not None:
             self.agents[agent].etag, self.agents[agent].stored = old.etag, old.stored
-            self._unref(old.blocks)
+            self._unref([*old.blocks, *old.snapshots])
 
     def forget(self, agent: AgentKey) -> bool:
         """Drop an agent here only (the shared tier no longer has it); whether it was here."""
         record = self.agents.pop(agent, None)
         if record is not None:
-            self._unref(record.blocks)
+            self._unref([*record.blocks, *record.snapshots])
         return record is not None
 
     def _unref(self, hashes: Sequence[str]) -> None:
@@ -83,14 +86,17 @@ class AgentIndex:
             by_tier = {t.value: 0 for t in Tier}
             for b in blocks:
                 by_tier[b.tier.value] += 1
+            snapshots = [s for h in record.snapshots if (s := self.pool.blocks[h]).tier is not Tier.COLD]
+            held = [*blocks, *snapshots]
             return AgentInfo(
                 id=agent.id,
                 tokens=len(record.tokens),
                 blocks=by_tier,
-                hot_bytes=sum(b.hot_bytes for b in blocks),
-                exact_bytes=sum(b.hot_bytes for b in blocks if b.exact),
-                disk_bytes=sum(b.disk_bytes for b in blocks),
+                hot_bytes=sum(b.hot_bytes for b in held),
+                exact_bytes=sum(b.hot_bytes for b in held if b.exact),
+                disk_bytes=sum(b.disk_bytes for b in held),
                 last_used=record.last_used,
+                snapshots=len(snapshots),
             )
 
     def counts(self) -> dict[str, int]:

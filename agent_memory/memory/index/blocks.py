@@ -1,8 +1,11 @@
 """BlockPool: every KV block the server knows, with its tier, references and exact byte counts.
 
 A block is `block_tokens` consecutive tokens of one sequence (the last block of a sequence may
-be shorter), named by a hash chain over token ids, so identical prefixes are held once. The
-pool owns no MLX: a hot block's `payload` is whatever the engine gave it, with its byte size.
+be shorter), named by a hash chain over token ids, so identical prefixes are held once. A
+snapshot is a block of no tokens: the state of a model's window and recurrent layers after the
+prefix its `parent` names (engine/kinds/layers.py), at position `start`; it has the same tiers,
+references and pins, and is found by that prefix (`snapshots`), not as a child. The pool owns no
+MLX: a hot block's `payload` is whatever the engine gave it, with its byte size.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class Block:
     refs: int = 0  # agents whose latest sequence uses the block
     pins: int = 0  # running sequences using it: never evicted while > 0
     last_used: float = field(default_factory=time.monotonic)
+    snapshot: bool = False  # the state after its parent's prefix, at position `start`
 
     @property
     def tier(self) -> Tier:
@@ -50,6 +54,7 @@ class BlockPool:
     def __init__(self) -> None:
         self.blocks: dict[str, Block] = {}
         self.children: dict[str | None, set[str]] = {}
+        self.snapshots: dict[str, Block] = {}  # by the name of the prefix they follow
         self.hot_bytes = 0  # exact and quantized together: what the hot budget bounds
         self.exact_bytes = 0
         self.disk_bytes = 0
@@ -66,7 +71,10 @@ class BlockPool:
     def add(self, block: Block) -> Block:
         assert block.hash not in self.blocks, block.hash
         self.blocks[block.hash] = block
-        self.children.setdefault(block.parent, set()).add(block.hash)
+        if block.snapshot:
+            self.snapshots[block.parent] = block
+        else:
+            self.children.setdefault(block.parent, set()).add(block.hash)
         return block
 
     def remove(self, block: Block) -> None:
@@ -74,6 +82,9 @@ class BlockPool:
         self.drop_payload(block)
         assert not block.disk_bytes, "remove the disk copy before the block"
         del self.blocks[block.hash]
+        if block.snapshot:
+            del self.snapshots[block.parent]
+            return
         siblings = self.children[block.parent]
         siblings.discard(block.hash)
         if not siblings:

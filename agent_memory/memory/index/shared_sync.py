@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from agent_memory.agent_key import AgentKey
 from agent_memory.memory.index.agents import AgentIndex
+from agent_memory.memory.index import snapshots
 from agent_memory.memory.index.blocks import Block, Tier
 from agent_memory.memory.warm.backend import Probe
 from agent_memory.memory.warm.tier import WarmTier
@@ -115,7 +116,14 @@ class SharedTierSync:
                 # reading it is recomputed like a damaged file.
                 index.pool.set_disk(block, self.tier.block_bytes(end - start))
             blocks.append(block)
-        index.point_agent(d.agent, list(manifest.tokens), blocks, manifest.root)
+        kept = []
+        for position, h in manifest.snapshots:  # held there, presumably, like blocks outside the request
+            prefix = index.names.prefix_name(chain, manifest.tokens, position)
+            if h == index.names.snapshot_name(prefix) and self.tier.snapshot_layout is not None:
+                kept.append(snapshots.get_or_add(index.pool, index.names, prefix, position))
+                if kept[-1].tier is Tier.COLD:
+                    index.pool.set_disk(kept[-1], self.tier.snapshot_bytes(position))
+        index.point_agent(d.agent, list(manifest.tokens), blocks, manifest.root, kept)
         record = index.agents[d.agent]
         record.etag = record.stored = etag
         record.last_used = manifest.last_used

@@ -4,7 +4,7 @@ The engine thread calls `lookup` before a prefill and `commit` when a prefill en
 offered for reuse) and when the sequence ends (prompt and reply); HTTP handlers read
 `agents()` under the same lock. Eviction follows Pensieve's retention value:
 recompute cost per byte over idle time, so an idle agent's cheap early blocks leave first, and
-a block a running sequence uses never leaves. Which agent uses which block is agents.py's
+a block a running sequence uses never leaves (eviction.py). Which agent uses which block is agents.py's
 (`AgentIndex`, the store's base). With a warm tier (see `warm`), an agent's block gains a copy
 there once it is durable, and is WARM when it leaves memory.
 
@@ -25,8 +25,10 @@ from concurrent.futures import Future
 from typing import Any
 
 from agent_memory.agent_key import AgentKey
+from agent_memory.memory.index import snapshots
 from agent_memory.memory.index.agents import AgentIndex
 from agent_memory.memory.index.blocks import Block, Tier
+from agent_memory.memory.index.eviction import Eviction
 from agent_memory.memory.index.prefix import PrefixMatcher
 from agent_memory.memory.index.shared_sync import SharedTierSync
 from agent_memory.memory.index.store_records import Lease, Persist, Segment
@@ -38,12 +40,10 @@ from agent_memory.memory.warm.tier import WarmTier
 KVCutter = Callable[[int, int], tuple[Any, int, bool]]
 # Quantize an exact block's KV to the hot tier's rest precision: payload -> (payload, nbytes).
 KVDemoter = Callable[[Any], tuple[Any, int]]
+# Take the snapshot of a sequence's state layers where its cache ends: () -> (payload, nbytes).
+SnapshotTaker = Callable[[], tuple[Any, int]]
 
-# Reloading a block from disk costs this fraction of recomputing it.
-DISK_RELOAD_COST = 0.05
-
-
-class AgentCacheStore(AgentIndex):
+class AgentCacheStore(Eviction, AgentIndex):
     def __init__(
         self,
         *,
@@ -54,11 +54,14 @@ class AgentCacheStore(AgentIndex):
         warm: WarmTier | None = None,
         disk_budget_bytes: int = 0,
         demote: KVDemoter | None = None,
+        state_layers: bool = False,
     ) -> None:
         """demote: how an exact hot block cools to the rest precision (None: hot blocks have
-        one precision and leave memory when they cool)."""
+        one precision and leave memory when they cool); state_layers: the model has window or
+        recurrent layers, so a prompt resumes only at a snapshot (snapshots.py)."""
         super().__init__(block_tokens=block_tokens, salt=salt, warm=warm)
         self.demote = demote
+        self.state_layers = state_layers
         # Blocks that cooled or left, by (from tier, to tier, reason): read by /metrics.
         self.moves: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self.prefix = PrefixMatcher(self.pool, self.names)
@@ -82,6 +85,8 @@ class AgentCacheStore(AgentIndex):
         with self.lock:
             if self.sync is not None:
                 self.sync.apply()
+            if self.state_layers:
+                return self._lookup_resumable(tokens, root)
             segments, blocks, pos = [], [], 0
             for block, n in self.prefix.match(tokens, root):
                 usable = block is not None and block.tier is not Tier.COLD
@@ -96,6 +101,32 @@ class AgentCacheStore(AgentIndex):
                 pos += n
             return Lease(segments, blocks)
 
+    def _lookup_resumable(self, tokens: Sequence[int], root: str | None) -> Lease:
+        """With state layers: blocks from the start without a gap, up to the latest snapshot
+        along them (a gap could not be recomputed without the state before it)."""
+        entries = self.prefix.match(tokens, root)
+        usable = 0
+        for block, n in entries:
+            if block is None or block.tier is Tier.COLD:
+                break
+            usable += n
+        snapshot = snapshots.find(self.pool, self.names, tokens, root, usable)
+        end = snapshot.start if snapshot is not None else 0
+        segments, blocks, pos = [], [], 0
+        for block, n in entries:
+            if pos >= end:
+                break
+            segments.append(Segment(pos, pos + min(n, end - pos), block))
+            blocks.append(block)
+            pos = segments[-1].end
+        for block in [*blocks, *([snapshot] if snapshot is not None else [])]:
+            block.pins += 1
+            block.last_used = time.monotonic()
+        lease = Lease(segments, blocks, snapshot, matched=sum(n for _, n in entries))
+        if snapshot is not None:
+            lease.blocks.append(snapshot)
+        return lease
+
     def release(self, lease: Lease) -> None:
         with self.lock:
             for block in lease.blocks:
@@ -104,13 +135,24 @@ class AgentCacheStore(AgentIndex):
             lease.blocks = []
             self._evict_hot()
 
-    def commit(self, agent: AgentKey | None, tokens: Sequence[int], cut: KVCutter, root: str | None = None) -> Persist:
+    def commit(
+        self,
+        agent: AgentKey | None,
+        tokens: Sequence[int],
+        cut: KVCutter,
+        root: str | None = None,
+        snapshot: SnapshotTaker | None = None,
+        made: Sequence[str] = (),
+    ) -> Persist:
         """Store a sequence's tokens (a finished one after releasing its lease): its blocks become
-        hot and the agent points at it. Returns what the caller should write to the warm tier."""
+        hot and the agent points at it. `snapshot`: take one where the tokens end; `made`: the
+        snapshots the sequence took on its way, for the agent to keep. Returns what the caller
+        should write to the warm tier."""
         with self.lock:
             now = time.monotonic()
             blocks = []
-            for h, parent, start, end in self.names.chain(tokens, root):
+            chain = self.names.chain(tokens, root)
+            for h, parent, start, end in chain:
                 block = self.pool.get(h) or self.pool.add(
                     Block(h, parent, tuple(tokens[start:end]), start)
                 )
@@ -121,17 +163,27 @@ class AgentCacheStore(AgentIndex):
                     self.pool.set_payload(block, *cut(start, end))
                 blocks.append(block)
             persist = Persist()
+            if snapshot is not None and blocks:
+                taken = snapshots.get_or_add(self.pool, self.names, blocks[-1].hash, len(tokens))
+                taken.last_used = now
+                if taken.tier is not Tier.HOT and not taken.pins:
+                    self.pool.set_payload(taken, *snapshot())
+                persist.snapshot = taken.hash
             if agent is not None:
-                self.point_agent(agent, list(tokens), blocks, root)
+                old = self.agents.get(agent)
+                named = [*(old.snapshots if old is not None else ()), *made, *filter(None, [persist.snapshot])]
+                kept = snapshots.choose(snapshots.along(self.pool, self.names, chain, tokens, named))
+                self.point_agent(agent, list(tokens), blocks, root, kept)
                 if self.warm is not None:
                     persist.blocks = [
-                        (BlockRecord(b.hash, b.parent, b.start, b.tokens), b.payload)
-                        for b in blocks
+                        (BlockRecord(b.hash, b.parent, b.start, b.tokens, b.snapshot), b.payload)
+                        for b in [*blocks, *kept]
                         if b.tier is Tier.HOT and not b.disk_bytes
                     ]
                     record = self.agents[agent]
                     persist.manifest = Manifest(
-                        agent, self.warm.fingerprint, record.tokens, record.blocks, record.last_used, root=root
+                        agent, self.warm.fingerprint, record.tokens, record.blocks, record.last_used, root=root,
+                        snapshots=[(s.start, s.hash) for s in kept],
                     )
                     if self.shared:
                         persist.base, record.etag = record.etag, secrets.token_hex(8)
@@ -182,7 +234,14 @@ class AgentCacheStore(AgentIndex):
                     if h in scan.blocks and not block.disk_bytes:
                         self.pool.set_disk(block, scan.blocks[h].size)
                     blocks.append(block)
-                self.point_agent(manifest.key, manifest.tokens, blocks, manifest.root)
+                kept = []
+                for position, h in manifest.snapshots:  # a snapshot whose file is gone is simply not kept
+                    prefix = self.names.prefix_name(chain, manifest.tokens, position)
+                    if h in scan.blocks and h == self.names.snapshot_name(prefix):
+                        kept.append(snapshots.get_or_add(self.pool, self.names, prefix, position))
+                        if not kept[-1].disk_bytes:
+                            self.pool.set_disk(kept[-1], scan.blocks[h].size)
+                self.point_agent(manifest.key, manifest.tokens, blocks, manifest.root, kept)
                 self.agents[manifest.key].last_used = manifest.last_used
             for h in scan.blocks:
                 if h not in self.pool:
@@ -210,7 +269,8 @@ class AgentCacheStore(AgentIndex):
         with self.lock:
             by_tier = {t: 0 for t in Tier}
             for block in self.pool.blocks.values():
-                by_tier[block.tier] += 1
+                by_tier[block.tier] += not block.snapshot
+            held = [s for s in self.pool.snapshots.values() if s.tier is not Tier.COLD]
             return {
                 "hot_bytes": self.pool.hot_bytes,
                 "hot_exact_bytes": self.pool.exact_bytes,
@@ -219,6 +279,9 @@ class AgentCacheStore(AgentIndex):
                 "disk_bytes": self.pool.disk_bytes,
                 "disk_budget_bytes": self._disk_budget(),
                 **{f"{t.value}_blocks": n for t, n in by_tier.items()},
+                "snapshots": len(held),
+                "snapshot_hot_bytes": sum(s.hot_bytes for s in held),
+                "snapshot_disk_bytes": sum(s.disk_bytes for s in held),
                 **self.counts(),
             }
 
@@ -226,55 +289,3 @@ class AgentCacheStore(AgentIndex):
         if self.warm is None:
             return 0
         return (self.warm.usage.limit_bytes or 0) if self.shared else self.disk_budget_bytes
-
-    # -- eviction -----------------------------------------------------------------------
-
-    def retention_value(self, block: Block, now: float, nbytes: int, on_disk: bool) -> float:
-        """What keeping the block saves, per byte per idle second; the lowest leaves first.
-
-        The saving is the cost of getting its KV back otherwise: recompute (attention makes
-        later positions dearer) or, with a disk copy, a fraction of that to reload it.
-        """
-        n = len(block.tokens)
-        cost = n * (1.0 + (block.start + n / 2) / self.attention_tokens)
-        if on_disk:
-            cost *= DISK_RELOAD_COST
-        idle = now - block.last_used + 1.0
-        return cost * (1 + block.refs) / (max(nbytes, 1) * idle)
-
-    def _evict_hot(self) -> None:
-        """Over the hot budget, the blocks worth least per byte cool a step each: an exact
-        block is quantized (it stays hot, several times smaller), a quantized one leaves
-        memory (WARM with a file, else COLD)."""
-        if self.pool.hot_bytes <= self.hot_budget_bytes:
-            return
-        now = time.monotonic()
-        candidates = [b for b in self.pool.in_tier(Tier.HOT) if b.pins == 0]
-        candidates.sort(key=lambda b: self.retention_value(b, now, b.hot_bytes, bool(b.disk_bytes)))
-        demoted = False
-        for block in candidates:
-            if self.pool.hot_bytes <= self.hot_budget_bytes:
-                break
-            if block.exact and self.demote is not None:
-                self.pool.set_payload(block, *self.demote(block.payload))
-                self.moves["hot_exact", "hot_quantized", "hot_budget"] += 1
-                demoted = True
-                continue
-            self.pool.drop_payload(block)
-            self._drop_if_unused(block)
-            self.moves["hot", block.tier.value if block.hash in self.pool else "gone", "hot_budget"] += 1
-        if demoted and self.pool.hot_bytes > self.hot_budget_bytes:  # not enough: a second pass
-            self._evict_hot()
-
-    def _evict_disk(self) -> None:
-        if self.shared or self.pool.disk_bytes <= self.disk_budget_bytes:
-            return  # a shared tier is bounded by its own maxmemory (warm/redis_backend.py)
-        now = time.monotonic()
-        candidates = [b for b in self.pool.blocks.values() if b.disk_bytes and b.pins == 0]
-        candidates.sort(key=lambda b: self.retention_value(b, now, b.disk_bytes, False))
-        for block in candidates:
-            if self.pool.disk_bytes <= self.disk_budget_bytes:
-                break
-            self.warm.delete_block(block.hash)
-            self.pool.drop_disk(block)  # agents still refer to it: it becomes COLD, not gone
-            self.moves["warm", block.tier.value, "disk_budget"] += 1

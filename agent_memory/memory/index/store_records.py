@@ -25,6 +25,7 @@ class AgentRecord:
     # and of the latest known to be in the store. They differ while a write is queued.
     etag: str | None = None
     stored: str | None = None
+    snapshots: list[str] = field(default_factory=list)  # the snapshots it keeps, by position
 
 
 @dataclass
@@ -38,10 +39,14 @@ class Segment:
 
 @dataclass
 class Lease:
-    """What a running sequence holds: the plan for its cached prefix and the pins behind it."""
+    """What a running sequence holds: the plan for its cached prefix and the pins behind it;
+    for a model with state layers, the snapshot at the plan's end, and how far the prompt
+    matched cached tokens (where a snapshot would let the next request resume further)."""
 
     segments: list[Segment]
     blocks: list[Block]
+    snapshot: Block | None = None
+    matched: int = 0
 
     @property
     def end(self) -> int:
@@ -57,6 +62,7 @@ class Persist:
     manifest: Manifest | None = None
     base: str | None = None  # shared tier: the manifest version this one replaces
     etag: str | None = None  # and its own
+    snapshot: str | None = None  # the name of the snapshot at the committed tokens' end, if one was asked for
 
     def write(self, warm: WarmTier, tensors: Callable[[Any], Tensors]) -> None:
         """Queue the writes; `tensors` turns a hot payload into a block file's numpy arrays."""
@@ -75,3 +81,4 @@ class AgentInfo:
     exact_bytes: int  # the part of hot_bytes at the precision it was computed at
     disk_bytes: int
     last_used: float
+    snapshots: int = 0  # of its state layers (window, recurrent), kept at positions it returns to

@@ -56,7 +56,8 @@ def check_block(folder: ModelFolder, block_hash: str, path: Path) -> str | None:
     fingerprint = meta.get("fingerprint")
     if not folder.owns(fingerprint):
         return f"fingerprint {str(fingerprint)[:12]!r} is another model's"
-    actual = BlockNames(fingerprint, len(block.tokens)).block_hash(block.parent, block.tokens)
+    names = BlockNames(fingerprint, len(block.tokens))
+    actual = names.snapshot_name(block.parent) if block.snapshot else names.block_hash(block.parent, block.tokens)
     if actual != block_hash:
         return f"its parent and tokens hash to {actual[:16]}…, not to its name"
     folder.token_counts[block_hash] = len(block.tokens)
@@ -67,12 +68,15 @@ def check_manifest(folder: ModelFolder, manifest: Manifest) -> str | None:
     """Whether the manifest's block hashes are the hash chain of its tokens (what the server
     checks at start before trusting a single block of it)."""
     size = folder.block_tokens(manifest)
+    names = BlockNames(manifest.fingerprint, size)
     try:
-        chain = [h for h, *_ in BlockNames(manifest.fingerprint, size).chain(manifest.tokens, manifest.root)]
+        chain = names.chain(manifest.tokens, manifest.root)
     except (ValueError, OverflowError) as e:
         return f"token ids out of range: {e}"
-    if chain != manifest.blocks:
+    if [h for h, *_ in chain] != manifest.blocks:
         return f"its block hashes do not match its tokens (in {size}-token blocks)"
+    if any(h != names.snapshot_name(names.prefix_name(chain, manifest.tokens, p)) for p, h in manifest.snapshots):
+        return "a snapshot's name does not match the prefix it follows"
     return None
 
 
@@ -181,7 +185,7 @@ def plan_prune(folder: ModelFolder, max_age: float | None, quarantine: bool, now
     once older than GRACE_S), old temp files and, if asked, the quarantine."""
     files = folder.files
     old = [m for m in files.manifests if max_age is not None and now - m.last_used > max_age]
-    kept = {h for m in files.manifests if m not in old for h in m.blocks}
+    kept = {h for m in files.manifests if m not in old for h in m.names}
     blocks = [
         h for h, info in files.blocks.items() if h not in kept and (h in folder.users or now - info.mtime > GRACE_S)
     ]
@@ -202,7 +206,7 @@ def still_unused(folder: ModelFolder, manifest: Manifest, max_age: float, now: f
 def finish_prune(plan: Prune, old: list[Manifest], ended: list[Manifest]) -> int:
     """Remove the plan's `old` agents (those a live server `ended` are waited for, the rest
     deleted here), its blocks, temp files and quarantine; the bytes freed."""
-    theirs = {h for m in ended for h in m.blocks}
+    theirs = {h for m in ended for h in m.names}
     freed = removed_by_server(plan.folder, ended, [h for h in plan.blocks if h in theirs])[1] if ended else 0
     mine = [m for m in old if m not in ended]
     freed += delete_agents(plan.folder, mine, [h for h in plan.blocks if h not in theirs])[1]

@@ -64,7 +64,7 @@ class ModelFolder:
     @cached_property
     def users(self) -> Counter[str]:
         """Block hash -> how many manifests name it."""
-        return Counter(h for m in self.files.manifests for h in set(m.blocks))
+        return Counter(h for m in self.files.manifests for h in set(m.names))
 
     def bytes_of(self, hashes: Iterable[str]) -> int:
         return sum(self.files.blocks[h].size for h in set(hashes) if h in self.files.blocks)
@@ -76,7 +76,7 @@ class ModelFolder:
     def blocks_only_of(self, manifests: list[Manifest]) -> list[str]:
         """The block files that these agents name and no other agent does: what removing
         them all frees."""
-        named = Counter(h for m in manifests for h in dict.fromkeys(m.blocks))
+        named = Counter(h for m in manifests for h in dict.fromkeys(m.names))
         return [h for h in named if h in self.files.blocks and self.users[h] <= named[h]]
 
     def token_count(self, block_hash: str) -> int | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_memory import files
@@ -40,11 +40,13 @@ class BlockRecord:
     parent: str | None
     start: int
     tokens: tuple[int, ...]
+    snapshot: bool = False  # a snapshot: no tokens, the state at `start` after the prefix `parent` names
 
     def meta(self) -> dict[str, str]:
         """The block file's metadata that names the block (WarmTier adds the folder's fields)."""
         parent = self.parent or ""
-        return {"hash": self.hash, "parent": parent, "start": str(self.start), "tokens": tokens_text(self.tokens)}
+        meta = {"hash": self.hash, "parent": parent, "start": str(self.start), "tokens": tokens_text(self.tokens)}
+        return {**meta, "snapshot": "1"} if self.snapshot else meta
 
     @classmethod
     def from_meta(cls, meta: dict) -> BlockRecord:
@@ -56,13 +58,16 @@ class BlockRecord:
             raise ValueError(f"unreadable token ids: {e}") from e
         if not (isinstance(block_hash, str) and HASH_RE.match(block_hash)):
             raise ValueError("its hash is not a block hash")
-        if not tokens or not valid_tokens(tokens):
-            raise ValueError("its metadata holds no valid token ids")
+        snapshot = meta.get("snapshot") == "1"
+        if not valid_tokens(tokens) or bool(tokens) == snapshot:
+            raise ValueError("its metadata holds no valid token ids" if not snapshot else "a snapshot holds no tokens")
         if parent is not None and not (isinstance(parent, str) and HASH_RE.match(parent)):
             raise ValueError("its parent is not a block hash")
         if not (isinstance(start, str) and start.isascii() and start.isdigit()):
             raise ValueError("its start position is not a number")
-        return cls(block_hash, parent, int(start), tuple(tokens))
+        if snapshot and parent is None:
+            raise ValueError("a snapshot names the prefix it follows")
+        return cls(block_hash, parent, int(start), tuple(tokens), snapshot)
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,8 @@ def pid_alive(pid: object) -> bool:
 
 @dataclass
 class Manifest:
-    """An agent's latest sequence as stored: whose it is, its tokens and their block hashes."""
+    """An agent's latest sequence as stored: whose it is, its tokens and their block hashes, and
+    the snapshots of its state layers it keeps (position, name), for models that have them."""
 
     key: AgentKey
     fingerprint: str
@@ -100,6 +106,12 @@ class Manifest:
     last_used: float  # wall clock
     path: Path | None = None
     root: str | None = None  # where its hash chain starts: its namespace (memory/hashing.py)
+    snapshots: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        """Every block file it names: its blocks, then its snapshots."""
+        return [*self.blocks, *(h for _, h in self.snapshots)]
 
     def to_bytes(self) -> bytes:
         key = self.key
@@ -117,6 +129,8 @@ class Manifest:
             data["kind"] = key.kind
         if self.root:
             data["root"] = self.root
+        if self.snapshots:
+            data["snapshots"] = [list(s) for s in self.snapshots]
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
@@ -152,9 +166,18 @@ class Manifest:
             raise ValueError("tokens must be a list of token ids (integers 0 <= id < 2**32)")
         if not isinstance(blocks, list) or not all(isinstance(h, str) and HASH_RE.match(h) for h in blocks):
             raise ValueError("blocks must be a list of block hashes")
+        snapshots = data.get("snapshots", [])
+        if not isinstance(snapshots, list) or not all(
+            isinstance(s, list) and len(s) == 2 and type(s[0]) is int and 0 < s[0] <= len(tokens)
+            and isinstance(s[1], str) and HASH_RE.match(s[1])
+            for s in snapshots
+        ):
+            raise ValueError("snapshots must be a list of [position, hash] within its tokens")
         last_used = data.get("last_used")
         if type(last_used) not in (int, float) or not isinstance(data.get("fingerprint"), str):
             raise ValueError("missing fingerprint or last_used")
         if not abs(last_used) < 1e15:  # also false for NaN and inf; float(10**400) would overflow
             raise ValueError("last_used is not a time")
-        return cls(key, data["fingerprint"], tokens, blocks, float(last_used), path, root)
+        return cls(
+            key, data["fingerprint"], tokens, blocks, float(last_used), path, root, [(p, h) for p, h in snapshots]
+        )

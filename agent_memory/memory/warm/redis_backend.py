@@ -118,7 +118,7 @@ class RedisBackend(RedisNamespace, WarmBackend):
 
     def write_manifest(self, manifest: Manifest, base: str | None, etag: str) -> ManifestWrite:
         self._write_model_info()
-        blocks = " ".join(dict.fromkeys(manifest.blocks))
+        blocks = " ".join(dict.fromkeys(manifest.names))
         out = self._script(CAS_MANIFEST)(
             keys=[self.manifest_key(manifest.key), self.refs_key],
             args=[base or "", etag, manifest.to_bytes(), blocks],

@@ -52,11 +52,13 @@ class WarmTier:
         block_layout: Callable[[int], Layout],
         name: str,
         block_tokens: int,
+        snapshot_layout: Callable[[int], Layout] | None = None,
     ) -> None:
         """backend: where blocks and manifests live (a Folder means FolderBackend(folder)).
         precision: of the blocks' KV, which every block file says and must match on read;
-        block_layout(n): the tensors a block of n tokens must hold; name and block_tokens:
-        the model's name and the block size, for model.json."""
+        block_layout(n): the tensors a block of n tokens must hold; snapshot_layout(position):
+        those of a snapshot (models with state layers); name and block_tokens: the model's
+        name and the block size, for model.json."""
         self.backend = FolderBackend(backend) if isinstance(backend, Folder) else backend
         self.folder = self.backend.folder  # None for a shared backend
         self.shared = self.backend.shared
@@ -66,6 +68,7 @@ class WarmTier:
         self.name = name
         self.block_tokens = block_tokens
         self.block_layout = block_layout
+        self.snapshot_layout = snapshot_layout
         self.on_saved: Callable[[str, int], None] = lambda block_hash, nbytes: None
         # Each write done, fsyncs included: (kind, block hash or agent id, its start) for --trace-file.
         self.on_written: Callable[[str, str, float], None] = lambda kind, key, started: None
@@ -99,8 +102,10 @@ class WarmTier:
 
     def block_bytes(self, n: int) -> int:
         """About what a block of n tokens takes in the backend: its tensors and a header."""
-        layout = self.block_layout(n)
-        return HEADER_BYTES + sum(math.prod(dims) * NUMPY_DTYPES[dtype]().itemsize for dtype, dims in layout.values())
+        return _file_bytes(self.block_layout(n))
+
+    def snapshot_bytes(self, position: int) -> int:
+        return _file_bytes(self.snapshot_layout(position))
 
     # -- start --------------------------------------------------------------------------
 
@@ -284,7 +289,7 @@ class WarmTier:
         """Future of the block's tensors as numpy; a damaged copy is set aside and raises, a
         missing one raises BlockMissing."""
         expect = {**self.meta, "hash": block.hash, "tokens": tokens_text(block.tokens)}
-        layout = self.block_layout(len(block.tokens))
+        layout = self.snapshot_layout(block.start) if block.snapshot else self.block_layout(len(block.tokens))
         return self._reader.submit(self.backend.read_block, block.hash, expect, layout)
 
     def probe(self, key: AgentKey | None, known: str | None, hashes: list[str]) -> Future:
@@ -293,6 +298,10 @@ class WarmTier:
 
     def quarantine_manifest(self, manifest: Manifest, reason: str) -> None:
         self.backend.quarantine_manifest(manifest, reason)
+
+
+def _file_bytes(layout: Layout) -> int:
+    return HEADER_BYTES + sum(math.prod(dims) * NUMPY_DTYPES[dtype]().itemsize for dtype, dims in layout.values())
 
 
 def _redis_error(e: Exception) -> bool:

@@ -1,10 +1,12 @@
-"""Block payloads <-> per-sequence KV caches.
+"""The attention kind: layers that keep every token's KV (mlx-lm's `KVCache`, or
+`QuantizedKVCache` when decoding attends to quantized KV). Their KV is kept in blocks.
 
-A block payload holds a run of tokens' KV for every layer, stacked: `k`/`v` of shape
-(layers, kv_heads, tokens, head_dim) at full precision, or for a quantized tier the three
-parts of each (`k.q`, `k.scales`, `k.biases`, same for `v`) as `mx.quantize` makes them.
-Quantization groups run along head_dim, so payloads of one precision concatenate and slice
-along the token axis exactly. The same names are the tensors of a block file on disk.
+A block payload holds a run of tokens' KV for a group of such layers of one shape, stacked:
+`k`/`v` of shape (layers, kv_heads, tokens, head_dim) at full precision, or for a quantized
+tier the three parts of each (`k.q`, `k.scales`, `k.biases`, same for `v`) as `mx.quantize`
+makes them. Quantization groups run along head_dim, so payloads of one precision concatenate
+and slice along the token axis exactly. The same names are the tensors of a block file on disk;
+a model whose attention layers have several shapes prefixes the later groups' names (layers.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from agent_memory.precision import FULL, KVPrecision
+from agent_memory.precision import KVPrecision
 
 QUANT_PARTS = ("q", "scales", "biases")
 
@@ -25,10 +27,9 @@ QUANT_PARTS = ("q", "scales", "biases")
 Payload = dict[str, mx.array]
 
 
-def new_cache(num_layers: int, precision: KVPrecision) -> list:
-    if precision.quantized:
-        return [QuantizedKVCache(precision.group_size, precision.bits) for _ in range(num_layers)]
-    return [KVCache() for _ in range(num_layers)]
+def new_layer(precision: KVPrecision):
+    """A fresh attention layer's cache at the working precision."""
+    return QuantizedKVCache(precision.group_size, precision.bits) if precision.quantized else KVCache()
 
 
 def payload_nbytes(payload: Payload) -> int:
@@ -50,18 +51,27 @@ class BlockKV:
     def at(self, precision: KVPrecision) -> Payload:
         return convert(self.arrays, self.precision, precision)
 
+    def tensors(self, precision: KVPrecision) -> dict:
+        """A block file's tensors at a tier's precision."""
+        return to_numpy(self.at(precision))
 
-def cut(cache: list, start: int, end: int) -> Payload:
-    """Copy tokens [start, end) of a single-sequence cache out as a block payload."""
+
+def in_group(name: str, prefix: str) -> bool:
+    """Whether a payload tensor belongs to the group named by `prefix` ("" for the first)."""
+    return name.startswith(prefix) if prefix else "/" not in name
+
+
+def cut(cache: list, start: int, end: int, prefix: str = "") -> Payload:
+    """Copy tokens [start, end) of a group of single-sequence caches out as a block payload."""
     if isinstance(cache[0], QuantizedKVCache):
         return {
-            f"{kv}.{part}": mx.stack([getattr(c, name)[i][0, :, start:end] for c in cache])
+            f"{prefix}{kv}.{part}": mx.stack([getattr(c, name)[i][0, :, start:end] for c in cache])
             for kv, name in (("k", "keys"), ("v", "values"))
             for i, part in enumerate(QUANT_PARTS)
         }
     return {
-        "k": mx.stack([c.keys[0, :, start:end] for c in cache]),
-        "v": mx.stack([c.values[0, :, start:end] for c in cache]),
+        f"{prefix}k": mx.stack([c.keys[0, :, start:end] for c in cache]),
+        f"{prefix}v": mx.stack([c.values[0, :, start:end] for c in cache]),
     }
 
 
@@ -74,7 +84,7 @@ class StoredRun:
     kv: BlockKV
 
 
-def cut_at(cache: list, start: int, end: int, stored: list[StoredRun], working: KVPrecision) -> BlockKV:
+def cut_at(groups: dict[str, list], start: int, end: int, stored: list[StoredRun], working: KVPrecision) -> BlockKV:
     """Tokens [start, end) of a sequence's cache as a block. Within one restored run, the
     block keeps that run's stored KV (its bits, its precision: quantizing dequantized values
     again would drift); anything else is cut from the working cache exactly as the sequence
@@ -83,7 +93,7 @@ def cut_at(cache: list, start: int, end: int, stored: list[StoredRun], working: 
         if run.start <= start and end <= run.end:
             kept = {name: mx.contiguous(a[:, :, start - run.start : end - run.start]) for name, a in run.kv.arrays.items()}
             return BlockKV(kept, run.kv.precision)
-    return BlockKV(cut(cache, start, end), working)
+    return BlockKV({name: a for prefix, cache in groups.items() for name, a in cut(cache, start, end, prefix).items()}, working)
 
 
 def demote(block: BlockKV, precision: KVPrecision) -> BlockKV:
@@ -93,15 +103,15 @@ def demote(block: BlockKV, precision: KVPrecision) -> BlockKV:
     return cooled
 
 
-def append(cache: list, parts: list[tuple[BlockKV, int]], working: KVPrecision) -> None:
-    """Append the first n tokens of each block, in order, to a single-sequence cache at
-    `working` precision. Runs of one precision are joined before they are converted, so the
+def append(cache: list, parts: list[tuple[BlockKV, int]], working: KVPrecision, prefix: str = "") -> None:
+    """Append the first n tokens of each block, in order, to a group of single-sequence caches
+    at `working` precision. Runs of one precision are joined before they are converted, so the
     concatenation copies the small quantized tensors, not dequantized ones."""
     if not parts:
         return
     runs: list[tuple[KVPrecision, list[Payload]]] = []
     for block, n in parts:
-        piece = {name: a[:, :, :n] for name, a in block.arrays.items()}
+        piece = {name[len(prefix) :]: a[:, :, :n] for name, a in block.arrays.items() if in_group(name, prefix)}
         if runs and runs[-1][0] == block.precision:
             runs[-1][1].append(piece)
         else:
@@ -129,7 +139,6 @@ def append(cache: list, parts: list[tuple[BlockKV, int]], working: KVPrecision) 
                 new_v = mx.concatenate([c.values[..., : c.offset, :], new_v], axis=2)
             c.keys, c.values = new_k, new_v
         c.offset += added
-    mx.eval([c.state for c in cache])
 
 
 # -- moving payloads between tiers -------------------------------------------------------
@@ -149,28 +158,29 @@ class KVShape:
     dtype: mx.Dtype
 
 
-def probe_shape(model, num_layers: int) -> KVShape:
-    cache = new_cache(num_layers, FULL)
-    model(mx.array([[0]]), cache=cache)
-    k, v = cache[0].keys, cache[0].values
-    return KVShape(num_layers, k.shape[1], k.shape[3], v.shape[3], k.dtype)
+def shape_of(caches: list) -> KVShape:
+    """The shape of a group of full-precision attention caches that have seen a token."""
+    k, v = caches[0].keys, caches[0].values
+    return KVShape(len(caches), k.shape[1], k.shape[3], v.shape[3], k.dtype)
 
 
 def convert(payload: Payload, src: KVPrecision, dst: KVPrecision) -> Payload:
-    """Change a payload's precision; only tier moves do this."""
+    """Change a payload's precision (every group's); only tier moves do this."""
     if src == dst:
         return payload
     out = {}
-    for kv in "kv":
-        full = (
-            mx.dequantize(*(payload[f"{kv}.{p}"] for p in QUANT_PARTS), group_size=src.group_size, bits=src.bits)
-            if src.quantized
-            else payload[kv]
-        )
-        if dst.quantized:
-            out.update(zip((f"{kv}.{p}" for p in QUANT_PARTS), mx.quantize(full, group_size=dst.group_size, bits=dst.bits)))
-        else:
-            out[kv] = full
+    for prefix in sorted({name[: name.index("/") + 1] if "/" in name else "" for name in payload}):
+        for kv in (f"{prefix}k", f"{prefix}v"):
+            full = (
+                mx.dequantize(*(payload[f"{kv}.{p}"] for p in QUANT_PARTS), group_size=src.group_size, bits=src.bits)
+                if src.quantized
+                else payload[kv]
+            )
+            if dst.quantized:
+                parts = mx.quantize(full, group_size=dst.group_size, bits=dst.bits)
+                out.update(zip((f"{kv}.{p}" for p in QUANT_PARTS), parts))
+            else:
+                out[kv] = full
     return out
 
 
@@ -201,16 +211,16 @@ def bytes_per_token(shape: KVShape, precision: KVPrecision) -> int:
     return sum(itemsize[dtype] * math.prod(dims) for dtype, dims in sizes)
 
 
-def block_layout(n: int, shape: KVShape, precision: KVPrecision) -> dict:
-    """The tensors a block file of n tokens must hold at this precision."""
+def block_layout(n: int, shape: KVShape, precision: KVPrecision, prefix: str = "") -> dict:
+    """The tensors a block file of n tokens must hold for one group at this precision."""
     dtype = SAFETENSORS_DTYPES[shape.dtype]
     dims = {"k": shape.k_dim, "v": shape.v_dim}
     lead = (shape.layers, shape.kv_heads, n)
     if not precision.quantized:
-        return {kv: (dtype, (*lead, d)) for kv, d in dims.items()}
+        return {f"{prefix}{kv}": (dtype, (*lead, d)) for kv, d in dims.items()}
     out = {}
     for kv, d in dims.items():
-        out[f"{kv}.q"] = ("U32", (*lead, d * precision.bits // 32))
-        out[f"{kv}.scales"] = (dtype, (*lead, d // precision.group_size))
-        out[f"{kv}.biases"] = (dtype, (*lead, d // precision.group_size))
+        out[f"{prefix}{kv}.q"] = ("U32", (*lead, d * precision.bits // 32))
+        out[f"{prefix}{kv}.scales"] = (dtype, (*lead, d // precision.group_size))
+        out[f"{prefix}{kv}.biases"] = (dtype, (*lead, d // precision.group_size))
     return out

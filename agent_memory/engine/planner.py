@@ -1,0 +1,65 @@
+"""Planning a sequence: the store's lookup, when the sequence's turn to prefill comes (not on
+arrival, so that agents arriving together reuse the shared prefix the first of them computed),
+turned into its plan (cached segments, the snapshot, what to compute, where to stop for a
+snapshot of a shared head) and the warm-tier reads it needs started."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from agent_memory.engine.metrics import Metrics
+from agent_memory.engine.sequence import Sequence, Status
+from agent_memory.engine.trace import NoTrace
+from agent_memory.memory.index.blocks import Tier
+from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.index.store_records import Segment
+from agent_memory.memory.warm.tier import WarmTier
+
+
+class Planner:
+    def __init__(
+        self,
+        store: AgentCacheStore,
+        warm: WarmTier | None,
+        metrics: Metrics,
+        trace: NoTrace,
+        post: Callable[[Callable[[], None]], None],
+    ) -> None:
+        self.store = store
+        self.warm = warm
+        self.metrics = metrics
+        self.trace = trace
+        self._post = post  # queue a call for the engine thread (it wakes the loop)
+
+    def plan(self, seq: Sequence) -> None:
+        """The lookup pins the blocks (and the snapshot) it names; warm ones start being read."""
+        t0 = time.perf_counter()
+        if not seq.prefill_only:
+            self.metrics.queue_time.observe(t0 - seq.submitted)
+        seq.lease = lease = self.store.lookup(seq.prompt[: seq.prefill_end], seq.root)
+        seq.plan.extend(lease.segments)
+        if lease.end < seq.prefill_end:
+            seq.plan.append(Segment(lease.end, seq.prefill_end, None))
+        if lease.end < lease.matched < seq.prefill_end:  # state layers: a head others share ends there
+            seq.mark = lease.matched
+        planned = [segment.block for segment in lease.segments if segment.block is not None]
+        for block in [*planned, *filter(None, [lease.snapshot])]:
+            if block.tier is Tier.WARM:
+                future = self.warm.read_block(block)
+                future.add_done_callback(self._read_done(seq.id, t0))
+                seq.reads[block.hash] = future
+        seq.status = Status.PREFILLING
+        self.trace.planned(seq, t0)
+
+    def _read_done(self, seq_id: int, started: float) -> Callable[[Future], None]:
+        """On the reader thread when a warm block is read: count it, wake the loop."""
+
+        def done(future: Future) -> None:
+            outcome = "ok" if future.exception() is None else "refused"
+            self.metrics.disk_loads.labels(outcome).observe(time.perf_counter() - started)
+            self.trace.read_done(seq_id)
+            self._post(lambda: None)
+
+        return done

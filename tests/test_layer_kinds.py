@@ -1,0 +1,132 @@
+"""The layer kinds end to end (engine/kinds/): sequences of a sliding-window, a recurrent and a
+per-layer CacheList model decode in one batch and answer as they do alone (each cache class
+batched by mlx-lm's own batch class, engine/decode_batch.py); a hybrid agent's snapshots are
+files beside its blocks, named in its manifest, and go with it when it is ended; and a flag that
+cannot work with a model's layers is refused at start, in one line, before any request can fail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from agent_memory.models.tiny import build_tiny
+from tests.conftest import REPO, Server, free_port
+
+PROMPTS = [
+    "Describe the harbour at dawn, the boats and the gulls over the water.",
+    "List three uses of a lighthouse.",
+    "What does a keeper write in the log each night of the winter?",
+    "Explain how a foghorn works.",
+]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batch-families")
+    return lambda arch: build_tiny(root / arch, arch=arch)
+
+
+@pytest.mark.parametrize("arch", ["gpt_oss", "qwen3_next", "falcon_h1"])
+def test_sequences_of_every_layer_kind_batch_as_they_run_alone(models, tmp_path, arch):
+    """Prompts of different lengths, so that the window and the recurrent states of the rows
+    differ, and one request arriving while the others decode."""
+    with Server(models(arch), tmp_path / "cache") as server:
+        client = server.client()
+
+        def request(prompt):
+            return dict(model=arch, messages=[{"role": "user", "content": prompt}], max_tokens=40, temperature=0)
+
+        # Anonymous and salted apart: no request reuses another's cache, so each is computed alone.
+        solo = [
+            client.chat.completions.create(**request(p), extra_body={"cache_salt": f"solo-{i}"}).choices[0].message.content
+            for i, p in enumerate(PROMPTS)
+        ]
+
+        async def together():
+            aclient = server.async_client()
+
+            async def one(i, p):
+                await asyncio.sleep(0.3 * (i == len(PROMPTS) - 1))  # the last joins a running batch
+                return await aclient.chat.completions.create(**request(p), extra_body={"cache_salt": f"batch-{i}"})
+
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS)))
+
+        batched = [r.choices[0].message.content for r in asyncio.run(together())]
+        assert batched == solo
+        assert "decode step failed" not in server.log() and "Traceback" not in server.log()
+
+
+def _files(cache_dir) -> tuple[set[str], list[dict]]:
+    """(names of the block and snapshot files, the manifests) in the model's warm folder."""
+    (folder,) = (cache_dir / "kv").iterdir()
+    names = {f.stem for f in (folder / "blocks").rglob("*.safetensors")}
+    return names, [json.loads(m.read_text()) for m in (folder / "agents").glob("*.json")]
+
+
+def test_a_hybrid_agents_snapshots_are_kept_on_disk_and_go_with_it(models, tmp_path):
+    conversation = [
+        {"role": "system", "content": "You keep the lighthouse records. " * 6},
+        {"role": "user", "content": "What happened on the night of the storm?"},
+    ]
+    with Server(models("qwen3_5"), tmp_path, "--disk-budget-mb", "64") as server:
+        client = server.client()
+        for agent in ("keeper", "visitor"):
+            reply = client.chat.completions.create(
+                model="qwen3_5", messages=conversation, max_tokens=8, temperature=0, extra_body={"prompt_cache_key": agent}
+            )
+        conversation += [{"role": "assistant", "content": reply.choices[0].message.content},
+                         {"role": "user", "content": "And the morning after?"}]
+        client.chat.completions.create(
+            model="qwen3_5", messages=conversation, max_tokens=8, temperature=0, extra_body={"prompt_cache_key": "keeper"}
+        )
+        listed = {a["id"]: a for a in httpx.get(server.base_url + "/v1/agents").json()["data"]}
+        assert listed["keeper"]["snapshots"] >= 2 and listed["visitor"]["snapshots"] >= 1
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the writer thread puts them on disk behind the replies
+            names, manifests = _files(tmp_path)
+            snapshots = {h for m in manifests for _, h in m.get("snapshots", [])}
+            if len(manifests) == 2 and snapshots and snapshots <= names:
+                break
+            time.sleep(0.2)
+        keeper = next(m for m in manifests if m["agent"] == "keeper")
+        assert {h for _, h in keeper["snapshots"]} <= names
+        assert all(0 < position <= len(keeper["tokens"]) for position, _ in keeper["snapshots"])
+        assert httpx.delete(server.base_url + "/v1/agents/keeper").status_code == 200
+        visitor = next(m for m in manifests if m["agent"] == "visitor")
+        kept = set(visitor["blocks"]) | {h for _, h in visitor["snapshots"]}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            names, manifests = _files(tmp_path)
+            if len(manifests) == 1 and names <= kept:
+                break
+            time.sleep(0.2)
+        assert [m["agent"] for m in manifests] == ["visitor"]
+        assert names <= kept, "a file only the ended agent named is still on disk"
+        assert {h for _, h in keeper["snapshots"]} - kept and not ({h for _, h in keeper["snapshots"]} - kept) & names
+
+
+@pytest.mark.parametrize(
+    "arch,why",
+    [
+        ("gemma3_text", "--decode-quantized needs every layer to keep one plain KV cache"),
+        ("deepseek_v3", "--decode-quantized: this model's attention cannot read quantized KV"),
+    ],
+)
+def test_decode_quantized_is_refused_at_start_for_models_it_cannot_serve(models, tmp_path, arch, why):
+    """Sliding-window layers have no quantized batch cache in mlx-lm, and MLA keeps a latent,
+    not attention K/V: the server would fail every request, so it does not start."""
+    folder = models(arch)
+    cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", str(folder), "--port", str(free_port()),
+           "--cache-dir", str(tmp_path), "--kv-bits", "4", "--decode-quantized"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert run.returncode != 0
+    output = run.stdout + run.stderr
+    assert why in output and "Traceback" not in output
+    refusals = [line for line in output.splitlines() if why in line]
+    assert len(refusals) == 1 and f"{arch}: " in refusals[0]
