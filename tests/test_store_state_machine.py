@@ -74,15 +74,18 @@ class StoreMachine(RuleBasedStateMachine):
             return FakeKV(()), SNAPSHOT_BYTES
 
         root = self._root(agent, salt)
-        self.store.commit(agent, tokens, cut, root, take if snapshot and self.store.state_layers else None)
+        persist = self.store.commit(agent, tokens, cut, root, take if snapshot and self.store.state_layers else None)
         self.namespace_of.update({h: root for h, *_ in self.store.names.chain(tokens, root)})
+        if persist.snapshot is not None:
+            self.namespace_of[persist.snapshot] = root
         self.seen.append(tokens)
         if agent is not None:
             self.ended.discard(agent)
 
     def _draw_tokens(self, data):
         base = data.draw(st.sampled_from(self.seen)) if self.seen else []
-        keep = data.draw(st.integers(0, len(base)))
+        # Often all of it: a returning agent's prompt, which a snapshot at its end can resume.
+        keep = data.draw(st.one_of(st.just(len(base)), st.integers(0, len(base))))
         return base[:keep] + data.draw(TOKENS)
 
     @rule(agent=AGENTS, salt=SALTS, snapshot=st.booleans(), data=st.data())

@@ -26,7 +26,8 @@ def agent_dict(info: AgentInfo) -> dict:
         "bytes": {
             "hot": info.hot_bytes,
             "hot_exact": info.exact_bytes,
-            "hot_quantized": info.hot_bytes - info.exact_bytes,
+            "hot_quantized": info.hot_bytes - info.exact_bytes - info.snapshot_bytes,
+            "hot_snapshots": info.snapshot_bytes,
             "disk": info.disk_bytes,
         },
         "last_used": round(info.last_used, 3),

@@ -116,7 +116,10 @@ class Metrics:
         for state in ("waiting", "prefilling", "decoding"):
             self.sequences.labels(state).set_function(lambda state=state: count(state))
         self.cache_bytes.labels("hot_exact").set_function(lambda: pool.exact_bytes)
-        self.cache_bytes.labels("hot_quantized").set_function(lambda: pool.hot_bytes - pool.exact_bytes)
+        self.cache_bytes.labels("hot_quantized").set_function(
+            lambda: pool.hot_bytes - pool.exact_bytes - pool.snapshot_bytes
+        )
+        self.cache_bytes.labels("hot_snapshots").set_function(lambda: pool.snapshot_bytes)
         self.cache_bytes.labels("warm").set_function(lambda: pool.disk_bytes)
         self.budget_bytes.labels("hot").set_function(lambda: store.hot_budget_bytes)
         self.budget_bytes.labels("warm").set_function(lambda: store.disk_budget_bytes if warm_on else 0)

@@ -97,6 +97,7 @@ class AgentIndex:
                 disk_bytes=sum(b.disk_bytes for b in held),
                 last_used=record.last_used,
                 snapshots=len(snapshots),
+                snapshot_bytes=sum(s.hot_bytes for s in snapshots),
             )
 
     def counts(self) -> dict[str, int]:

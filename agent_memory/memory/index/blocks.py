@@ -55,8 +55,9 @@ class BlockPool:
         self.blocks: dict[str, Block] = {}
         self.children: dict[str | None, set[str]] = {}
         self.snapshots: dict[str, Block] = {}  # by the name of the prefix they follow
-        self.hot_bytes = 0  # exact and quantized together: what the hot budget bounds
+        self.hot_bytes = 0  # exact, quantized and snapshots together: what the hot budget bounds
         self.exact_bytes = 0
+        self.snapshot_bytes = 0  # the hot snapshots' part of hot_bytes
         self.disk_bytes = 0
 
     def __contains__(self, block_hash: str) -> bool:
@@ -95,10 +96,12 @@ class BlockPool:
         block.payload, block.hot_bytes, block.exact = payload, nbytes, exact
         self.hot_bytes += nbytes
         self.exact_bytes += nbytes if exact else 0
+        self.snapshot_bytes += nbytes if block.snapshot else 0
 
     def drop_payload(self, block: Block) -> None:
         self.hot_bytes -= block.hot_bytes
         self.exact_bytes -= block.hot_bytes if block.exact else 0
+        self.snapshot_bytes -= block.hot_bytes if block.snapshot else 0
         block.payload, block.hot_bytes, block.exact = None, 0, False
 
     def set_disk(self, block: Block, nbytes: int) -> None:

@@ -4,8 +4,11 @@ A model with window or recurrent layers can resume a prompt only where a snapsho
 layers was taken, after exactly the prompt's first tokens. They are taken where agents come
 back: the end of each turn (prompt and reply), the end of a prompt, and where a prompt stops
 matching what another sequence cached (the head agents share: system prompt and tools). An
-agent keeps its earliest (that shared head) and its latest few: a returning agent resumes at
-its latest, an edited history at an earlier one, a new agent with the same head at the first.
+agent keeps its earliest (that shared head) and its latest two, its last turn's end and its
+last prompt's: a returning agent resumes at the first of those its prompt still follows (its
+reply sent back otherwise than it was written, or edited, falls back to the prompt's), a new
+agent with the same head at the head. A snapshot is a fixed size, often the KV of thousands of
+tokens: kept more densely, they would cost more memory than the blocks they save recomputing.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from agent_memory.memory.hashing import BlockNames
 from agent_memory.memory.index.blocks import Block, BlockPool, Tier
 
-KEPT_PER_AGENT = 4  # the earliest and the latest three
+KEPT_PER_AGENT = 3  # the earliest and the latest two
 
 
 def find(pool: BlockPool, names: BlockNames, tokens: Sequence[int], root: str | None, limit: int) -> Block | None:

@@ -274,13 +274,13 @@ class AgentCacheStore(Eviction, AgentIndex):
             return {
                 "hot_bytes": self.pool.hot_bytes,
                 "hot_exact_bytes": self.pool.exact_bytes,
-                "hot_quantized_bytes": self.pool.hot_bytes - self.pool.exact_bytes,
+                "hot_quantized_bytes": self.pool.hot_bytes - self.pool.exact_bytes - self.pool.snapshot_bytes,
                 "hot_budget_bytes": self.hot_budget_bytes,
                 "disk_bytes": self.pool.disk_bytes,
                 "disk_budget_bytes": self._disk_budget(),
                 **{f"{t.value}_blocks": n for t, n in by_tier.items()},
                 "snapshots": len(held),
-                "snapshot_hot_bytes": sum(s.hot_bytes for s in held),
+                "snapshot_hot_bytes": self.pool.snapshot_bytes,
                 "snapshot_disk_bytes": sum(s.disk_bytes for s in held),
                 **self.counts(),
             }

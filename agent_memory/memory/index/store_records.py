@@ -82,3 +82,4 @@ class AgentInfo:
     disk_bytes: int
     last_used: float
     snapshots: int = 0  # of its state layers (window, recurrent), kept at positions it returns to
+    snapshot_bytes: int = 0  # the hot ones' part of hot_bytes
