@@ -114,7 +114,7 @@ class SharedTierSync:
             if block.tier is Tier.COLD and h not in asked:
                 # Not asked about (outside this request): held there, presumably; a miss on
                 # reading it is recomputed like a damaged file.
-                index.pool.set_disk(block, self.tier.block_bytes(end - start))
+                index.pool.set_disk(block, self.tier.file_bytes(self.tier.layout(block)))
             blocks.append(block)
         kept = []
         for position, h in manifest.snapshots:  # held there, presumably, like blocks outside the request
@@ -122,7 +122,7 @@ class SharedTierSync:
             if h == index.names.snapshot_name(prefix) and self.tier.snapshot_layout is not None:
                 kept.append(snapshots.get_or_add(index.pool, index.names, prefix, position))
                 if kept[-1].tier is Tier.COLD:
-                    index.pool.set_disk(kept[-1], self.tier.snapshot_bytes(position))
+                    index.pool.set_disk(kept[-1], self.tier.file_bytes(self.tier.layout(kept[-1])))
         index.point_agent(d.agent, list(manifest.tokens), blocks, manifest.root, kept)
         record = index.agents[d.agent]
         record.etag = record.stored = etag

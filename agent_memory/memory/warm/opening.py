@@ -53,7 +53,7 @@ def open_tier(
         # Not even reads: an agent ended here could not be deleted there, and would come back.
         return _without(f"the cache folder {kv_dir} is on a read-only file system")
     tier = make_tier(Folder(kv_dir / name))
-    file_bytes = tier.block_bytes(BLOCK_TOKENS)
+    file_bytes = tier.file_bytes(tier.block_layout(BLOCK_TOKENS))
     try:
         scan = tier.open()
     except OSError as e:

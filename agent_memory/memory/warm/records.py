@@ -108,6 +108,11 @@ class Manifest:
     root: str | None = None  # where its hash chain starts: its namespace (memory/hashing.py)
     snapshots: list[tuple[int, str]] = field(default_factory=list)
 
+    def extends(self, theirs: Manifest) -> bool:
+        """Whether this sequence contains theirs: the same namespace, their tokens a prefix of ours."""
+        n = len(theirs.tokens)
+        return theirs.root == self.root and n <= len(self.tokens) and self.tokens[:n] == theirs.tokens
+
     @property
     def names(self) -> list[str]:
         """Every block file it names: its blocks, then its snapshots."""

@@ -36,12 +36,6 @@ CAS_TRIES = 8  # compare-and-set attempts of one manifest write before it gives 
 USAGE_REFRESH_S = 5.0  # how often a shared backend's memory figures are read (for /health)
 
 
-def extends(ours: Manifest, theirs: Manifest) -> bool:
-    """Whether our sequence contains theirs: the same namespace, their tokens a prefix of ours."""
-    n = len(theirs.tokens)
-    return theirs.root == ours.root and n <= len(ours.tokens) and ours.tokens[:n] == theirs.tokens
-
-
 class WarmTier:
     def __init__(
         self,
@@ -100,12 +94,14 @@ class WarmTier:
     def location(self) -> str:
         return self.backend.location
 
-    def block_bytes(self, n: int) -> int:
-        """About what a block of n tokens takes in the backend: its tensors and a header."""
-        return _file_bytes(self.block_layout(n))
+    def layout(self, block: BlockRecord) -> Layout:
+        """The tensors a block's (or a snapshot's) file must hold."""
+        return self.snapshot_layout(block.start) if block.snapshot else self.block_layout(len(block.tokens))
 
-    def snapshot_bytes(self, position: int) -> int:
-        return _file_bytes(self.snapshot_layout(position))
+    @staticmethod
+    def file_bytes(layout: Layout) -> int:
+        """About what a file of this layout takes in the backend: its tensors and a header."""
+        return HEADER_BYTES + sum(math.prod(dims) * NUMPY_DTYPES[dtype]().itemsize for dtype, dims in layout.values())
 
     # -- start --------------------------------------------------------------------------
 
@@ -240,7 +236,7 @@ class WarmTier:
                     break  # ended meanwhile
                 continue  # made and deleted in between: try again as the first
             theirs, their_etag = current
-            if not extends(manifest, theirs):
+            if not manifest.extends(theirs):
                 break
             base = their_etag
         log.debug("manifest of %s not written: the shared backend holds a later or other turn", manifest.key)
@@ -289,8 +285,7 @@ class WarmTier:
         """Future of the block's tensors as numpy; a damaged copy is set aside and raises, a
         missing one raises BlockMissing."""
         expect = {**self.meta, "hash": block.hash, "tokens": tokens_text(block.tokens)}
-        layout = self.snapshot_layout(block.start) if block.snapshot else self.block_layout(len(block.tokens))
-        return self._reader.submit(self.backend.read_block, block.hash, expect, layout)
+        return self._reader.submit(self.backend.read_block, block.hash, expect, self.layout(block))
 
     def probe(self, key: AgentKey | None, known: str | None, hashes: list[str]) -> Future:
         """Future of what the shared backend holds for a request (backend.Probe)."""
@@ -298,10 +293,6 @@ class WarmTier:
 
     def quarantine_manifest(self, manifest: Manifest, reason: str) -> None:
         self.backend.quarantine_manifest(manifest, reason)
-
-
-def _file_bytes(layout: Layout) -> int:
-    return HEADER_BYTES + sum(math.prod(dims) * NUMPY_DTYPES[dtype]().itemsize for dtype, dims in layout.values())
 
 
 def _redis_error(e: Exception) -> bool:
