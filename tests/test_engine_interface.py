@@ -221,7 +221,7 @@ def test_agents_list_show_delete(engine):
         listed = client.get("/v1/agents").json()
         assert [a["id"] for a in listed["data"]] == ["alice"] and listed["hot_bytes"] == 4096
         shown = client.get("/v1/agents/alice").json()
-        assert shown["bytes"] == {"hot": 4096, "hot_exact": 1024, "hot_quantized": 3072, "disk": 0}
+        assert shown["bytes"] == {"hot": 4096, "hot_exact": 1024, "hot_quantized": 3072, "hot_snapshots": 0, "disk": 0}
         assert client.delete("/v1/agents/alice").json() == {"id": "alice", "object": "agent.deleted", "deleted": True}
         assert client.delete("/v1/agents/alice").json()["error"]["code"] == "agent_not_found"
 

@@ -130,3 +130,15 @@ def test_decode_quantized_is_refused_at_start_for_models_it_cannot_serve(models,
     assert why in output and "Traceback" not in output
     refusals = [line for line in output.splitlines() if why in line]
     assert len(refusals) == 1 and f"{arch}: " in refusals[0]
+
+
+def test_a_cache_of_a_kind_this_server_cannot_keep_is_named_in_the_refusal():
+    """Llama 4's chunked attention (`ChunkedKVCache`) is neither per-token KV that blocks can
+    hold nor a state a snapshot can: the model is refused at start, the class named."""
+    from mlx_lm.models.cache import CacheList, ChunkedKVCache, KVCache, RotatingKVCache
+
+    from agent_memory.engine.kinds.layers import refusal
+
+    assert refusal([KVCache(), RotatingKVCache(32), CacheList(KVCache(), KVCache())]) is None
+    why = refusal([KVCache(), CacheList(KVCache(), ChunkedKVCache(64))])
+    assert why is not None and "ChunkedKVCache" in why and "KVCache, RotatingKVCache, ArraysCache" in why

@@ -311,7 +311,7 @@ def test_loosen_drops_only_what_cannot_be_enforced():
 def test_the_openai_agents_sdk_runs_an_agent_with_a_tool(server):
     from agents import OpenAIChatCompletionsModel, Runner
 
-    agent, seen = weather_agent(OpenAIChatCompletionsModel(model="tiny", openai_client=server.async_client()), 40)
+    agent, seen = weather_agent(OpenAIChatCompletionsModel(model="tiny", openai_client=server.async_client()), 64)
     result = asyncio.run(Runner.run(agent, "What is the weather in Oslo?", max_turns=4))
     assert seen and seen[0] in ("Paris", "Oslo", "Lima")
     assert isinstance(result.final_output, str)

@@ -18,6 +18,7 @@ from agent_memory.api.access_log import shown_agent
 from agent_memory.api.errors import APIError
 from agent_memory.api.state import ServedModel, ServerState
 from agent_memory.chat.conversation import Conversation
+from agent_memory.chat.finish import ConstrainedOutput
 from agent_memory.chat.grammar import GrammarError
 from agent_memory.chat.toolcalls import ToolCallParser
 from agent_memory.engine.requests import Event, Failed, Finished, GenerationRequest, SamplingParams, TextDelta
@@ -69,7 +70,7 @@ def openai_agent(body: Any, request: Request) -> AgentKey | None:
 @dataclass
 class Prepared:
     prompt: list[int]
-    grammar: Any  # an llguidance matcher, or None for free text
+    grammar: ConstrainedOutput | None  # None: free text
 
 
 async def prepare_chat(
@@ -98,9 +99,11 @@ async def prepare_chat(
     return await model.tokenize(prepare)
 
 
-def output_grammar(model: ServedModel, conversation: Conversation, tools_param: str, format_param: str) -> Any:
-    """The llguidance matcher the reply must follow (None: free text); a 400 when the request
-    asks for what cannot be enforced. On the tokenizer worker: it compiles."""
+def output_grammar(
+    model: ServedModel, conversation: Conversation, tools_param: str, format_param: str
+) -> ConstrainedOutput | None:
+    """What the reply must follow (None: free text); a 400 when the request asks for what
+    cannot be enforced. On the tokenizer worker: it compiles, and finds the shortest finish."""
     if conversation.calls_tools and not model.tool_format.json_calls:
         if conversation.tool_choice.mode != "auto":
             raise APIError(
@@ -112,7 +115,7 @@ def output_grammar(model: ServedModel, conversation: Conversation, tools_param: 
         return None
     try:
         text_grammar = model.grammars.grammar(conversation, tools_param, format_param)
-        return model.grammars.matcher(text_grammar) if text_grammar else None
+        return model.grammars.output(text_grammar) if text_grammar else None
     except GrammarError as e:
         raise APIError(400, str(e), param=e.param, code="invalid_schema") from e
 
@@ -154,7 +157,7 @@ def generation_request(
     sampling: dict,
     request: Request,
     prompt_param: str,
-    grammar: Any = None,
+    grammar: ConstrainedOutput | None = None,
     cache_salt: str | None = None,
 ) -> GenerationRequest:
     """Check the prompt and the tokens to generate against the context, then build the
@@ -178,6 +181,13 @@ def generation_request(
             f"{wanted} were requested ({len(prompt)} in the prompt, {limit or 1} to generate).",
             param=prompt_param,
             code="context_length_exceeded",
+        )
+    if grammar is not None and limit is not None and grammar.min_tokens is not None and limit < grammar.min_tokens:
+        raise APIError(
+            400,
+            f"the constrained output needs at least {grammar.min_tokens} tokens (its shortest valid form), "
+            f"but max_tokens is {limit}",
+            param="max_tokens",
         )
     sampling = {**model.facts.sampling_defaults, **{k: v for k, v in sampling.items() if v is not None}}
     bias = sampling.get("logit_bias") or {}

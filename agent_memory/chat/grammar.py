@@ -19,6 +19,7 @@ import llguidance
 import llguidance.hf
 
 from agent_memory.chat.conversation import Conversation, Tool
+from agent_memory.chat.finish import ConstrainedOutput, Finisher
 from agent_memory.chat.loosen import loosen
 from agent_memory.chat.render import ARGUMENTS_KEY, CALL_PREFIX, CALL_SEPARATOR, CALL_START, CALL_SUFFIX
 
@@ -68,7 +69,8 @@ def tool_calls_lark(tools: list[Tool], parallel: bool, mode: str, answer: dict |
     """Calls only (tool_choice required or named); or, for auto, free text that may end in
     calls (the text never holds `<tool_call>` but as the opening of a call) or, when the
     answer must be JSON (`answer`: its schema), either that JSON or calls."""
-    more = f" ({_lit(CALL_SEPARATOR)} {_lit(CALL_START)} call_rest)*" if parallel else ""
+    # A named tool_choice is exactly one call of that tool, parallel calls or not.
+    more = f" ({_lit(CALL_SEPARATOR)} {_lit(CALL_START)} call_rest)*" if parallel and mode != "named" else ""
     calls = f"{_lit(CALL_START)} call_rest{more}"
     if mode != "auto":
         head = f"start: {calls}\n"
@@ -104,6 +106,7 @@ class GrammarCompiler:
         self.tokenizer = llguidance.hf.from_tokenizer(
             tokenizer._tokenizer, n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_token_ids)
         )
+        self.finisher = Finisher(self.tokenizer)
 
     def grammar(self, conversation: Conversation, tools_param: str, format_param: str) -> str | None:
         """The grammar the output must follow, or None for free text. Raises GrammarError."""
@@ -161,6 +164,10 @@ class GrammarCompiler:
         if is_error:
             raise GrammarError(f"{param} cannot be enforced by constrained decoding: {_cause(messages[0])}", param)
         return grammar
+
+    def output(self, grammar: str) -> ConstrainedOutput:
+        """A sequence's constrained output: a fresh matcher, and how to finish it in time."""
+        return ConstrainedOutput.of(self.matcher(grammar), self.finisher)
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A fresh matcher for one sequence (made off the engine thread: it compiles)."""

@@ -7,6 +7,11 @@ the text, only the first token of that text's canonical tokenization is allowed.
 have no processor and pay nothing. A token the matcher refuses (it cannot happen with its own
 mask, short of a bug) ends the sequence with an end-of-sequence token rather than failing the
 whole batch.
+
+Within the last FINISH_LOOKAHEAD tokens of max_tokens, while the output could not end where
+it is (a call or a JSON value open), each step asks for the way to finish it (chat/finish.py);
+once that takes all the tokens left but a margin, the rest of the output is forced along it and
+then ended: a call or a JSON answer is closed, valid, rather than cut off.
 """
 
 from __future__ import annotations
@@ -18,9 +23,13 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.sample_utils import make_logits_processors
 
+from agent_memory.chat.finish import ConstrainedOutput
 from agent_memory.engine.requests import GenerationRequest
 
 log = logging.getLogger(__name__)
+
+FINISH_LOOKAHEAD = 64  # tokens before max_tokens from which a finish is planned
+FINISH_MARGIN = 2  # tokens kept in hand: a plan found later may be a little longer
 
 def apply_bitmask(words: mx.array, logits: mx.array) -> mx.array:
     """logits (1, V) with the ids whose bit is 0 in `words` (1, ceil(V/32) packed int32) at -inf."""
@@ -31,8 +40,11 @@ def apply_bitmask(words: mx.array, logits: mx.array) -> mx.array:
 
 
 class GrammarProcessor:
-    def __init__(self, matcher, vocab_size: int, eos_token_ids: list[int]) -> None:
-        self.matcher = matcher
+    def __init__(self, output: ConstrainedOutput, vocab_size: int, eos_token_ids: list[int], max_tokens: int) -> None:
+        self.matcher = output.matcher
+        self.finisher = output.finisher
+        self.left = max_tokens  # tokens still to sample, this step's included
+        self.finish: list[int] | None = None  # once forced: the tokens that close the output
         words = (vocab_size + 31) // 32
         self.bitmask = np.zeros((1, words), dtype=np.int32)
         flat = np.zeros(words * 32, dtype=np.uint8)
@@ -50,13 +62,26 @@ class GrammarProcessor:
             if not self.matcher.consume_token(token):
                 self.error = self.matcher.get_error() or f"token {token} rejected"
                 log.error("grammar refused a token its own mask allowed: %s", self.error)
-        if self.error is not None:
+        if self.error is None and self.finish is None and self.left <= FINISH_LOOKAHEAD:
+            self._plan_finish()
+        self.left -= 1
+        if self.error is not None or self.finish == []:
             self.bitmask[:] = self.eos_only
+        elif self.finish:
+            self._only(self.finish.pop(0))
         elif forced := self.matcher.compute_ff_tokens():
             self._only(forced[0])
         else:
             self.matcher.unsafe_compute_mask_ptr(self.bitmask.ctypes.data, self.bitmask.nbytes)
         return apply_bitmask(mx.array(self.bitmask), logits)
+
+    def _plan_finish(self) -> None:
+        """Force the finish once it needs all the tokens left (one kept for the end token)."""
+        if self.matcher.is_accepting():
+            return
+        plan = self.finisher.plan(self.matcher, self.left - 1)
+        if plan is not None and len(plan) >= self.left - 1 - FINISH_MARGIN:
+            self.finish = plan
 
     def _only(self, token: int) -> None:
         """Text the grammar forces (`<tool_call>\n{"name": `, a key, a closing brace) goes in
@@ -71,5 +96,5 @@ def logits_processors(request: GenerationRequest, vocab_size: int, eos_token_ids
     params = request.params
     out = make_logits_processors(params.logit_bias) if params.logit_bias else []
     if request.grammar is not None:
-        out.append(GrammarProcessor(request.grammar, vocab_size, sorted(eos_token_ids)))
+        out.append(GrammarProcessor(request.grammar, vocab_size, sorted(eos_token_ids), params.max_tokens))
     return out

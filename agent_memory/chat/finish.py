@@ -1,0 +1,88 @@
+"""Constrained output that always ends well within max_tokens: a short way to finish what a
+grammar has started (`Finisher.plan`), for the engine to force when the tokens left run short
+(engine/constraint.py), and for a request whose shortest valid output cannot fit at all to be
+refused before it runs (`ConstrainedOutput.min_tokens`).
+
+llguidance has no shortest-completion query, so the plan is greedy on a copy of the matcher:
+whatever the grammar forces, else the first allowed of a few closing tokens (a quote, a brace,
+a bracket, a zero, ...), else the lowest allowed token id (a single byte in a byte-level
+vocabulary). For JSON that writes each missing required field at a minimal value and closes
+every open string, array and object; a schema it cannot close within the limit gets no plan.
+No MLX here: it runs on the tokenizer worker (min_tokens) and in the engine's logits processor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Tried in this order where the grammar allows them: what closes a string, an object, an
+# array, the smallest values, then separators.
+CLOSING = ['"', "}", "]", ",", ":", "0", "false", "null", "a", " "]
+PLAN_LIMIT = 512  # the most tokens a finish is searched for (a longer one is not planned)
+FIND_SLACK = 16  # found token by token, a finish may be this much longer before it is rewritten
+
+
+class Finisher:
+    """Per model: its closing tokens, found once in its vocabulary."""
+
+    def __init__(self, tokenizer) -> None:
+        """tokenizer: llguidance's view of the model's tokenizer."""
+        self.tokenizer = tokenizer
+        self.closing = [ids[0] for text in CLOSING if len(ids := tokenizer.tokenize_str(text)) == 1]
+        self.eos = list(tokenizer.eos_tokens)
+
+    def plan(self, matcher, limit: int) -> list[int] | None:
+        """Tokens that take `matcher` (left unchanged) to where it may end, at most `limit` of
+        them; [] if it may end now, None if no plan is found within the limit. The finish is
+        found token by token, then written as the tokenizer writes its text (fewer tokens, and
+        the ones the next turn's prompt will hold), where the grammar takes that."""
+        tokens = self._greedy(matcher, limit + FIND_SLACK)
+        if tokens is None:
+            return None
+        canonical = self.tokenizer.tokenize_bytes(self.tokenizer.decode_bytes(tokens))
+        if len(canonical) < len(tokens) and matcher.deep_copy().consume_tokens(canonical):
+            tokens = canonical
+        return tokens if len(tokens) <= limit else None
+
+    def _greedy(self, matcher, limit: int) -> list[int] | None:
+        m = matcher.deep_copy()
+        tokens: list[int] = []
+        while not m.is_accepting():
+            if len(tokens) >= limit or m.is_error() or m.is_stopped():
+                return None
+            forced = m.compute_ff_tokens()
+            if forced:
+                if not m.consume_tokens(forced):
+                    return None
+                tokens += forced
+                continue
+            allowed = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+            token = next((t for t in self.closing if t < allowed.size and allowed[t]), None)
+            if token is None:
+                ids = np.flatnonzero(allowed)
+                ids = ids[~np.isin(ids, self.eos)]
+                if not ids.size:
+                    return None
+                token = int(ids[0])
+            if not m.consume_token(token):
+                return None
+            tokens.append(token)
+        return tokens
+
+
+@dataclass
+class ConstrainedOutput:
+    """What a request's output must follow: its matcher, how to finish it, and the fewest
+    tokens a valid output takes (the shortest finish found from the start, and its end)."""
+
+    matcher: Any  # an llguidance LLMatcher
+    finisher: Finisher
+    min_tokens: int | None  # None: no finish found within PLAN_LIMIT
+
+    @classmethod
+    def of(cls, matcher, finisher: Finisher) -> ConstrainedOutput:
+        plan = finisher.plan(matcher, PLAN_LIMIT)
+        return cls(matcher, finisher, None if plan is None else len(plan) + 1)

@@ -1,0 +1,132 @@
+"""Constrained output always ends well within max_tokens (chat/finish.py, engine/constraint.py):
+a named tool_choice gives exactly one call; required and named calls and JSON answers parse and
+validate at small and large budgets, on chat completions, Messages and Responses, streamed and
+not, with their end reasons and never markup in the text; a budget smaller than the shortest
+valid output is a 400 that says how many tokens it needs. The tiny random model samples at
+temperature 1, so it writes long numbers and strings that only the planned finish closes."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import jsonschema
+import pytest
+
+ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
+CITY = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "array", "items": {"type": "integer"}, "minItems": 2}},
+        "required": ["city", "days"]}
+SCHEMAS = {"add_numbers": ADD, "forecast": CITY}
+TOOLS = [{"type": "function", "function": {"name": name, "description": name, "parameters": schema}} for name, schema in SCHEMAS.items()]
+QUESTION = [{"role": "user", "content": "Add 2 and 3, then give me the forecast for Oslo."}]
+BUDGETS = [64, 512]
+SEEDS = [1, 2]
+
+
+def sample(**kw) -> dict:
+    return {"model": "tiny", "temperature": 1.0, **kw}
+
+
+def check_call(name: str, arguments: str | dict) -> None:
+    args = json.loads(arguments) if isinstance(arguments, str) else arguments
+    jsonschema.validate(args, SCHEMAS[name])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("choice", ["named", "required"])
+def test_chat_completions_calls_parse_and_named_is_exactly_one(server, budget, choice, seed):
+    client = server.client()
+    tool_choice = {"type": "function", "function": {"name": "forecast"}} if choice == "named" else "required"
+    kw = sample(messages=QUESTION, tools=TOOLS, tool_choice=tool_choice, max_tokens=budget, seed=seed)
+    r = client.chat.completions.create(**kw)
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and not message.content
+    if choice == "named":
+        assert [c.function.name for c in message.tool_calls] == ["forecast"]
+    for call in message.tool_calls:
+        check_call(call.function.name, call.function.arguments)
+    calls, content, finish = {}, "", None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for d in delta.tool_calls or []:
+            calls.setdefault(d.index, {"name": d.function.name, "arguments": ""})["arguments"] += d.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and content == "" and calls
+    assert [c["name"] for c in calls.values()] == [c.function.name for c in message.tool_calls]
+    for call in calls.values():
+        check_call(call["name"], call["arguments"])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("kind", ["json_schema", "json_object"])
+def test_chat_completions_json_answers_parse(server, budget, kind, seed):
+    fmt = {"type": "json_object"} if kind == "json_object" else {"type": "json_schema", "json_schema": {"name": "f", "schema": CITY}}
+    kw = sample(messages=QUESTION, response_format=fmt, max_tokens=budget, seed=seed)
+    r = server.client().chat.completions.create(**kw)
+    streamed = "".join(c.choices[0].delta.content or "" for c in server.client().chat.completions.create(**kw, stream=True))
+    assert r.choices[0].finish_reason == "stop"
+    for text in (r.choices[0].message.content, streamed):
+        answer = json.loads(text)
+        assert isinstance(answer, dict)
+        if kind == "json_schema":
+            jsonschema.validate(answer, CITY)
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("choice", [{"type": "tool", "name": "add_numbers"}, {"type": "any"}])
+def test_messages_tool_use_input_validates(server, budget, choice):
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+    tools = [{"name": n, "description": n, "input_schema": s} for n, s in SCHEMAS.items()]
+    kw = dict(model="tiny", messages=QUESTION, tools=tools, tool_choice=choice, max_tokens=budget, extra_body={"temperature": 1.0})
+    r = client.messages.create(**kw)
+    uses = [b for b in r.content if b.type == "tool_use"]
+    assert r.stop_reason == "tool_use" and uses and all(b.type == "tool_use" for b in r.content)
+    if choice["type"] == "tool":
+        assert [u.name for u in uses] == ["add_numbers"]
+    for use in uses:
+        check_call(use.name, use.input)
+    with client.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    for use in (b for b in final.content if b.type == "tool_use"):
+        check_call(use.name, use.input)
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_calls_and_json_complete(server, budget, stream):
+    tools = [{"type": "function", "name": n, "description": n, "parameters": s} for n, s in SCHEMAS.items()]
+    client = server.client()
+    call = dict(model="tiny", input=QUESTION, tools=tools, tool_choice={"type": "function", "name": "add_numbers"},
+                max_output_tokens=budget, temperature=1.0)
+    answer = dict(model="tiny", input=QUESTION, max_output_tokens=budget, temperature=1.0,
+                  text={"format": {"type": "json_schema", "name": "forecast", "schema": CITY}})
+    if stream:
+        responses = []
+        for kw in (call, answer):
+            events = list(client.responses.create(**kw, stream=True))
+            responses.append(next(e.response for e in events if e.type == "response.completed"))
+    else:
+        responses = [client.responses.create(**call), client.responses.create(**answer)]
+    called, answered = responses
+    assert called.status == "completed" and [i.type for i in called.output] == ["function_call"]
+    assert called.output[0].name == "add_numbers"
+    check_call("add_numbers", called.output[0].arguments)
+    assert answered.status == "completed"
+    jsonschema.validate(json.loads(answered.output_text), CITY)
+
+
+def test_a_budget_below_the_shortest_valid_output_is_a_400_saying_what_it_needs(server):
+    kw = sample(messages=QUESTION, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add_numbers"}}, max_tokens=8)
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=kw, timeout=60)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "max_tokens" and "needs at least" in error["message"]
+    needed = int(error["message"].split("needs at least ")[1].split()[0])
+    ok = httpx.post(server.base_url + "/v1/chat/completions", json={**kw, "max_tokens": needed}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "tool_calls"
+    check_call("add_numbers", ok.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
