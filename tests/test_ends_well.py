@@ -15,10 +15,16 @@ import jsonschema
 import pytest
 
 ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
-CITY = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "array", "items": {"type": "integer"}, "minItems": 2}},
-        "required": ["city", "days"]}
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "array", "items": {"type": "integer"}, "minItems": 2}},
+    "required": ["city", "days"],
+}
 SCHEMAS = {"add_numbers": ADD, "forecast": CITY}
-TOOLS = [{"type": "function", "function": {"name": name, "description": name, "parameters": schema}} for name, schema in SCHEMAS.items()]
+TOOLS = [
+    {"type": "function", "function": {"name": name, "description": name, "parameters": schema}}
+    for name, schema in SCHEMAS.items()
+]
 QUESTION = [{"role": "user", "content": "Add 2 and 3, then give me the forecast for Oslo."}]
 BUDGETS = [64, 512]
 SEEDS = [1, 2]
@@ -52,7 +58,9 @@ def test_chat_completions_calls_parse_and_named_is_exactly_one(server, budget, c
         delta = chunk.choices[0].delta
         content += delta.content or ""
         for d in delta.tool_calls or []:
-            calls.setdefault(d.index, {"name": d.function.name, "arguments": ""})["arguments"] += d.function.arguments or ""
+            calls.setdefault(d.index, {"name": d.function.name, "arguments": ""})["arguments"] += (
+                d.function.arguments or ""
+            )
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls" and content == "" and calls
     assert [c["name"] for c in calls.values()] == [c.function.name for c in message.tool_calls]
@@ -64,10 +72,16 @@ def test_chat_completions_calls_parse_and_named_is_exactly_one(server, budget, c
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("kind", ["json_schema", "json_object"])
 def test_chat_completions_json_answers_parse(server, budget, kind, seed):
-    fmt = {"type": "json_object"} if kind == "json_object" else {"type": "json_schema", "json_schema": {"name": "f", "schema": CITY}}
+    fmt = (
+        {"type": "json_object"}
+        if kind == "json_object"
+        else {"type": "json_schema", "json_schema": {"name": "f", "schema": CITY}}
+    )
     kw = sample(messages=QUESTION, response_format=fmt, max_tokens=budget, seed=seed)
     r = server.client().chat.completions.create(**kw)
-    streamed = "".join(c.choices[0].delta.content or "" for c in server.client().chat.completions.create(**kw, stream=True))
+    streamed = "".join(
+        c.choices[0].delta.content or "" for c in server.client().chat.completions.create(**kw, stream=True)
+    )
     assert r.choices[0].finish_reason == "stop"
     for text in (r.choices[0].message.content, streamed):
         answer = json.loads(text)
@@ -81,7 +95,14 @@ def test_chat_completions_json_answers_parse(server, budget, kind, seed):
 def test_messages_tool_use_input_validates(server, budget, choice):
     client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
     tools = [{"name": n, "description": n, "input_schema": s} for n, s in SCHEMAS.items()]
-    kw = dict(model="tiny", messages=QUESTION, tools=tools, tool_choice=choice, max_tokens=budget, extra_body={"temperature": 1.0})
+    kw = dict(
+        model="tiny",
+        messages=QUESTION,
+        tools=tools,
+        tool_choice=choice,
+        max_tokens=budget,
+        extra_body={"temperature": 1.0},
+    )
     r = client.messages.create(**kw)
     uses = [b for b in r.content if b.type == "tool_use"]
     assert r.stop_reason == "tool_use" and uses and all(b.type == "tool_use" for b in r.content)
@@ -101,10 +122,21 @@ def test_messages_tool_use_input_validates(server, budget, choice):
 def test_responses_calls_and_json_complete(server, budget, stream):
     tools = [{"type": "function", "name": n, "description": n, "parameters": s} for n, s in SCHEMAS.items()]
     client = server.client()
-    call = dict(model="tiny", input=QUESTION, tools=tools, tool_choice={"type": "function", "name": "add_numbers"},
-                max_output_tokens=budget, temperature=1.0)
-    answer = dict(model="tiny", input=QUESTION, max_output_tokens=budget, temperature=1.0,
-                  text={"format": {"type": "json_schema", "name": "forecast", "schema": CITY}})
+    call = dict(
+        model="tiny",
+        input=QUESTION,
+        tools=tools,
+        tool_choice={"type": "function", "name": "add_numbers"},
+        max_output_tokens=budget,
+        temperature=1.0,
+    )
+    answer = dict(
+        model="tiny",
+        input=QUESTION,
+        max_output_tokens=budget,
+        temperature=1.0,
+        text={"format": {"type": "json_schema", "name": "forecast", "schema": CITY}},
+    )
     if stream:
         responses = []
         for kw in (call, answer):
@@ -121,7 +153,12 @@ def test_responses_calls_and_json_complete(server, budget, stream):
 
 
 def test_a_budget_below_the_shortest_valid_output_is_a_400_saying_what_it_needs(server):
-    kw = sample(messages=QUESTION, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add_numbers"}}, max_tokens=8)
+    kw = sample(
+        messages=QUESTION,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "add_numbers"}},
+        max_tokens=8,
+    )
     r = httpx.post(server.base_url + "/v1/chat/completions", json=kw, timeout=60)
     assert r.status_code == 400
     error = r.json()["error"]

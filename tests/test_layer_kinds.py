@@ -44,7 +44,9 @@ def test_sequences_of_every_layer_kind_batch_as_they_run_alone(models, tmp_path,
 
         # Anonymous and salted apart: no request reuses another's cache, so each is computed alone.
         solo = [
-            client.chat.completions.create(**request(p), extra_body={"cache_salt": f"solo-{i}"}).choices[0].message.content
+            client.chat.completions.create(**request(p), extra_body={"cache_salt": f"solo-{i}"})
+            .choices[0]
+            .message.content
             for i, p in enumerate(PROMPTS)
         ]
 
@@ -78,12 +80,22 @@ def test_a_hybrid_agents_snapshots_are_kept_on_disk_and_go_with_it(models, tmp_p
         client = server.client()
         for agent in ("keeper", "visitor"):
             reply = client.chat.completions.create(
-                model="qwen3_5", messages=conversation, max_tokens=8, temperature=0, extra_body={"prompt_cache_key": agent}
+                model="qwen3_5",
+                messages=conversation,
+                max_tokens=8,
+                temperature=0,
+                extra_body={"prompt_cache_key": agent},
             )
-        conversation += [{"role": "assistant", "content": reply.choices[0].message.content},
-                         {"role": "user", "content": "And the morning after?"}]
+        conversation += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": "And the morning after?"},
+        ]
         client.chat.completions.create(
-            model="qwen3_5", messages=conversation, max_tokens=8, temperature=0, extra_body={"prompt_cache_key": "keeper"}
+            model="qwen3_5",
+            messages=conversation,
+            max_tokens=8,
+            temperature=0,
+            extra_body={"prompt_cache_key": "keeper"},
         )
         listed = {a["id"]: a for a in httpx.get(server.base_url + "/v1/agents").json()["data"]}
         assert listed["keeper"]["snapshots"] >= 2 and listed["visitor"]["snapshots"] >= 1
@@ -122,8 +134,21 @@ def test_decode_quantized_is_refused_at_start_for_models_it_cannot_serve(models,
     """Sliding-window layers have no quantized batch cache in mlx-lm, and MLA keeps a latent,
     not attention K/V: the server would fail every request, so it does not start."""
     folder = models(arch)
-    cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", str(folder), "--port", str(free_port()),
-           "--cache-dir", str(tmp_path), "--kv-bits", "4", "--decode-quantized"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent_memory",
+        "serve",
+        "--model",
+        str(folder),
+        "--port",
+        str(free_port()),
+        "--cache-dir",
+        str(tmp_path),
+        "--kv-bits",
+        "4",
+        "--decode-quantized",
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert run.returncode != 0
     output = run.stdout + run.stderr

@@ -91,9 +91,13 @@ def cut_at(groups: dict[str, list], start: int, end: int, stored: list[StoredRun
     attended to it, so that a repeat of the request, reading it back, attends to the same."""
     for run in stored:
         if run.start <= start and end <= run.end:
-            kept = {name: mx.contiguous(a[:, :, start - run.start : end - run.start]) for name, a in run.kv.arrays.items()}
+            kept = {
+                name: mx.contiguous(a[:, :, start - run.start : end - run.start]) for name, a in run.kv.arrays.items()
+            }
             return BlockKV(kept, run.kv.precision)
-    return BlockKV({name: a for prefix, cache in groups.items() for name, a in cut(cache, start, end, prefix).items()}, working)
+    return BlockKV(
+        {name: a for prefix, cache in groups.items() for name, a in cut(cache, start, end, prefix).items()}, working
+    )
 
 
 def demote(block: BlockKV, precision: KVPrecision) -> BlockKV:
@@ -120,9 +124,11 @@ def append(cache: list, parts: list[tuple[BlockKV, int]], working: KVPrecision, 
         convert({name: mx.concatenate([p[name] for p in pieces], axis=2) for name in pieces[0]}, precision, working)
         for precision, pieces in runs
     ]
-    joined = converted[0] if len(converted) == 1 else {
-        name: mx.concatenate([c[name] for c in converted], axis=2) for name in converted[0]
-    }
+    joined = (
+        converted[0]
+        if len(converted) == 1
+        else {name: mx.concatenate([c[name] for c in converted], axis=2) for name in converted[0]}
+    )
     added = sum(n for _, n in parts)
     for layer, c in enumerate(cache):
         if isinstance(c, QuantizedKVCache):
@@ -149,7 +155,7 @@ VIEW_AS = {mx.bfloat16: mx.uint16}  # numpy has no bfloat16: its bytes travel as
 
 @dataclass(frozen=True)
 class KVShape:
-    """What one token's KV looks like in this model, probed once at load."""
+    """What one token's KV looks like in a group of attention layers of one shape, probed once at load."""
 
     layers: int
     kv_heads: int

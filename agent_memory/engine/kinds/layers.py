@@ -79,7 +79,9 @@ def _slots(cache: list) -> list[tuple[Slot, object]]:
 
 def refusal(cache: list) -> str | None:
     """Why a model whose working cache is `cache` cannot be served, or None (nothing computed)."""
-    unknown = sorted({type(c).__name__ for _, c in _slots(cache) if type(c) is not KVCache and type(c) not in STATE_KINDS})
+    unknown = sorted(
+        {type(c).__name__ for _, c in _slots(cache) if type(c) is not KVCache and type(c) not in STATE_KINDS}
+    )
     if not unknown:
         return None
     kept = ", ".join(k.__name__ for k in (KVCache, *STATE_KINDS))
@@ -123,8 +125,13 @@ class ModelLayers:
 
     def quantized_refusal(self, working: KVPrecision) -> str | None:
         """Why decoding cannot attend to quantized KV in this model (--decode-quantized), or None."""
-        if self.has_state or len(self.groups) > 1 or any(s.sub is not None for _, slots, _ in self.groups for s in slots):
-            return f"--decode-quantized needs every layer to keep one plain KV cache; this model's keep {', '.join(self.kinds)}"
+        if (
+            self.has_state
+            or len(self.groups) > 1
+            or any(s.sub is not None for _, slots, _ in self.groups for s in slots)
+        ):
+            kinds = ", ".join(self.kinds)
+            return f"--decode-quantized needs every layer to keep one plain KV cache; this model's layers keep {kinds}"
         try:
             self.model(mx.array([[0]]), cache=self.new_cache(working))
         except Exception as e:  # noqa: BLE001 - MLA's latent cache, for one, is not attention K/V
@@ -173,9 +180,14 @@ class ModelLayers:
 
     def restore(self, cache: list, snapshot: Snapshot) -> None:
         """Put a snapshot's states into a working cache (its attention layers are not touched)."""
-        for n, (slot, kind, _, meta_len) in enumerate(self.states):
-            count = len([k for k in snapshot.arrays if k.startswith(f"s{n}.") and not k.endswith(".meta")])
-            values = [snapshot.arrays[f"s{n}.{i}"] for i in range(count)]
+        for n, (slot, kind, _, _) in enumerate(self.states):
+            prefix = f"s{n}."
+            indexed = [
+                (int(name[len(prefix) :]), a)
+                for name, a in snapshot.arrays.items()
+                if name.startswith(prefix) and name[len(prefix) :].isdigit()
+            ]
+            values = [a for _, a in sorted(indexed, key=lambda pair: pair[0])]
             slot.put(cache, kind.restore(values, snapshot.arrays[f"s{n}.meta"].tolist()))
 
     def snapshot_layout(self, position: int) -> dict:

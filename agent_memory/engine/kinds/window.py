@@ -53,4 +53,7 @@ def layout(probed: RotatingKVCache, position: int) -> list[tuple[mx.Dtype, tuple
     """The arrays a snapshot at `position` holds, from a cache that has seen one token."""
     keys, values, _, _, max_size, _ = probed.state
     n = kept_tokens(position, max_size)
-    return [(keys.dtype, (1, keys.shape[1], n, keys.shape[3])), (values.dtype, (1, values.shape[1], n, values.shape[3]))]
+    return [
+        (keys.dtype, (1, keys.shape[1], n, keys.shape[3])),
+        (values.dtype, (1, values.shape[1], n, values.shape[3])),
+    ]

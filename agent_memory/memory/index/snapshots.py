@@ -36,7 +36,9 @@ def find(pool: BlockPool, names: BlockNames, tokens: Sequence[int], root: str | 
 
 def get_or_add(pool: BlockPool, names: BlockNames, prefix: str, position: int) -> Block:
     """The snapshot after the prefix named `prefix` (of `position` tokens), known from now on."""
-    return pool.snapshots.get(prefix) or pool.add(Block(names.snapshot_name(prefix), prefix, (), position, snapshot=True))
+    return pool.snapshots.get(prefix) or pool.add(
+        Block(names.snapshot_name(prefix), prefix, (), position, snapshot=True)
+    )
 
 
 def along(pool: BlockPool, names: BlockNames, chain: list, tokens: Sequence[int], hashes: Iterable[str]) -> list[Block]:
