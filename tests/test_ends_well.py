@@ -167,3 +167,40 @@ def test_a_budget_below_the_shortest_valid_output_is_a_400_saying_what_it_needs(
     ok = httpx.post(server.base_url + "/v1/chat/completions", json={**kw, "max_tokens": needed}, timeout=60)
     assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "tool_calls"
     check_call("add_numbers", ok.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
+
+
+def test_free_text_opens_no_call_it_could_not_finish(tiny_model):
+    """Under `auto`, free text may open a call (`<tool_call>`) only while the shortest call
+    still fits in the tokens left; otherwise the token that would complete the opener is masked
+    out, so no call is ever cut off. The grammar processor the engine runs, fed the opener a
+    token at a time, with the tiny model's tokenizer."""
+    import agent_memory.blas  # noqa: F401
+    import mlx.core as mx
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from agent_memory.chat.conversation import Conversation, Message, Tool, ToolChoice
+    from agent_memory.chat.grammar import GrammarCompiler
+    from agent_memory.engine.constraint import GrammarProcessor
+
+    tokenizer = load_tokenizer(tiny_model)
+    compiler = GrammarCompiler(tokenizer, 2048)
+    tools = [Tool(name, "", schema) for name, schema in SCHEMAS.items()]
+    grammar = compiler.grammar(Conversation([Message("user", "hi")], tools, ToolChoice("auto")), "tools", "format")
+    text = tokenizer.encode("Let me check.", add_special_tokens=False)
+    opener = tokenizer.encode("<tool_call>", add_special_tokens=False)
+    shortest = compiler.output(grammar).call_tokens
+    assert shortest is not None and shortest > len(opener)
+
+    def may_open(max_tokens: int) -> bool:
+        """Whether the opener's last token is allowed after the text and the rest of it."""
+        processor = GrammarProcessor(compiler.output(grammar), 2048, sorted(tokenizer.eos_token_ids), max_tokens)
+        context, logits = [0], mx.zeros((1, 2048))
+        processor(mx.array(context), logits)  # the first step: nothing generated yet
+        for token in text + opener[:-1]:
+            context.append(token)
+            logits_out = processor(mx.array(context), logits)
+        return bool(logits_out[0, opener[-1]].item() > -float("inf"))
+
+    fed = len(text) + len(opener) - 1  # tokens sampled before the opener's last one
+    assert may_open(fed + shortest + 40)
+    assert not may_open(fed + shortest - len(opener) - 2)

@@ -1,7 +1,9 @@
 """Constrained output that always ends well within max_tokens: a short way to finish what a
 grammar has started (`Finisher.plan`), for the engine to force when the tokens left run short
 (engine/constraint.py), and for a request whose shortest valid output cannot fit at all to be
-refused before it runs (`ConstrainedOutput.min_tokens`).
+refused before it runs (`ConstrainedOutput.min_tokens`). Under tool_choice auto, free text
+may open a call (`<tool_call>`) only while the shortest call still fits (`call_tokens`,
+`Finisher.openers`): one opened later could only be cut off.
 
 llguidance has no shortest-completion query, so the plan is greedy on a copy of the matcher:
 whatever the grammar forces, else the first allowed of a few closing tokens (a quote, a brace,
@@ -18,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from agent_memory.chat.render import CALL_START
+
 # Tried in this order where the grammar allows them: what closes a string, an object, an
 # array, the smallest values, then separators.
 CLOSING = ['"', "}", "]", ",", ":", "0", "false", "null", "a", " "]
@@ -33,6 +37,27 @@ class Finisher:
         self.tokenizer = tokenizer
         self.closing = [ids[0] for text in CLOSING if len(ids := tokenizer.tokenize_str(text)) == 1]
         self.eos = list(tokenizer.eos_tokens)
+        self._completing = self._opener_completions()
+
+    def _opener_completions(self) -> list[np.ndarray]:
+        """For each j, the tokens that complete CALL_START after text ending in its first j
+        bytes (a token holding all of it completes it after any text)."""
+        opener = CALL_START.encode()
+        ends: list[list[int]] = [[] for _ in opener]
+        for token in range(self.tokenizer.vocab_size):
+            piece = self.tokenizer.decode_bytes([token])
+            if opener[-1:] not in piece:
+                continue
+            for j in range(len(opener)):
+                if opener in opener[:j] + piece:
+                    ends[j].append(token)
+        return [np.array(e, dtype=np.int64) for e in ends]
+
+    def openers(self, tail: bytes) -> np.ndarray:
+        """The tokens that would open a call after text ending in `tail`."""
+        opener = CALL_START.encode()
+        j = next(k for k in range(len(opener) - 1, -1, -1) if tail.endswith(opener[:k]))
+        return self._completing[j]
 
     def plan(self, matcher, limit: int) -> list[int] | None:
         """Tokens that take `matcher` (left unchanged) to where it may end, at most `limit` of
@@ -75,14 +100,23 @@ class Finisher:
 
 @dataclass
 class ConstrainedOutput:
-    """What a request's output must follow: its matcher, how to finish it, and the fewest
-    tokens a valid output takes (the shortest finish found from the start, and its end)."""
+    """What a request's output must follow: its matcher, how to finish it, the fewest tokens a
+    valid output takes (the shortest finish found from the start, and its end) and, where free
+    text may open a call, the fewest a call takes from its opening on."""
 
     matcher: Any  # an llguidance LLMatcher
     finisher: Finisher
     min_tokens: int | None  # None: no finish found within PLAN_LIMIT
+    call_tokens: int | None = None  # None: the output opens no call from free text
 
     @classmethod
     def of(cls, matcher, finisher: Finisher) -> ConstrainedOutput:
         plan = finisher.plan(matcher, PLAN_LIMIT)
-        return cls(matcher, finisher, None if plan is None else len(plan) + 1)
+        out = cls(matcher, finisher, None if plan is None else len(plan) + 1)
+        if matcher.is_accepting():  # free text: may it open a call, and how long is the shortest?
+            opener = finisher.tokenizer.tokenize_str(CALL_START)
+            opened = matcher.deep_copy()
+            if opened.consume_tokens(opener) and not opened.is_accepting():
+                call = finisher.plan(opened, PLAN_LIMIT)
+                out.call_tokens = None if call is None else len(opener) + len(call) + 1
+        return out

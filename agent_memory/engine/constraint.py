@@ -24,12 +24,13 @@ import numpy as np
 from mlx_lm.sample_utils import make_logits_processors
 
 from agent_memory.chat.finish import ConstrainedOutput
+from agent_memory.chat.render import CALL_START
 from agent_memory.engine.requests import GenerationRequest
 
 log = logging.getLogger(__name__)
 
 FINISH_LOOKAHEAD = 64  # tokens before max_tokens from which a finish is planned
-FINISH_MARGIN = 2  # tokens kept in hand: a plan found later may be a little longer
+FINISH_MARGIN = 16  # tokens kept in hand: a token the model writes may lengthen the finish (a new object)
 
 def apply_bitmask(words: mx.array, logits: mx.array) -> mx.array:
     """logits (1, V) with the ids whose bit is 0 in `words` (1, ceil(V/32) packed int32) at -inf."""
@@ -43,6 +44,8 @@ class GrammarProcessor:
     def __init__(self, output: ConstrainedOutput, vocab_size: int, eos_token_ids: list[int], max_tokens: int) -> None:
         self.matcher = output.matcher
         self.finisher = output.finisher
+        self.call_tokens = output.call_tokens
+        self.tail = b""  # the end of the text so far, as long as a call's opener
         self.left = max_tokens  # tokens still to sample, this step's included
         self.finish: list[int] | None = None  # once forced: the tokens that close the output
         words = (vocab_size + 31) // 32
@@ -62,6 +65,8 @@ class GrammarProcessor:
             if not self.matcher.consume_token(token):
                 self.error = self.matcher.get_error() or f"token {token} rejected"
                 log.error("grammar refused a token its own mask allowed: %s", self.error)
+            if self.call_tokens is not None:
+                self.tail = (self.tail + self.finisher.tokenizer.decode_bytes([token]))[-len(CALL_START) :]
         if self.error is None and self.finish is None and self.left <= FINISH_LOOKAHEAD:
             self._plan_finish()
         self.left -= 1
@@ -73,10 +78,17 @@ class GrammarProcessor:
             self._only(forced[0])
         else:
             self.matcher.unsafe_compute_mask_ptr(self.bitmask.ctypes.data, self.bitmask.nbytes)
+            if self.call_tokens is not None and self.left + 1 < self.call_tokens and self.matcher.is_accepting():
+                self._disallow(self.finisher.openers(self.tail))  # a call opened now could not end
         return apply_bitmask(mx.array(self.bitmask), logits)
 
+    def _disallow(self, tokens: np.ndarray) -> None:
+        bits = self.bitmask.view(np.uint32)
+        np.bitwise_and.at(bits[0], tokens // 32, ~(np.uint32(1) << (tokens % 32).astype(np.uint32)))
+
     def _plan_finish(self) -> None:
-        """Force the finish once it needs all the tokens left (one kept for the end token)."""
+        """Force the finish once it needs all the tokens left (one kept for the end token) but
+        FINISH_MARGIN."""
         if self.matcher.is_accepting():
             return
         plan = self.finisher.plan(self.matcher, self.left - 1)
