@@ -132,7 +132,7 @@ class EngineCore:
     def _fits(self, seq: Sequence) -> bool:
         """Whether the sequence's working cache fits the memory left for running requests."""
         p = self.parts
-        return self.scheduler.fits(self.seqs.values(), seq, p.bytes_per_token, p.working_budget)
+        return self.scheduler.fits(self.seqs.values(), seq, p.bytes_per_token, p.working_budget, p.state_bytes)
 
     def _next_prefill(self) -> Sequence | None:
         """The sequence to prefill next: one already planned whose disk reads are done, else

@@ -38,7 +38,8 @@ class Parts:
     prefiller: Prefiller
     committer: Committer
     working_budget: int | None  # bytes running requests' working caches may hold
-    bytes_per_token: int  # of a working cache
+    bytes_per_token: int  # of a working cache's attention layers
+    state_bytes: int  # of a working cache's window and recurrent layers, at most
 
 
 def demoter(p: Precisions):
@@ -103,4 +104,5 @@ def build(cfg: EngineConfig, trace: NoTrace) -> Parts:
         committer=committer,
         working_budget=working_budget(cfg.memory_limit_bytes, loaded.model, cfg.hot_budget_bytes),
         bytes_per_token=layers.bytes_per_token(p.working),
+        state_bytes=layers.state_bytes(),
     )

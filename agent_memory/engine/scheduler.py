@@ -39,10 +39,13 @@ class Scheduler:
         return decoding < self.max_batch
 
     @staticmethod
-    def fits(seqs: Iterable[Sequence], seq: Sequence, bytes_per_token: int, budget: int | None) -> bool:
+    def fits(
+        seqs: Iterable[Sequence], seq: Sequence, bytes_per_token: int, budget: int | None, state_bytes: int = 0
+    ) -> bool:
         """Whether running sequences' working caches stay within `budget` bytes once `seq`
-        starts. A batch pads every row to the longest, so it holds rows × longest tokens. A
-        sequence alone always fits (nothing else could make room), and one that has started
+        starts. A batch pads every row to the longest, so it holds rows × longest tokens, and
+        each row its window and recurrent layers' state (`state_bytes`, whatever its length).
+        A sequence alone always fits (nothing else could make room), and one that has started
         already holds its memory."""
         if budget is None or seq.pos:
             return True
@@ -53,4 +56,4 @@ class Scheduler:
         ]
         if not running:
             return True
-        return (len(running) + 1) * max(*running, len(seq.prompt)) * bytes_per_token <= budget
+        return (len(running) + 1) * (max(*running, len(seq.prompt)) * bytes_per_token + state_bytes) <= budget

@@ -190,6 +190,14 @@ class ModelLayers:
             values = [a for _, a in sorted(indexed, key=lambda pair: pair[0])]
             slot.put(cache, kind.restore(values, snapshot.arrays[f"s{n}.meta"].tolist()))
 
+    def state_bytes(self) -> int:
+        """The most a sequence's window and recurrent layers hold: a snapshot's size once every
+        window is full."""
+        if not self.has_state:
+            return 0
+        layout = self.snapshot_layout(1 << 30)  # past any window
+        return sum(ITEMSIZE[dtype] * math.prod(dims) for dtype, dims in layout.values())
+
     def snapshot_layout(self, position: int) -> dict:
         """The tensors a snapshot file at `position` holds."""
         out = {}
