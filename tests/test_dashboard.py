@@ -214,3 +214,21 @@ def test_with_an_api_key_the_page_needs_it(browser, keyed):
     # A fragment never leaves the browser, and the page sends the key only as a header.
     assert KEY not in keyed.log() and quote(KEY, safe="") not in keyed.log()
     assert no_page_errors(browser) == []
+
+
+def test_a_hybrid_models_snapshots_have_their_own_part_of_the_memory_bar(browser, tmp_path):
+    """A model with recurrent layers keeps snapshots beside its blocks: the hot bar draws them
+    as their own segment and the legend names them (for other models it stays hidden)."""
+    from agent_memory.models.tiny import build_tiny
+
+    with Server(build_tiny(tmp_path / "qwen3_5", arch="qwen3_5"), tmp_path / "cache") as s:
+        messages = [{"role": "user", "content": "Plan a three day trip to the mountains."}]
+        s.client().chat.completions.create(
+            model="qwen3_5", messages=messages, max_tokens=8, temperature=0, extra_body={"prompt_cache_key": "hiker"}
+        )
+        browser.get(s.base_url + "/dashboard")
+        until(browser, lambda d: visible(d, "hot-snapshots-key"), message="the snapshots' legend never appeared")
+        assert re.search(r"\d (KiB|MiB)$", browser.find_element("id", "hot-snapshots").text)
+        width = browser.execute_script("return document.querySelector('#hot-bar .seg.snapshots').style.width")
+        assert width.endswith("%") and float(width[:-1]) > 0
+        assert no_page_errors(browser) == []

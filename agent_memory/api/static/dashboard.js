@@ -258,9 +258,13 @@
     $("hot-text").textContent = `${fmtBytes(hot)} of ${fmtBytes(budget)} (${fmtPercent(budget ? hot / budget : 0)})`;
     $("hot-exact").textContent = fmtBytes(d.hot_exact_bytes);
     $("hot-quantized").textContent = fmtBytes(d.hot_quantized_bytes);
+    // Window and recurrent layers' snapshots (models that have them): shown only then.
+    const snapshots = d.snapshot_hot_bytes || 0;
+    $("hot-snapshots-key").hidden = !snapshots;
+    $("hot-snapshots").textContent = fmtBytes(snapshots);
     setBar(
       $("hot-bar"),
-      [{ bytes: d.hot_exact_bytes }, { bytes: d.hot_quantized_bytes }],
+      [{ bytes: d.hot_exact_bytes }, { bytes: d.hot_quantized_bytes }, { bytes: snapshots }],
       budget,
       "Hot memory",
     );
