@@ -123,6 +123,42 @@ def test_a_hybrid_agents_snapshots_are_kept_on_disk_and_go_with_it(models, tmp_p
         assert {h for _, h in keeper["snapshots"]} - kept and not ({h for _, h in keeper["snapshots"]} - kept) & names
 
 
+def test_a_hybrid_agent_moves_to_another_server_over_redis_with_its_snapshot(models, tmp_path):
+    """Two servers sharing one Redis warm tier (docs/scale-out.md): a recurrent-hybrid agent's
+    next turn, served by the other server, resumes from the blocks and the snapshot the first
+    one wrote there, and answers as with nothing cached."""
+    from tests.services import RedisServer
+
+    model = models("qwen3_5")
+    conversation = [
+        {"role": "system", "content": "You keep the lighthouse records. " * 6},
+        {"role": "user", "content": "What happened on the night of the storm?"},
+    ]
+
+    def turn(server, agent, salt=None):
+        extra = {"prompt_cache_key": agent, **({"cache_salt": salt} if salt else {})}
+        return server.client().chat.completions.create(
+            model="qwen3_5", messages=conversation, max_tokens=8, temperature=0, extra_body=extra
+        )
+
+    with RedisServer(tmp_path / "redis") as redis:
+        with Server(model, tmp_path / "a", "--warm-store", redis.url) as first:
+            reply = turn(first, "keeper")
+        # SIGTERM flushed its writes: blocks, the snapshot at the turn's end, the manifest.
+        conversation += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": "And the morning after?"},
+        ]
+        with Server(model, tmp_path / "b", "--warm-store", redis.url) as second:
+            moved, alone = turn(second, "keeper"), turn(second, "stranger", salt="apart")
+    hot, warm = (
+        moved.usage.prompt_tokens_details.model_extra["hot_tokens"],
+        moved.usage.prompt_tokens_details.model_extra["warm_tokens"],
+    )
+    assert hot == 0 and warm >= reply.usage.prompt_tokens - 1, (hot, warm)
+    assert moved.choices[0].message.content == alone.choices[0].message.content
+
+
 @pytest.mark.parametrize(
     "arch,why",
     [
