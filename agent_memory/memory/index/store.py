@@ -119,13 +119,11 @@ class AgentCacheStore(Eviction, AgentIndex):
             segments.append(Segment(pos, pos + min(n, end - pos), block))
             blocks.append(block)
             pos = segments[-1].end
-        for block in [*blocks, *([snapshot] if snapshot is not None else [])]:
+        held = [*blocks, *([snapshot] if snapshot is not None else [])]
+        for block in held:
             block.pins += 1
             block.last_used = time.monotonic()
-        lease = Lease(segments, blocks, snapshot, matched=sum(n for _, n in entries))
-        if snapshot is not None:
-            lease.blocks.append(snapshot)
-        return lease
+        return Lease(segments, held, snapshot, matched=sum(n for _, n in entries))
 
     def release(self, lease: Lease) -> None:
         with self.lock:
