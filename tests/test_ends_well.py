@@ -204,3 +204,21 @@ def test_free_text_opens_no_call_it_could_not_finish(tiny_model):
     fed = len(text) + len(opener) - 1  # tokens sampled before the opener's last one
     assert may_open(fed + shortest + 40)
     assert not may_open(fed + shortest - len(opener) - 2)
+
+
+def test_a_schema_whose_shortest_answer_is_long_is_finished_in_time(server):
+    """Twelve required fields: the shortest answer alone takes more than the 64 tokens at the
+    end of the budget in which a finish is usually planned, so planning starts that much earlier."""
+    schema = {
+        "type": "object",
+        "properties": {f"field_{i}": {"type": "string"} for i in range(12)},
+        "required": [f"field_{i}" for i in range(12)],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "wide", "schema": schema}}
+    kw = sample(messages=QUESTION, response_format=fmt, seed=1)
+    r = httpx.post(server.base_url + "/v1/chat/completions", json={**kw, "max_tokens": 1}, timeout=60)
+    needed = int(r.json()["error"]["message"].split("needs at least ")[1].split()[0])
+    assert needed > 64
+    answer = server.client().chat.completions.create(**kw, max_tokens=needed + 40)
+    assert answer.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(answer.choices[0].message.content), schema)

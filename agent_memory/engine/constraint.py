@@ -8,10 +8,11 @@ have no processor and pay nothing. A token the matcher refuses (it cannot happen
 mask, short of a bug) ends the sequence with an end-of-sequence token rather than failing the
 whole batch.
 
-Within the last FINISH_LOOKAHEAD tokens of max_tokens, while the output could not end where
-it is (a call or a JSON value open), each step asks for the way to finish it (chat/finish.py);
-once that takes all the tokens left but a margin, the rest of the output is forced along it and
-then ended: a call or a JSON answer is closed, valid, rather than cut off.
+Within the last FINISH_LOOKAHEAD tokens of max_tokens (plus the shortest output's length),
+while the output could not end where it is (a call or a JSON value open), each step asks for
+the way to finish it (chat/finish.py); once that takes all the tokens left but a margin, the
+rest of the output is forced along it and then ended: a call or a JSON answer is closed,
+valid, rather than cut off.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from agent_memory.engine.requests import GenerationRequest
 
 log = logging.getLogger(__name__)
 
-FINISH_LOOKAHEAD = 64  # tokens before max_tokens from which a finish is planned
+FINISH_LOOKAHEAD = 64  # tokens before max_tokens, besides the shortest output's, from which a finish is planned
 FINISH_MARGIN = 16  # tokens kept in hand: a token the model writes may lengthen the finish (a new object)
 
 def apply_bitmask(words: mx.array, logits: mx.array) -> mx.array:
@@ -45,6 +46,8 @@ class GrammarProcessor:
         self.matcher = output.matcher
         self.finisher = output.finisher
         self.call_tokens = output.call_tokens
+        # Planning starts this many tokens before the end: earlier where the shortest output is long.
+        self.lookahead = FINISH_LOOKAHEAD + (output.min_tokens or 0)
         self.tail = b""  # the end of the text so far, as long as a call's opener
         self.left = max_tokens  # tokens still to sample, this step's included
         self.finish: list[int] | None = None  # once forced: the tokens that close the output
@@ -67,7 +70,7 @@ class GrammarProcessor:
                 log.error("grammar refused a token its own mask allowed: %s", self.error)
             if self.call_tokens is not None:
                 self.tail = (self.tail + self.finisher.tokenizer.decode_bytes([token]))[-len(CALL_START) :]
-        if self.error is None and self.finish is None and self.left <= FINISH_LOOKAHEAD:
+        if self.error is None and self.finish is None and self.left <= self.lookahead:
             self._plan_finish()
         self.left -= 1
         if self.error is not None or self.finish == []:
