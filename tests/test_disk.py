@@ -42,7 +42,19 @@ class FakeKV:
     tokens: tuple[int, ...]
 
 
-def encode(payload: FakeKV) -> dict:
+@dataclass(frozen=True)
+class FakeSnapshot:
+    """Stands in for a model's state layers at a position (a model with state layers)."""
+
+    position: int
+
+
+SNAPSHOT_BYTES = 25
+
+
+def encode(payload: FakeKV | FakeSnapshot) -> dict:
+    if isinstance(payload, FakeSnapshot):
+        return {"s": ("U32", np.asarray([payload.position], dtype=np.uint32))}
     return {"k": ("U32", np.asarray(payload.tokens, dtype=np.uint32))}
 
 
@@ -50,7 +62,13 @@ def layout(n: int) -> dict:
     return {"k": ("U32", (n,))}
 
 
-def make_store(root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=3) -> tuple[AgentCacheStore, WarmTier]:
+def snapshot_layout(position: int) -> dict:
+    return {"s": ("U32", (1,))}
+
+
+def make_store(
+    root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=3, state=False
+) -> tuple[AgentCacheStore, WarmTier]:
     disk = WarmTier(
         Folder(root),
         fingerprint=FINGERPRINT,
@@ -58,6 +76,7 @@ def make_store(root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=
         block_layout=layout,
         name="test/model",
         block_tokens=block_tokens,
+        snapshot_layout=snapshot_layout if state else None,
     )
     store = AgentCacheStore(
         block_tokens=block_tokens,
@@ -66,17 +85,22 @@ def make_store(root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=
         attention_tokens=50.0,
         warm=disk,
         disk_budget_bytes=disk_bytes,
+        state_layers=state,
     )
     store.restore(disk.open())
     return store, disk
 
 
-def commit(store, agent, tokens):
-    """What the engine does at the end of a request: commit, then write what the store asks.
+def commit(store, agent, tokens, snapshot=False):
+    """What the engine does at the end of a request: commit (with a snapshot where the tokens
+    end, for a store of a model with state layers), then write what the store asks.
     `agent`: an id in the shared namespace, an AgentKey, or None."""
     key = AgentKey(agent) if isinstance(agent, str) else agent
     root = store.names.root(namespace(key.tenant, "")) if key else None
-    persist = store.commit(key, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN, False), root)
+    take = (lambda: (FakeSnapshot(len(tokens)), SNAPSHOT_BYTES)) if snapshot and store.state_layers else None
+    persist = store.commit(
+        key, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN, False), root, take
+    )
     if store.warm is not None:
         persist.write(store.warm, encode)
 
@@ -413,12 +437,13 @@ TOKENS = st.lists(st.integers(0, 3), max_size=12)
 
 
 class DiskStoreMachine(RuleBasedStateMachine):
-    @initialize(hot_tokens=st.integers(0, 40), disk_blocks=st.integers(0, 12))
-    def setup(self, hot_tokens, disk_blocks):
+    @initialize(hot_tokens=st.integers(0, 40), disk_blocks=st.integers(0, 12), state=st.booleans())
+    def setup(self, hot_tokens, disk_blocks, state):
         self.root = Path(tempfile.mkdtemp(prefix="am-disk-sm-"))
         self.hot_tokens = hot_tokens
         self.disk_budget = disk_blocks * 200  # a 3-token block file is ~180 bytes
-        self.store, self.disk = make_store(self.root, hot_tokens=hot_tokens, disk_bytes=self.disk_budget)
+        self.state = state  # a model with state layers: snapshots beside the blocks
+        self.store, self.disk = self._open()
         self.seen: list[list[int]] = []
         self.history: dict[str, list[list[int]]] = {}  # every sequence each agent committed
         self.running = []
@@ -428,8 +453,11 @@ class DiskStoreMachine(RuleBasedStateMachine):
             self.disk.close()
             shutil.rmtree(self.root, ignore_errors=True)
 
+    def _open(self) -> tuple[AgentCacheStore, WarmTier]:
+        return make_store(self.root, hot_tokens=self.hot_tokens, disk_bytes=self.disk_budget, state=self.state)
+
     def _commit(self, agent, tokens):
-        commit(self.store, agent, tokens)
+        commit(self.store, agent, tokens, snapshot=True)
         self.seen.append(tokens)
         if agent is not None:
             self.history.setdefault(agent, []).append(tokens)
@@ -452,6 +480,9 @@ class DiskStoreMachine(RuleBasedStateMachine):
             if seg.block is not None and seg.block.tier is Tier.WARM:
                 got = self.disk.read_block(seg.block).result()["k"].tolist()
                 assert got == list(seg.block.tokens), "a warm block read back other tokens"
+        if lease.snapshot is not None and lease.snapshot.tier is Tier.WARM:
+            got = self.disk.read_block(lease.snapshot).result()["s"].tolist()
+            assert got == [lease.snapshot.start] == [lease.end], "a warm snapshot read back another position"
         self.running.append((tokens, lease))
 
     @precondition(lambda self: self.running)
@@ -476,14 +507,17 @@ class DiskStoreMachine(RuleBasedStateMachine):
     def restart(self, graceful):
         """Stop (flushing, or crashing with writes still queued) and start on the same folder."""
         expected = {a: list(r.tokens) for a, r in self.store.agents.items()}
+        snapshots = {a: set(r.snapshots) for a, r in self.store.agents.items()}
         if graceful:
             self.disk.close()
         else:
             _crash(self.disk)
-        self.store, self.disk = make_store(self.root, hot_tokens=self.hot_tokens, disk_bytes=self.disk_budget)
+        self.store, self.disk = self._open()
         self.disk.flush()
         if graceful:
             assert {a: r.tokens for a, r in self.store.agents.items()} == expected
+            # Its snapshots come back, but those whose file the disk budget took.
+            assert all(set(r.snapshots) <= snapshots[a] for a, r in self.store.agents.items())
         else:  # writes were lost: each agent is back at some sequence it really had
             for agent, record in self.store.agents.items():
                 assert record.tokens in self.history[agent]
@@ -507,8 +541,13 @@ class DiskStoreMachine(RuleBasedStateMachine):
         assert pool.disk_bytes == sum(b.disk_bytes for b in pool.blocks.values())
         for b in pool.blocks.values():
             assert b.refs or b.pins or (b.tier is Tier.HOT and not b.disk_bytes)
+        names = self.store.names
         for record in self.store.agents.values():
             assert [t for h in record.blocks for t in pool.blocks[h].tokens] == record.tokens
+            chain = names.chain(record.tokens, record.root)
+            for h in record.snapshots:  # each after a prefix of its tokens, in every tier
+                snapshot = pool.blocks[h]
+                assert snapshot.parent == names.prefix_name(chain, record.tokens, snapshot.start)
 
 
 def _crash(disk: WarmTier) -> None:
@@ -529,3 +568,28 @@ DiskStoreMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_disk_store_state_machine = DiskStoreMachine.TestCase
+
+
+def test_snapshots_are_written_restored_resumed_from_and_deleted_with_their_agent(tmp_path):
+    """A model with state layers: the snapshot at the end of an agent's turn is a file beside
+    its blocks, named in its manifest; after a restart it is WARM, a returning prompt resumes
+    exactly there (reading it back), and ending the agent deletes it with the blocks."""
+    store, disk = make_store(tmp_path, state=True)
+    tokens = [1, 2, 3, 1, 2, 3, 1]
+    commit(store, "a", tokens, snapshot=True)
+    disk.close()
+
+    store, disk = make_store(tmp_path, state=True)
+    record = store.agents[AgentKey("a")]
+    (snapshot,) = [store.pool.blocks[h] for h in record.snapshots]
+    assert snapshot.tier is Tier.WARM and snapshot.start == len(tokens)
+    lease = store.lookup(tokens + [2, 2])
+    assert lease.snapshot is snapshot and lease.end == len(tokens)
+    assert disk.read_block(snapshot).result()["s"].tolist() == [len(tokens)]
+    store.release(lease)
+    files = {p.stem for p in (tmp_path / "blocks").rglob("*.safetensors")}
+    assert snapshot.hash in files and set(record.blocks) <= files
+    assert store.end_agent(AgentKey("a")) is True
+    disk.flush()
+    assert not list((tmp_path / "blocks").rglob("*.safetensors"))
+    disk.close()
