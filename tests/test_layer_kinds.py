@@ -160,6 +160,37 @@ def test_a_hybrid_agent_moves_to_another_server_over_redis_with_its_snapshot(mod
 
 
 @pytest.mark.parametrize(
+    "arch,said,tag",
+    [
+        ("gpt_oss", "KV quantized in groups of 32: 64 does not divide gpt_oss's head sizes", "q4g32"),
+        ("deepseek_v32", "KV kept at 16 bits: no quantization group size", "kv16"),
+    ],
+)
+def test_the_default_q4_fits_each_models_head_sizes(models, tmp_path, arch, said, tag):
+    """MLX quantizes KV in groups of 32, 64 or 128 along a head: the tiny models' 32-wide heads
+    (and MLA's 16-wide rope keys) take the largest group that fits, or stay unquantized, said at
+    start; the warm tier then holds what a restart reads back."""
+    conversation = [{"role": "user", "content": "What happened on the night of the storm? " * 3}]
+
+    def turn(server):
+        return server.client().chat.completions.create(
+            model=arch, messages=conversation, max_tokens=8, temperature=0, extra_body={"prompt_cache_key": "keeper"}
+        )
+
+    with Server(models(arch), tmp_path, "--kv-bits", "4") as first:
+        reply = turn(first)
+        assert said in first.log() and httpx.get(first.base_url + "/health").json()["kv"]["disk"] == tag
+    conversation += [
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": "And then?"},
+    ]
+    with Server(models(arch), tmp_path, "--kv-bits", "4") as second:
+        again = turn(second)
+        assert "could not cache" not in second.log()
+    assert again.usage.prompt_tokens_details.model_extra["warm_tokens"] >= reply.usage.prompt_tokens - 1
+
+
+@pytest.mark.parametrize(
     "arch,why",
     [
         ("gemma3_text", "--decode-quantized needs every layer to keep one plain KV cache"),

@@ -6,7 +6,7 @@ requests."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent_memory.engine.budget import working_budget
 from agent_memory.engine.commit import Committer
@@ -21,7 +21,7 @@ from agent_memory.engine.warm import open_warm_tier
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.warm.records import BLOCK_TOKENS
 from agent_memory.memory.warm.tier import WarmTier
-from agent_memory.precision import Precisions
+from agent_memory.precision import KVPrecision, Precisions
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +54,35 @@ def demoter(p: Precisions):
     return demote
 
 
+def fitted_groups(p: Precisions, layers: ModelLayers, name: str) -> Precisions:
+    """The precisions with a quantization group size the model's head sizes allow (Phi-3's 96
+    is no multiple of 64), said once when it is not the one asked for. Where none is (MLX groups
+    by 32, 64 or 128), KV stays unquantized, said as a warning; decoding from quantized KV is
+    refused."""
+    if not (p.hot.quantized or p.disk.quantized):
+        return p
+    group = layers.group_size_for(p)
+    if group is None:
+        if p.working.quantized:
+            raise UnsupportedModelError(f"{name}: --decode-quantized: no quantization group size fits its head sizes")
+        log.warning("KV kept at 16 bits: no quantization group size (128, 64, 32) divides %s's head sizes", name)
+        return Precisions.of(16, p.hot.group_size)
+    if group == p.hot.group_size:
+        return p
+    log.info("KV quantized in groups of %d: %d does not divide %s's head sizes", group, p.hot.group_size, name)
+
+    def regroup(precision: KVPrecision) -> KVPrecision:
+        return replace(precision, group_size=group) if precision.quantized else precision
+
+    return Precisions(hot=regroup(p.hot), working=regroup(p.working), disk=regroup(p.disk))
+
+
 def build(cfg: EngineConfig, trace: NoTrace) -> Parts:
     """Load the model and open the tiers (on the engine thread: it makes MLX arrays)."""
     p = cfg.precisions
     loaded = load_model(cfg.model_path, cfg.model_name, cfg.model_defaults)
     layers = ModelLayers(loaded.model)
+    p = fitted_groups(p, layers, loaded.name)
     if p.working.quantized and (why := layers.quantized_refusal(p.working)):
         raise UnsupportedModelError(f"{loaded.name}: {why}")
     warm, scan, warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, layers, p, cfg.warm_store)

@@ -25,7 +25,7 @@ from mlx_lm.models.cache import CacheList, KVCache, make_prompt_cache
 
 from agent_memory.engine.kinds import attention, recurrent, window
 from agent_memory.engine.kinds.attention import SAFETENSORS_DTYPES, BlockKV, KVShape, Payload, StoredRun
-from agent_memory.precision import KVPrecision
+from agent_memory.precision import KVPrecision, Precisions
 
 STATE_KINDS: dict[type, ModuleType] = {window.CACHE_CLASS: window, recurrent.CACHE_CLASS: recurrent}
 ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4}
@@ -122,6 +122,13 @@ class ModelLayers:
                 for slot in slots:
                     slot.put(cache, attention.new_layer(working))
         return cache
+
+    def group_size_for(self, precisions: Precisions) -> int | None:
+        """A quantization group size that divides every attention head size (mlx quantizes
+        along it): the one asked for, else the largest of 128, 64, 32 that does; None if none."""
+        dims = {d for _, _, shape in self.groups for d in (shape.k_dim, shape.v_dim)}
+        asked = precisions.hot.group_size
+        return next((g for g in (asked, 128, 64, 32) if all(d % g == 0 for d in dims)), None)
 
     def quantized_refusal(self, working: KVPrecision) -> str | None:
         """Why decoding cannot attend to quantized KV in this model (--decode-quantized), or None."""
