@@ -107,7 +107,8 @@ def test_parallel_calls_get_distinct_indexes(client, tiny_model):
     assert len(calls) >= 2 and len({c.id for c in calls}) == len(calls)
     check_calls(calls)
     _, streamed_calls, finish = streamed(client, **kw)
-    assert finish == "length" and sorted(streamed_calls) == list(range(len(streamed_calls)))
+    # Near max_tokens the last call is finished and the reply ended (test_ends_well.py), not cut off.
+    assert finish == "tool_calls" and sorted(streamed_calls) == list(range(len(streamed_calls)))
     assert [(c["name"], c["arguments"]) for c in streamed_calls.values()][: len(calls)] == [
         (c.function.name, c.function.arguments) for c in calls
     ]

@@ -59,7 +59,7 @@ class Committer:
         """Offer the first `end` prompt tokens, which the cache holds now, for reuse by requests
         that arrive meanwhile (with a snapshot there, for a model with state layers)."""
         persist = self.commit(seq, None, seq.cache, seq.prompt[:end], snapshot=True)
-        if persist is not None and persist.snapshot is not None:
+        if persist is not None and persist.snapshot is not None:  # pinned until core._end lets go
             seq.snapshots.append(persist.snapshot)
 
     def commit(

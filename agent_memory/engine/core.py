@@ -215,6 +215,8 @@ class EngineCore:
             follow_up = self.parts.committer.commit_turn(seq, reason, cache, tokens)
             if follow_up is not None:
                 self._follow_up(seq, follow_up)
+        if seq.snapshots:  # held since taken: its agent keeps them now, or nobody does
+            self.store.let_go(seq.snapshots)
         self.trace.ended(seq, reason)
         if seq.prefill_only:
             return

@@ -2,11 +2,9 @@
 
 The engine thread calls `lookup` before a prefill and `commit` when a prefill ends (the prompt,
 offered for reuse) and when the sequence ends (prompt and reply); HTTP handlers read
-`agents()` under the same lock. Eviction follows Pensieve's retention value:
-recompute cost per byte over idle time, so an idle agent's cheap early blocks leave first, and
-a block a running sequence uses never leaves (eviction.py). Which agent uses which block is agents.py's
-(`AgentIndex`, the store's base). With a warm tier (see `warm`), an agent's block gains a copy
-there once it is durable, and is WARM when it leaves memory.
+`agents()` under the same lock. What leaves memory first is eviction.py's; which agent uses
+which block is agents.py's (`AgentIndex`, the store's base). With a warm tier (see `warm`), an
+agent's block gains a copy there once it is durable, and is WARM when it leaves memory.
 
 With a shared warm tier (several servers on one Redis: `warm.shared`), the store holds what
 this server has seen: agents are not restored at start but probed when a request arrives
@@ -125,6 +123,15 @@ class AgentCacheStore(Eviction, AgentIndex):
             block.last_used = time.monotonic()
         return Lease(segments, held, snapshot, matched=sum(n for _, n in entries))
 
+    def let_go(self, snapshots: Sequence[str]) -> None:
+        """Unpin the snapshots a sequence took anonymously (see `commit`), now it has ended."""
+        with self.lock:
+            for h in snapshots:
+                block = self.pool.blocks[h]
+                block.pins -= 1
+                self._drop_if_unused(block)
+            self._evict_hot()
+
     def release(self, lease: Lease) -> None:
         with self.lock:
             for block in lease.blocks:
@@ -143,7 +150,8 @@ class AgentCacheStore(Eviction, AgentIndex):
         made: Sequence[str] = (),
     ) -> Persist:
         """Store a sequence's tokens (a finished one after releasing its lease): its blocks become
-        hot and the agent points at it. `snapshot`: take one where the tokens end; `made`: the
+        hot and the agent points at it. `snapshot`: take one where the tokens end (taken for no
+        agent, it stays pinned for the running sequence's own commit until `let_go`); `made`: the
         snapshots the sequence took on its way, for the agent to keep. Returns what the caller
         should write to the warm tier."""
         with self.lock:
@@ -166,6 +174,7 @@ class AgentCacheStore(Eviction, AgentIndex):
                 taken.last_used = now
                 if taken.tier is not Tier.HOT and not taken.pins:
                     self.pool.set_payload(taken, *snapshot())
+                taken.pins += agent is None
                 persist.snapshot = taken.hash
             if agent is not None:
                 old = self.agents.get(agent)
