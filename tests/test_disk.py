@@ -103,6 +103,8 @@ def commit(store, agent, tokens, snapshot=False):
     )
     if store.warm is not None:
         persist.write(store.warm, encode)
+    if key is None and persist.snapshot is not None:  # pinned for its sequence, which has ended
+        store.let_go([persist.snapshot])
 
 
 # -- the file format -------------------------------------------------------------------------

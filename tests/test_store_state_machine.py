@@ -78,6 +78,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.namespace_of.update({h: root for h, *_ in self.store.names.chain(tokens, root)})
         if persist.snapshot is not None:
             self.namespace_of[persist.snapshot] = root
+            if agent is None:  # taken for no agent, it is pinned until its sequence ends: it has
+                self.store.let_go([persist.snapshot])
         self.seen.append(tokens)
         if agent is not None:
             self.ended.discard(agent)
