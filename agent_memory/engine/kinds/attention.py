@@ -11,7 +11,6 @@ a model whose attention layers have several shapes prefixes the later groups' na
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import agent_memory.blas  # noqa: F401
@@ -198,23 +197,6 @@ def to_numpy(payload: Payload) -> dict:
         name: (SAFETENSORS_DTYPES[a.dtype], np.array(a.view(VIEW_AS.get(a.dtype, a.dtype)), copy=True))
         for name, a in payload.items()
     }
-
-
-def from_numpy(arrays: dict, shape: KVShape) -> Payload:
-    payload = {}
-    for name, a in arrays.items():
-        arr = mx.array(a)
-        if not name.endswith(".q") and shape.dtype in VIEW_AS:
-            arr = arr.view(shape.dtype)
-        payload[name] = arr
-    return payload
-
-
-def bytes_per_token(shape: KVShape, precision: KVPrecision) -> int:
-    """One token's KV, all layers, at this precision."""
-    itemsize = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4}
-    sizes = block_layout(1, shape, precision).values()
-    return sum(itemsize[dtype] * math.prod(dims) for dtype, dims in sizes)
 
 
 def block_layout(n: int, shape: KVShape, precision: KVPrecision, prefix: str = "") -> dict:

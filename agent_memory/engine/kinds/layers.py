@@ -14,7 +14,6 @@ refused at start, by name: adding one is a module like window.py and a line in S
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from types import ModuleType
 
@@ -25,10 +24,10 @@ from mlx_lm.models.cache import CacheList, KVCache, make_prompt_cache
 
 from agent_memory.engine.kinds import attention, recurrent, window
 from agent_memory.engine.kinds.attention import SAFETENSORS_DTYPES, BlockKV, KVShape, Payload, StoredRun
+from agent_memory.memory.warm.blockfile import layout_bytes
 from agent_memory.precision import KVPrecision, Precisions
 
 STATE_KINDS: dict[type, ModuleType] = {window.CACHE_CLASS: window, recurrent.CACHE_CLASS: recurrent}
-ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4}
 
 
 @dataclass(frozen=True)
@@ -168,7 +167,7 @@ class ModelLayers:
 
     def bytes_per_token(self, precision: KVPrecision) -> int:
         """One token's KV in every attention layer at this precision."""
-        return sum(ITEMSIZE[dtype] * math.prod(dims) for dtype, dims in self.block_layout(1, precision).values())
+        return layout_bytes(self.block_layout(1, precision))
 
     def block_from_numpy(self, arrays: dict, precision: KVPrecision) -> BlockKV:
         return BlockKV(self._from_numpy(arrays, self.block_layout(1, precision)), precision)
@@ -203,7 +202,7 @@ class ModelLayers:
         if not self.has_state:
             return 0
         layout = self.snapshot_layout(1 << 30)  # past any window
-        return sum(ITEMSIZE[dtype] * math.prod(dims) for dtype, dims in layout.values())
+        return layout_bytes(layout)
 
     def snapshot_layout(self, position: int) -> dict:
         """The tensors a snapshot file at `position` holds."""

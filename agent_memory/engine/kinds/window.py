@@ -13,7 +13,8 @@ CACHE_CLASS = RotatingKVCache
 
 
 def _in_order(v: mx.array, offset: int, keep: int, idx: int) -> mx.array:
-    """The cache's rows in the order their tokens came (a rotating buffer wraps at `idx`)."""
+    """The cache's rows in the order their tokens came (a rotating buffer wraps at `idx`), from its
+    public `state` (mlx-lm's own reordering is private)."""
     if idx == v.shape[2]:
         return v
     if idx < offset:

@@ -34,6 +34,11 @@ Tensors = dict[str, tuple[str, np.ndarray]]  # name -> (safetensors dtype, array
 Layout = dict[str, tuple[str, tuple[int, ...]]]  # name -> (safetensors dtype, shape)
 
 
+def layout_bytes(layout: Layout) -> int:
+    """The tensor bytes of a file of this layout."""
+    return sum(math.prod(dims) * np.dtype(NUMPY_DTYPES[dtype]).itemsize for dtype, dims in layout.values())
+
+
 class BlockFileError(ValueError):
     """The file is not a block this server may load; the message says why."""
 

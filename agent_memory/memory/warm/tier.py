@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import queue
 import threading
 import time
@@ -22,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from agent_memory.agent_key import AgentKey
 from agent_memory.memory.warm import blockfile
 from agent_memory.memory.warm.backend import BackendUsage, WarmBackend
-from agent_memory.memory.warm.blockfile import NUMPY_DTYPES, Layout, Tensors
+from agent_memory.memory.warm.blockfile import Layout, Tensors
 from agent_memory.memory.warm.folder import Folder
 from agent_memory.memory.warm.folder_backend import FolderBackend
 from agent_memory.memory.warm.records import BlockRecord, Manifest, tokens_text
@@ -101,7 +100,7 @@ class WarmTier:
     @staticmethod
     def file_bytes(layout: Layout) -> int:
         """About what a file of this layout takes in the backend: its tensors and a header."""
-        return HEADER_BYTES + sum(math.prod(dims) * NUMPY_DTYPES[dtype]().itemsize for dtype, dims in layout.values())
+        return HEADER_BYTES + blockfile.layout_bytes(layout)
 
     # -- start --------------------------------------------------------------------------
 
