@@ -22,6 +22,7 @@ from agent_memory.api.anthropic import routes as wire
 from agent_memory.api.keepalive import with_keepalive
 from agent_memory.api.anthropic.reply import Reply
 from agent_memory.api.anthropic.schemas import MessagesRequest
+from agent_memory.chat.reader import ReplyReader
 from agent_memory.chat.toolcalls import ToolCallParser
 from agent_memory.engine.requests import Failed, Finished, TextDelta, Usage
 from agent_memory.engine.stops import StopMatcher
@@ -456,7 +457,7 @@ def test_claude_code_v2_1_257_system_messages_and_token_counts(server):
 def streamed(events, parser=None, delay: float = 0, **reply) -> tuple[list[tuple[str, dict]], Reply]:
     """The (event, data) a stream sends for scripted engine events (`delay` s before the
     first: a prefill), and the reply it built."""
-    r = Reply("m", parser, reply.get("clamped", False), reply.get("prewarm", False))
+    r = Reply("m", parser or ReplyReader(None, None), reply.get("clamped", False), reply.get("prewarm", False))
 
     async def engine():
         await asyncio.sleep(delay)
@@ -473,7 +474,7 @@ def streamed(events, parser=None, delay: float = 0, **reply) -> tuple[list[tuple
 def test_text_then_calls_then_a_cut_call_stream_as_blocks_in_order():
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
     texts = ["Let me ", "add.", call[:20], call[20:], "\n", call[:30], call[30:46]]  # the second cut at {"a":
-    events, reply = streamed([*map(TextDelta, texts), Finished("length", Usage(10, 9, 4, 2))], ToolCallParser())
+    events, reply = streamed([*map(TextDelta, texts), Finished("length", Usage(10, 9, 4, 2))], ReplyReader(None, ToolCallParser()))
     check_order(events)
     assert [b["type"] for b in reply.content] == ["text", "tool_use", "tool_use"]
     assert reply.content[0]["text"] == "Let me add." and reply.content[1]["input"] == {"a": 1}

@@ -154,6 +154,7 @@ def test_a_streamed_reply_and_a_json_reply_are_built_alike():
     """responses.reply.Reply, fed the same text in fragments or whole: the same output items
     (text, call, then text after it as its own message), numbered events, and calls parsed."""
     from agent_memory.api.responses.reply import Reply
+    from agent_memory.chat.reader import ReplyReader
     from agent_memory.chat.toolcalls import ToolCallParser
     from agent_memory.engine.requests import Finished, TextDelta, Usage
 
@@ -162,7 +163,7 @@ def test_a_streamed_reply_and_a_json_reply_are_built_alike():
 
     def build(pieces: list[str]) -> tuple[list[dict], list[str], Reply]:
         output: list[dict] = []
-        reply = Reply(output, ToolCallParser())
+        reply = Reply(output, ReplyReader(None, ToolCallParser()))
         frames = [f for p in pieces for f in reply.feed(TextDelta(p))] + reply.feed(finished)
         return output, frames, reply
 
@@ -179,5 +180,5 @@ def test_a_streamed_reply_and_a_json_reply_are_built_alike():
     assert streamed_reply.text == whole_reply.text and [c.name for c in streamed_reply.calls] == ["get_weather"]
     # A reply with nothing in it still has a message item.
     empty: list[dict] = []
-    Reply(empty, None).feed(finished)
+    Reply(empty, ReplyReader(None, None)).feed(finished)
     assert shape(empty) == [("message", None, None, [""])]

@@ -13,7 +13,9 @@ import pytest
 
 from agent_memory.chat.conversation import Conversation, Message, Tool, ToolChoice
 from agent_memory.chat.grammar import GrammarCompiler
-from agent_memory.chat.toolcalls import CallArguments, CallCutOff, CallStart, ContentDelta, ToolCallParser, reply_events
+from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta
+from agent_memory.chat.reader import ReplyReader
+from agent_memory.chat.toolcalls import ToolCallParser
 from tests.conftest import Server, weather_agent
 
 WEATHER = {
@@ -150,15 +152,15 @@ def test_auto_constrains_a_call_once_the_model_opens_one(tiny_model):
 
 
 def test_how_a_reply_ends_a_call_cut_off_before_its_name_or_in_its_arguments():
-    """reply_events at the end of a reply, as every wire format reads it: a call cut off before
+    """A reply's end, as every wire format reads it (chat/reader.py): a call cut off before
     its name was whole never started, so its text is content (its own text alone, after a
     whole call); one cut off in its arguments is a call cut off, never its markup as text."""
     whole = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>\n'
 
     def ending(text: str) -> tuple[list, list]:
-        parser = ToolCallParser()
-        outs = reply_events(parser, text) + reply_events(parser, None)
-        return outs, parser.calls
+        reader = ReplyReader(None, ToolCallParser())
+        outs = reader.read(text) + reader.read(None)
+        return outs, reader.calls
 
     outs, calls = ending('Sure. <tool_call>\n{"name": "ad')
     assert outs == [ContentDelta("Sure. "), ContentDelta('<tool_call>\n{"name": "ad')] and calls == []

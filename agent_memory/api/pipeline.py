@@ -20,7 +20,7 @@ from agent_memory.api.state import ServedModel, ServerState
 from agent_memory.chat.conversation import Conversation
 from agent_memory.chat.finish import ConstrainedOutput
 from agent_memory.chat.grammar import GrammarError
-from agent_memory.chat.toolcalls import ToolCallParser
+from agent_memory.chat.render import template_input
 from agent_memory.engine.requests import Event, Failed, Finished, GenerationRequest, SamplingParams, TextDelta
 
 
@@ -71,6 +71,7 @@ def openai_agent(body: Any, request: Request) -> AgentKey | None:
 class Prepared:
     prompt: list[int]
     grammar: ConstrainedOutput | None  # None: free text
+    inside: bool = False  # the prompt leaves the reply inside its reasoning (the template opened it)
 
 
 async def prepare_chat(
@@ -87,51 +88,56 @@ async def prepare_chat(
     chars = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in conversation.messages)
     check_length(model, chars, messages_param)
 
+    fmt = model.reply_format
+
     def prepare(tokenizer) -> Prepared:
-        messages, tools = model.tool_format.template_input(conversation)
+        messages, tools = template_input(conversation, fmt.native, fmt.history_key)
+        kwargs = conversation.thinking.kwargs()
         try:
-            text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
+            )
         except Exception as e:  # the model's own template refused these messages
             raise APIError(400, f"the chat template cannot render these messages: {e}", param=messages_param) from e
-        grammar = output_grammar(model, conversation, tools_param, format_param) if constrained else None
-        return Prepared(tokenizer.encode(text, add_special_tokens=False), grammar)
+        inside = fmt.opened_by(text)
+        grammar = output_grammar(model, conversation, tools_param, format_param, inside) if constrained else None
+        return Prepared(tokenizer.encode(text, add_special_tokens=False), grammar, inside)
 
     return await model.tokenize(prepare)
 
 
 def output_grammar(
-    model: ServedModel, conversation: Conversation, tools_param: str, format_param: str
+    model: ServedModel, conversation: Conversation, tools_param: str, format_param: str, inside: bool
 ) -> ConstrainedOutput | None:
     """What the reply must follow (None: free text); a 400 when the request asks for what
     cannot be enforced. On the tokenizer worker: it compiles, and finds the shortest finish."""
-    if conversation.calls_tools and not model.tool_format.json_calls:
+    fmt = model.reply_format
+    if conversation.calls_tools and not fmt.constrained:
         if conversation.tool_choice.mode != "auto":
             raise APIError(
                 400,
-                f"tool_choice '{conversation.tool_choice.mode}' needs the <tool_call> JSON format; this model's "
-                f"template uses mlx-lm's {model.tool_format.parser} format, which is not constrained here",
+                f"tool_choice '{conversation.tool_choice.mode}' cannot be enforced: this model's template writes "
+                f"calls in mlx-lm's {fmt.name} format, which is parsed but not constrained here",
                 param="tool_choice",
             )
         return None
     try:
-        text_grammar = model.grammars.grammar(conversation, tools_param, format_param)
+        text_grammar = model.grammars.grammar(conversation, tools_param, format_param, inside)
         return model.grammars.output(text_grammar) if text_grammar else None
     except GrammarError as e:
         raise APIError(400, str(e), param=e.param, code="invalid_schema") from e
 
 
-def tool_parser(model: ServedModel, conversation: Conversation) -> ToolCallParser | None:
-    """How a reply's text turns into calls: None when it may hold none."""
-    if not conversation.calls_tools:
-        return None
-    if model.tool_format.json_calls:
-        return ToolCallParser()
-    tok = model.facts.tokenizer
+def reply_reader(model: ServedModel, conversation: Conversation, prepared: Prepared):
+    """How a reply's text turns into reasoning, content and calls (chat/reader.py)."""
+    tools = conversation.tools if conversation.calls_tools else []
+    return model.reply_format.reader(tools, prepared.inside)
 
-    def parse_whole(body: str) -> dict:
-        return tok.tool_parser(body, conversation.tools)
 
-    return ToolCallParser(tok.tool_call_start, tok.tool_call_end, parse_whole)
+def token_counter(model: ServedModel):
+    """text -> how many tokens it is (a reply's reasoning, for usage)."""
+    tokenizer = model.facts.tokenizer
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
 
 
 def check_length(model: ServedModel, chars: int, param: str) -> None:

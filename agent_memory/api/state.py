@@ -16,7 +16,7 @@ from fastapi import Request
 
 from agent_memory.api.errors import APIError
 from agent_memory.chat.grammar import GrammarCompiler
-from agent_memory.chat.render import ToolFormat
+from agent_memory.chat.formats.reply import reply_format
 from agent_memory.engine.protocol import EngineClient, ModelFacts
 
 T = TypeVar("T")
@@ -25,7 +25,7 @@ T = TypeVar("T")
 @dataclass(eq=False)
 class ServedModel:
     """One served model as the API sees it: its engine, and what the API derives from the
-    model's facts once it is loaded (its tool format, its grammar compiler)."""
+    model's facts once it is loaded (its reply format, its grammar compiler)."""
 
     id: str  # the id it is served under: known before it loads, answered when a name is unknown
     engine: EngineClient
@@ -52,13 +52,14 @@ class ServedModel:
         return requested if requested in self.ids else self.id
 
     @cached_property
-    def tool_format(self) -> ToolFormat:
-        return ToolFormat.of(self.facts.tokenizer)
+    def reply_format(self):
+        """How the model writes calls and reasoning (chat/formats/reply.py)."""
+        return reply_format(self.facts.tokenizer)
 
     @cached_property
     def grammars(self) -> GrammarCompiler:
         """Built on first use, on the tokenizer worker (about a second on a large vocabulary)."""
-        return GrammarCompiler(self.facts.tokenizer, self.facts.vocab_size)
+        return GrammarCompiler(self.facts.tokenizer, self.facts.vocab_size, self.reply_format)
 
     @property
     def context_length(self) -> int:

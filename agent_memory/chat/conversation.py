@@ -25,6 +25,7 @@ class Message:
     content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None  # role "tool": the call this result answers
+    reasoning: str = ""  # role "assistant": its thinking, as the reply returned it
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,39 @@ class OutputFormat:
     schema: dict | None = None
 
 
+@dataclass(frozen=True)
+class Thinking:
+    """What a request asks of a thinking model: on or off (None: the template's default),
+    an effort (low, medium, high), and the chat template variables it passed itself."""
+
+    enabled: bool | None = None
+    effort: str | None = None
+    template_kwargs: dict = field(default_factory=dict)
+
+    def kwargs(self) -> dict:
+        """Variables for apply_chat_template: Qwen3's and GLM's `enable_thinking`, gpt-oss's
+        `reasoning_effort`; the request's own `chat_template_kwargs` win."""
+        out: dict = {}
+        if self.enabled is not None:
+            out["enable_thinking"] = self.enabled
+        if self.effort is not None:
+            out["reasoning_effort"] = self.effort
+        return {**out, **self.template_kwargs}
+
+
+EFFORTS = {"minimal": "low", "xhigh": "high"}  # OpenAI's efforts templates lack, as the nearest they know
+
+
+def effort_thinking(effort: str | None, template_kwargs: dict) -> Thinking:
+    """OpenAI's `reasoning_effort` / `reasoning.effort`: "none" turns thinking off, any other
+    turns it on at that effort (gpt-oss's template knows low, medium and high)."""
+    if effort is None:
+        return Thinking(template_kwargs=template_kwargs)
+    if effort == "none":
+        return Thinking(False, None, template_kwargs)
+    return Thinking(True, EFFORTS.get(effort, effort), template_kwargs)
+
+
 @dataclass
 class Conversation:
     messages: list[Message]
@@ -56,6 +90,7 @@ class Conversation:
     tool_choice: ToolChoice = ToolChoice()
     parallel_tool_calls: bool = True
     output: OutputFormat = OutputFormat()
+    thinking: Thinking = Thinking()
 
     @property
     def calls_tools(self) -> bool:

@@ -2,13 +2,14 @@
 grammar has started (`Finisher.plan`), for the engine to force when the tokens left run short
 (engine/constraint.py), and for a request whose shortest valid output cannot fit at all to be
 refused before it runs (`ConstrainedOutput.min_tokens`). Under tool_choice auto, free text
-may open a call (`<tool_call>`) only while the shortest call still fits (`call_tokens`,
-`Finisher.openers`): one opened later could only be cut off.
+may open a call (`<tool_call>`, the format's opener) only while the shortest call still fits
+(`call_tokens`, `Finisher.openers`): one opened later could only be cut off.
 
 llguidance has no shortest-completion query, so the plan is greedy on a copy of the matcher:
-whatever the grammar forces, else the first allowed of a few closing tokens (a quote, a brace,
-a bracket, a zero, ...), else the lowest allowed token id (a single byte in a byte-level
-vocabulary). For JSON that writes each missing required field at a minimal value and closes
+whatever the grammar forces, else the format's closer of a free-text part (`</think>`, a
+parameter's end) where it ends that part, else the first allowed of a few closing tokens (a
+quote, a brace, a bracket, a zero, ...), else the lowest allowed token id (a single byte in a
+byte-level vocabulary). For JSON that writes each missing required field at a minimal value and closes
 every open string, array and object; a schema it cannot close within the limit gets no plan.
 No MLX here: it runs on the tokenizer worker (min_tokens) and in the engine's logits processor.
 """
@@ -20,8 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from agent_memory.chat.render import CALL_START
-
 # Tried in this order where the grammar allows them: what closes a string, an object, an
 # array, the smallest values, then separators.
 CLOSING = ['"', "}", "]", ",", ":", "0", "false", "null", "a", " "]
@@ -32,17 +31,29 @@ FIND_SLACK = 16  # found token by token, a finish may be this much longer before
 class Finisher:
     """Per model: its closing tokens, found once in its vocabulary."""
 
-    def __init__(self, tokenizer) -> None:
-        """tokenizer: llguidance's view of the model's tokenizer."""
+    def __init__(self, tokenizer, opener: str, closers: tuple[str, ...], markup) -> None:
+        """tokenizer: llguidance's view of the model's tokenizer; opener: what opens a call in
+        the model's format; closers: what ends a free-text part of it; markup: formats/markup.py."""
         self.tokenizer = tokenizer
         self.closing = [ids[0] for text in CLOSING if len(ids := tokenizer.tokenize_str(text)) == 1]
         self.eos = list(tokenizer.eos_tokens)
+        self.opener = opener.encode()
+        self.opener_tokens = self._tokens(opener, markup)
+        self.closers = [self._tokens(text, markup) for text in closers]
         self._completing = self._opener_completions()
 
+    def _tokens(self, text: str, markup) -> list[int]:
+        """`text` as the grammar has the model write it: its added tokens as themselves."""
+        out: list[int] = []
+        for piece in markup.pieces(text):
+            token = markup.token(piece)
+            out += [token] if token is not None else self.tokenizer.tokenize_str(piece)
+        return out
+
     def _opener_completions(self) -> list[np.ndarray]:
-        """For each j, the tokens that complete CALL_START after text ending in its first j
+        """For each j, the tokens that complete the opener after text ending in its first j
         bytes (a token holding all of it completes it after any text)."""
-        opener = CALL_START.encode()
+        opener = self.opener
         ends: list[list[int]] = [[] for _ in opener]
         for token in range(self.tokenizer.vocab_size):
             piece = self.tokenizer.decode_bytes([token])
@@ -55,7 +66,7 @@ class Finisher:
 
     def openers(self, tail: bytes) -> np.ndarray:
         """The tokens that would open a call after text ending in `tail`."""
-        opener = CALL_START.encode()
+        opener = self.opener
         j = next(k for k in range(len(opener) - 1, -1, -1) if tail.endswith(opener[:k]))
         return self._completing[j]
 
@@ -78,7 +89,7 @@ class Finisher:
         while not m.is_accepting():
             if len(tokens) >= limit or m.is_error() or m.is_stopped():
                 return None
-            forced = m.compute_ff_tokens()
+            forced = m.compute_ff_tokens() or self._closer(m)
             if forced:
                 if not m.consume_tokens(forced):
                     return None
@@ -98,6 +109,16 @@ class Finisher:
         return tokens
 
 
+    def _closer(self, m) -> list[int]:
+        """A closer that ends the free-text part `m` is in: one the grammar takes now and not
+        again right after (inside a JSON string `</think>` is text and would be taken forever)."""
+        for closer in self.closers:
+            after = m.deep_copy()
+            if closer and after.consume_tokens(closer) and not after.deep_copy().consume_tokens(closer):
+                return closer
+        return []
+
+
 @dataclass
 class ConstrainedOutput:
     """What a request's output must follow: its matcher, how to finish it, the fewest tokens a
@@ -114,7 +135,7 @@ class ConstrainedOutput:
         plan = finisher.plan(matcher, PLAN_LIMIT)
         out = cls(matcher, finisher, None if plan is None else len(plan) + 1)
         if matcher.is_accepting():  # free text: may it open a call, and how long is the shortest?
-            opener = finisher.tokenizer.tokenize_str(CALL_START)
+            opener = finisher.opener_tokens
             opened = matcher.deep_copy()
             if opened.consume_tokens(opener) and not opened.is_accepting():
                 call = finisher.plan(opened, PLAN_LIMIT)

@@ -1,9 +1,10 @@
 """The grammar a conversation's output must follow, for constrained decoding with llguidance.
 
 Built and checked per request off the engine thread (~3 ms); the engine only advances it and
-applies its token mask (engine/constraint.py). Tool calls follow the built-in JSON format of
-render.py exactly, and JSON is written with json.dumps' separators and no free whitespace, so
-what the model writes is what the next turn renders. Why llguidance and not xgrammar: it
+applies its token mask (engine/constraint.py). The model's reply format (formats/reply.py)
+writes the grammar's shape: reasoning, then text, calls or a JSON answer, each call exactly as
+the model's template writes it back, and JSON with json.dumps' separators and no free
+whitespace, so what the model writes is what the next turn renders. Why llguidance and not xgrammar: it
 compiles a request's grammar in 2-3 ms where xgrammar took 0.1-2.3 s on the demo model's
 vocabulary, at equal per-token cost (docs/benchmarks.md, "Constrained decoding").
 """
@@ -20,12 +21,11 @@ import llguidance.hf
 
 from agent_memory.chat.conversation import Conversation, Tool
 from agent_memory.chat.finish import ConstrainedOutput, Finisher
+from agent_memory.chat.formats.calls import ANY_OBJECT, JSON_STYLE
+from agent_memory.chat.formats.markup import Markup
+from agent_memory.chat.formats.reply import reply_format
 from agent_memory.chat.loosen import loosen
-from agent_memory.chat.render import ARGUMENTS_KEY, CALL_PREFIX, CALL_SEPARATOR, CALL_START, CALL_SUFFIX
 
-# How JSON is written: as json.dumps writes it, so clients and the next turn see the same text.
-JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
-ANY_OBJECT = {"type": "object"}
 log = logging.getLogger(__name__)
 _LOOSENED: set[tuple[str, tuple[str, ...]]] = set()  # (tool, keywords dropped) already logged
 
@@ -50,43 +50,6 @@ def check_schema(schema: object, param: str) -> dict:
     return schema
 
 
-def _lit(text: str) -> str:
-    return json.dumps(text)  # a Lark string literal: JSON's quoting and escapes
-
-
-def _call_rules(tools: list[Tool]) -> str:
-    """`call_rest`: a call after its `<tool_call>`, for any of `tools`, arguments by schema."""
-    names = " | ".join(f"tool_{i}" for i in range(len(tools)))
-    rules = [f"call_rest: {_lit(CALL_PREFIX[len(CALL_START):])} ({names}) {_lit(CALL_SUFFIX)}"]
-    for i, tool in enumerate(tools):
-        schema = {**(tool.parameters or ANY_OBJECT), "x-guidance": JSON_STYLE}
-        rules.append(f"tool_{i}: {_lit(json.dumps(tool.name, ensure_ascii=False) + ARGUMENTS_KEY)} args_{i}")
-        rules.append(f"args_{i}: %json {json.dumps(schema)}")
-    return "\n".join(rules)
-
-
-def tool_calls_lark(tools: list[Tool], parallel: bool, mode: str, answer: dict | None) -> str:
-    """Calls only (tool_choice required or named); or, for auto, free text that may end in
-    calls (the text never holds `<tool_call>` but as the opening of a call) or, when the
-    answer must be JSON (`answer`: its schema), either that JSON or calls."""
-    # A named tool_choice is exactly one call of that tool, parallel calls or not.
-    more = f" ({_lit(CALL_SEPARATOR)} {_lit(CALL_START)} call_rest)*" if parallel and mode != "named" else ""
-    calls = f"{_lit(CALL_START)} call_rest{more}"
-    if mode != "auto":
-        head = f"start: {calls}\n"
-    elif answer is not None:
-        head = f"start: answer | {calls}\nanswer: %json {json.dumps({**answer, 'x-guidance': JSON_STYLE})}\n"
-    else:
-        head = (
-            "start: free_text | with_calls\n"
-            "free_text: FREE\n"
-            f"FREE: /(?s:.*)/ & ~/(?s:.*){CALL_START}(?s:.*)/\n"
-            f"with_calls: opener call_rest{more}\n"
-            f"opener[lazy]: /(?s:.*){CALL_START}/\n"
-        )
-    return head + _call_rules(tools)
-
-
 def _cause(message: str) -> str:
     """llguidance's reason, as a sentence about the schema: its first line, keywords named."""
     first = message.strip().splitlines()[0] if message.strip() else "unknown reason"
@@ -101,21 +64,29 @@ def _cause(message: str) -> str:
 class GrammarCompiler:
     """Per model: llguidance's view of the tokenizer (~1 s to build, once)."""
 
-    def __init__(self, tokenizer, vocab_size: int) -> None:
-        """tokenizer: mlx-lm's TokenizerWrapper; vocab_size: the model's logits width."""
+    def __init__(self, tokenizer, vocab_size: int, reply=None) -> None:
+        """tokenizer: mlx-lm's TokenizerWrapper; vocab_size: the model's logits width; reply:
+        the model's reply format (formats/reply.py; found from the tokenizer if not given)."""
+        reply = reply or reply_format(tokenizer)
         self.tokenizer = llguidance.hf.from_tokenizer(
             tokenizer._tokenizer, n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_token_ids)
         )
-        self.finisher = Finisher(self.tokenizer)
+        self.reply = reply
+        self.markup = Markup.of(tokenizer)
+        self.finisher = Finisher(self.tokenizer, reply.opener, reply.closers, self.markup)
 
-    def grammar(self, conversation: Conversation, tools_param: str, format_param: str) -> str | None:
-        """The grammar the output must follow, or None for free text. Raises GrammarError."""
+    def grammar(
+        self, conversation: Conversation, tools_param: str, format_param: str, inside: bool = False
+    ) -> str | None:
+        """The grammar the output must follow, or None for free text. `inside`: the prompt
+        leaves the reply inside its reasoning. Raises GrammarError."""
         choice, output = conversation.tool_choice, conversation.output
         answer = None
         if output.kind == "json_object":
             answer = ANY_OBJECT
         elif output.kind == "json_schema":
             answer = check_schema(output.schema, format_param)
+        tools: list[Tool] = []
         if conversation.calls_tools:
             tools = [
                 self._constrainable(tool, f"{tools_param}.{i}.parameters", loosen_ok=choice.mode == "auto")
@@ -123,14 +94,13 @@ class GrammarCompiler:
             ]
             if choice.mode == "named":
                 tools = [t for t in tools if t.name == choice.name]
-            if answer is not None:
-                self._enforceable(answer, format_param)
-            lark = tool_calls_lark(tools, conversation.parallel_tool_calls, choice.mode, answer)
-            return self._checked(llguidance.LLMatcher.grammar_from_lark(lark), tools_param)
         if answer is not None:
             self._enforceable(answer, format_param)
-            return self._checked(llguidance.LLMatcher.grammar_from_json_schema(answer, defaults=JSON_STYLE), format_param)
-        return None
+        thinking = conversation.thinking.enabled
+        lark = self.reply.lark(tools, choice.mode, conversation.parallel_tool_calls, answer, thinking, self.markup, inside)
+        if lark is None:
+            return None
+        return self._checked(llguidance.LLMatcher.grammar_from_lark(lark), tools_param if tools else format_param)
 
     def _constrainable(self, tool: Tool, param: str, loosen_ok: bool) -> Tool:
         """The tool as its calls are constrained: as given when its schema can be enforced;

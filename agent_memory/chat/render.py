@@ -13,8 +13,6 @@ reply token for token and the agent's cache covers it (docs/usage.md, "Tools").
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-
 from agent_memory.chat.conversation import Conversation, Message, Tool, ToolCall
 
 CALL_START = "<tool_call>"
@@ -48,37 +46,19 @@ def tool_json(tool: Tool) -> dict:
     return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}
 
 
-@dataclass(frozen=True)
-class ToolFormat:
-    """How one model's template takes tools: natively, or through the built-in format."""
-
-    native: bool
-    parser: str | None  # mlx-lm's tool parser name for native templates, if any
-
-    @classmethod
-    def of(cls, tokenizer) -> ToolFormat:
-        template = getattr(tokenizer, "chat_template", None) or ""
-        native = isinstance(template, str) and "tools" in template
-        parser = None
-        if native and tokenizer.has_tool_calling:
-            parser = getattr(tokenizer.tool_parser, "__module__", "").rsplit(".", 1)[-1] or None
-        return cls(native, parser)
-
-    @property
-    def json_calls(self) -> bool:
-        """Whether calls are `<tool_call>` + JSON {name, arguments}: parsed and constrained here."""
-        return not self.native or self.parser in (None, "json_tools")
-
-    def template_input(self, conversation: Conversation) -> tuple[list[dict], list[dict] | None]:
-        """(messages, tools) for apply_chat_template."""
-        if self.native:
-            tools = [tool_json(t) for t in conversation.tools] or None
-            return [_native_message(m) for m in conversation.messages], tools
-        return _builtin_messages(conversation), None
+def template_input(conversation: Conversation, native: bool, history_key: str) -> tuple[list[dict], list[dict] | None]:
+    """(messages, tools) for apply_chat_template: natively, or in the built-in format.
+    `history_key`: the message field the template reads an earlier turn's reasoning from."""
+    if native:
+        tools = [tool_json(t) for t in conversation.tools] or None
+        return [native_message(m, history_key) for m in conversation.messages], tools
+    return builtin_messages(conversation), None
 
 
-def _native_message(m: Message) -> dict:
+def native_message(m: Message, history_key: str = "reasoning_content") -> dict:
     out: dict = {"role": m.role, "content": m.content}
+    if m.reasoning:
+        out[history_key] = m.reasoning
     if m.tool_calls:
         out["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _loads(c.arguments)}}
@@ -96,7 +76,7 @@ def _loads(arguments: str):
         return arguments
 
 
-def _builtin_messages(conversation: Conversation) -> list[dict]:
+def builtin_messages(conversation: Conversation) -> list[dict]:
     out = []
     if conversation.tools:
         described = BUILTIN_INSTRUCTIONS.format(

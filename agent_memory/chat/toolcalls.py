@@ -4,49 +4,19 @@ In the built-in JSON format (render.py) a call streams as it is written: its nam
 it is known, then its arguments in fragments, so a client sees OpenAI-style deltas whose
 concatenation is exactly the finished call's `arguments`. A call is over when its arguments
 object closes (tracked by depth and string state, so braces inside strings do not count).
-Formats of other tool parsers are collected whole and parsed by mlx-lm's parser at their end
-marker. Text that could still begin a call marker is held back, like a stop string.
+Other formats (chat/formats/) are collected whole and parsed at their end marker, or at the
+reply's end where the format has none (Mistral's). Text that could still begin a call marker
+is held back, like a stop string.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from agent_memory.chat.conversation import ToolCall, new_call_id
+from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent
 from agent_memory.chat.render import ARGUMENTS_KEY, CALL_END, CALL_PREFIX, CALL_START
-
-
-@dataclass(frozen=True)
-class ContentDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class CallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class CallArguments:
-    index: int
-    text: str
-
-
-@dataclass(frozen=True)
-class CallCutOff:
-    """The reply ended inside this call's arguments (max_tokens, a stop string): it stays a
-    call, since a stream has sent its start, but what was written of its arguments is not JSON,
-    so the call is whole with `arguments` instead."""
-
-    index: int
-    arguments: str = "{}"
-
-
-OutputEvent = ContentDelta | CallStart | CallArguments | CallCutOff
 
 
 def _held(buf: str, marker: str) -> int:
@@ -88,9 +58,11 @@ class JsonDepth:
 
 class ToolCallParser:
     """Feed generated text; get content and tool-call events. `parse_whole`: for formats other
-    than the built-in JSON one, (call text) -> {"name", "arguments"}."""
+    than the built-in JSON one, (the text between `start` and `end`) -> [{"name", "arguments"}]."""
 
-    def __init__(self, start: str = CALL_START, end: str = CALL_END, parse_whole: Callable[[str], dict] | None = None):
+    def __init__(
+        self, start: str = CALL_START, end: str = CALL_END, parse_whole: Callable[[str], list[dict]] | None = None
+    ):
         self.start, self.end, self.parse_whole = start, end, parse_whole
         self.buf = ""
         self.state = "text"  # text | head | arguments | suffix | tail | whole
@@ -124,6 +96,8 @@ class ToolCallParser:
             self._close_call()  # its arguments are whole; only the end marker is missing
         elif self.state == "arguments":
             out.append(CallCutOff(len(self.calls)))
+        elif self.state == "whole" and not self.end:  # calls run to the reply's end
+            self._parse(self.buf[len(self.start) :], out)
         else:  # head, whole: no call started
             out.append(ContentDelta(self.buf))
         self.buf = ""
@@ -204,30 +178,26 @@ class ToolCallParser:
 
     def _whole(self, out: list[OutputEvent]) -> None:
         """A call in another layout: wait for its end marker, then parse it in one piece."""
-        at = self.buf.find(self.end)
+        at = self.buf.find(self.end) if self.end else -1
         if at < 0:
             return
         body = self.buf[len(self.start) : at]
         self.buf = self.buf[at + len(self.end) :]
         self.state = "tail"
+        self._parse(body, out)
+
+    def _parse(self, body: str, out: list[OutputEvent]) -> None:
         try:
-            parsed = self.parse_whole(body) if self.parse_whole else json.loads(body)
-            name, arguments = parsed["name"], parsed.get("arguments", {})
+            parsed = self.parse_whole(body) if self.parse_whole else [json.loads(body)]
+            found = [(str(p["name"]), p.get("arguments", {})) for p in parsed]
         except (ValueError, KeyError, TypeError):
             out.append(ContentDelta(self.start + body + self.end))  # malformed: it is text
             return
-        text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-        call = ToolCall(new_call_id(), str(name), text)
-        out.append(CallStart(len(self.calls), call.id, call.name))
-        out.append(CallArguments(len(self.calls), text))
-        self.calls.append(call)
+        for name, arguments in found:
+            text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+            call = ToolCall(new_call_id(), name, text)
+            out.append(CallStart(len(self.calls), call.id, call.name))
+            out.append(CallArguments(len(self.calls), text))
+            self.calls.append(call)
 
 
-def reply_events(parser: ToolCallParser | None, text: str | None) -> list[OutputEvent]:
-    """A reply's output events for more generated text, or for its end (`text` None): the one
-    way every wire format's reply, streamed or not, reads generated text, so a call cut off at
-    the end is the same everywhere (ToolCallParser.finish: text if it never started, else a
-    call with `{}` arguments; never its raw markup as content)."""
-    if text is not None:
-        return parser.feed(text) if parser else [ContentDelta(text)]
-    return parser.finish() if parser else []

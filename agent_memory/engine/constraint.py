@@ -25,7 +25,6 @@ import numpy as np
 from mlx_lm.sample_utils import make_logits_processors
 
 from agent_memory.chat.finish import ConstrainedOutput
-from agent_memory.chat.render import CALL_START
 from agent_memory.engine.requests import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ class GrammarProcessor:
                 self.error = self.matcher.get_error() or f"token {token} rejected"
                 log.error("grammar refused a token its own mask allowed: %s", self.error)
             if self.call_tokens is not None:
-                self.tail = (self.tail + self.finisher.tokenizer.decode_bytes([token]))[-len(CALL_START) :]
+                self.tail = (self.tail + self.finisher.tokenizer.decode_bytes([token]))[-len(self.finisher.opener) :]
         if self.error is None and self.finish is None and self.left <= self.lookahead:
             self._plan_finish()
         self.left -= 1

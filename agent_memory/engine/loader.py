@@ -15,6 +15,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model as load_weights
 from tokenizers import Tokenizer
 
+from agent_memory.chat.formats.reply import reply_format
 from agent_memory.engine.kinds import layers
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class LoadedModel:
     model: Any
     tokenizer: Any  # mlx-lm TokenizerWrapper, for the API's tokenizer thread
     decoder: Tokenizer  # an independent copy, for the engine thread's detokenizing
+    hidden_tokens: frozenset[int]  # special tokens left out of a reply's text (not its format's markers)
     context_length: int
     vocab_size: int  # the width of the model's logits (may exceed the tokenizer's vocabulary)
     # The most characters one token can stand for: a text of n characters is at least
@@ -49,6 +51,15 @@ class LoadedModel:
     # recompute cost per token grows as 1 + position / attention_tokens.
     attention_tokens: float
     sampling_defaults: dict[str, float | int]  # generation_config.json's, for fields a request omits
+
+
+def hidden_tokens(tokenizer) -> frozenset[int]:
+    """The special tokens a reply's text leaves out: all but the markers of the model's reply
+    format (harmony's channels, Mistral's [TOOL_CALLS]), which the API reads calls and
+    reasoning from and the next turn's prompt holds again."""
+    markers = set(reply_format(tokenizer).markers)
+    added = tokenizer._tokenizer.added_tokens_decoder
+    return frozenset(i for i, t in added.items() if t.special and t.content not in markers)
 
 
 def sampling_defaults(path: Path) -> dict[str, float | int]:
@@ -115,6 +126,7 @@ def load_model(path: Path, name: str | None = None, model_defaults: bool = True)
         model=model,
         tokenizer=tokenizer,
         decoder=Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()),
+        hidden_tokens=hidden_tokens(tokenizer),
         context_length=int(context),
         vocab_size=int(text["vocab_size"]),
         max_token_chars=max(len(t) for t in tokenizer.get_vocab()),

@@ -110,7 +110,7 @@ def new_sequence(
     seq = Sequence(
         id=seq_id,
         request=request,
-        output=Output(sink, Detokenizer(loaded.decoder), params.stop),
+        output=Output(sink, Detokenizer(loaded.decoder, loaded.hidden_tokens), params.stop),
         submitted=submitted,
         sampler=make_sampler(params.temperature, params.top_p, params.seed, params.top_k),
         processors=logits_processors(request, loaded.vocab_size, loaded.tokenizer.eos_token_ids),

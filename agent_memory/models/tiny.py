@@ -20,13 +20,14 @@ import logging
 import sysconfig
 import tempfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from agent_memory.models.gguf import Progress
 from agent_memory.models.folders import ModelError, complete, move_into_place
@@ -35,6 +36,7 @@ from agent_memory.models.tiny_archs import ARCHS, VOCAB_SIZE, TinyArch
 log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+EOS = ("<|im_end|>", "<|endoftext|>")  # the default model's end-of-turn tokens
 TRAINING_BYTES = 3 << 20
 SEED = 1234  # the llama's; other families' seeds also hash their name (see _seed)
 STAGE = "building the tiny model"
@@ -64,6 +66,20 @@ class UnknownArchError(ModelError):
     """`arch` names no family of the table; the message lists them."""
 
 
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A real family's chat template and the tokens it writes, so a tiny model speaks that family's
+    format: each marker becomes one token id, and `special`, `bos` and `eos` are special added tokens
+    (dropped by decode(skip_special_tokens=True)) while `added` ones decode as text, as in the real
+    tokenizer, which is what servers parsing tool calls and reasoning depend on."""
+
+    text: str
+    special: tuple[str, ...] = ()
+    added: tuple[str, ...] = ()
+    bos: str | None = None
+    eos: tuple[str, ...] = ()  # the end-of-generation tokens; the first is the tokenizer's eos_token
+
+
 def tiny_arch(arch: str) -> TinyArch:
     """The table entry for `arch`, or an error that lists the known ones."""
     if arch not in ARCHS:
@@ -77,6 +93,7 @@ def build_tiny(
     arch: str = "llama",
     quantize: int | str | None = None,
     config: dict | None = None,
+    template: ChatTemplate | None = None,
     progress: Progress | None = None,
 ) -> Path:
     """Build the model folder of `arch` (same bytes every time); an existing complete one is kept.
@@ -84,12 +101,13 @@ def build_tiny(
     `quantize` (4, 8 or "mxfp4", gpt-oss's format) quantizes it with mlx-lm's own quantize_model,
     so the folder looks like a converted model: packed weights, scales and the config's
     `quantization` block. `config`: fields changed in the (text) config, e.g. a wider or deeper
-    model for a benchmark where computing a prompt must cost what it does in a real one."""
+    model for a benchmark where computing a prompt must cost what it does in a real one. `template`:
+    a real family's chat template and its tokens, in place of the default ChatML one."""
     spec = tiny_arch(arch)
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ModelError(f"quantize must be one of {', '.join(map(str, QUANTIZATIONS))}, not {quantize!r}")
     if complete(out_dir):
-        _check_kept(out_dir, spec, quantize)
+        _check_kept(out_dir, spec, quantize, template)
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     step = progress or (lambda *_: None)
@@ -97,11 +115,11 @@ def build_tiny(
         work = Path(tmp) / "model"
         work.mkdir()
         step(STAGE, 0, 2)
-        tokenizer = _train_tokenizer()
+        tokenizer = _tokenizer(template)
         tokenizer.save(str(work / "tokenizer.json"))
-        _write_tokenizer_config(work)
+        _write_tokenizer_config(work, template)
         step(STAGE, 1, 2)
-        eos = [tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")]
+        eos = [tokenizer.token_to_id(token) for token in _eos(template)]
         config = _config(spec, tokenizer.get_vocab_size(), eos, config or {})
         weights = random_weights(config, _seed(arch), embed_std=spec.embed_std)
         if quantize:
@@ -115,9 +133,9 @@ def build_tiny(
     return out_dir
 
 
-def _check_kept(folder: Path, spec: TinyArch, quantize: int | str | None) -> None:
-    """A finished folder is kept only if it holds the family and quantization asked for: one
-    built with other arguments would otherwise be handed back as if it were the one asked for."""
+def _check_kept(folder: Path, spec: TinyArch, quantize: int | str | None, template: ChatTemplate | None) -> None:
+    """A finished folder is kept only if it holds the family, quantization and chat template asked
+    for: one built with other arguments would otherwise be handed back as if it were the one asked for."""
     config = json.loads((folder / "config.json").read_text())
     kinds = (config.get("model_type"), config.get("text_config", {}).get("model_type"))
     wanted = (spec.model_type, spec.config.get("text_config", {}).get("model_type"))
@@ -127,6 +145,11 @@ def _check_kept(folder: Path, spec: TinyArch, quantize: int | str | None) -> Non
     if kinds != wanted or have != (quantize and (mode, bits)):
         held = "/".join(filter(None, kinds)) + (f", {have[1]}-bit {have[0]}" if have else ", not quantized")
         raise ModelError(f"{folder} already holds another model ({held}); build into another folder or delete it")
+    chat_template = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+    added = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+    markers = {token["content"]: token["special"] for token in added}
+    if chat_template != (template.text if template else CHAT_TEMPLATE) or markers != _markers(template):
+        raise ModelError(f"{folder} already holds another chat template or its tokens; build into another folder")
 
 
 def _config(spec: TinyArch, vocab_size: int, eos: list[int], changes: dict) -> dict:
@@ -146,6 +169,33 @@ def _model(config: dict):
     model_type = config["model_type"]
     module = importlib.import_module(f"mlx_lm.models.{MODEL_REMAPPING.get(model_type, model_type)}")
     return module.Model(module.ModelArgs.from_dict(json.loads(json.dumps(config))))
+
+
+def _markers(template: ChatTemplate | None) -> dict[str, bool]:
+    """The tokenizer's added tokens, each with whether it is special: the trained ones, then the template's."""
+    markers = dict.fromkeys(SPECIAL_TOKENS, True)
+    if template:
+        for token in (*template.special, *([template.bos] if template.bos else []), *template.eos):
+            markers.setdefault(token, True)
+        for token in template.added:
+            markers.setdefault(token, False)
+    return markers
+
+
+def _eos(template: ChatTemplate | None) -> tuple[str, ...]:
+    """A template that names no end tokens keeps the default ones, which every tokenizer has."""
+    return template.eos if template and template.eos else EOS
+
+
+def _tokenizer(template: ChatTemplate | None) -> Tokenizer:
+    """The trained tokenizer, with the template's markers added (to a copy: the trained one is cached)."""
+    if template is None:
+        return _train_tokenizer()
+    tokenizer = Tokenizer.from_str(_train_tokenizer().to_str())
+    new = [(token, special) for token, special in _markers(template).items() if token not in SPECIAL_TOKENS]
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, special in new if special])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t, special in new if not special])
+    return tokenizer
 
 
 @functools.cache
@@ -176,13 +226,14 @@ def _training_files() -> list[str]:
     return files
 
 
-def _write_tokenizer_config(folder: Path) -> None:
-    special = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
+def _write_tokenizer_config(folder: Path, template: ChatTemplate | None = None) -> None:
+    bos, eos = (template.bos if template else None), _eos(template)[0]
+    special = {"bos_token": bos, "eos_token": eos, "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
     (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=1))
     config = {
         **special,
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": template.text if template else CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
         "model_max_length": MAX_POSITIONS,
     }

@@ -10,10 +10,11 @@ Usage: every prompt token a request computes is committed to the cache when it e
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 
-from agent_memory.chat.toolcalls import CallCutOff, CallStart, ContentDelta, OutputEvent, ToolCallParser, reply_events
+from agent_memory.chat.events import CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
 
@@ -47,12 +48,13 @@ class Reply:
     """One reply, built from the engine's events: the SSE events a stream sends and the Message
     a JSON reply is come from here, so they cannot differ. Blocks are numbered 0, 1, … in
     order, each started (a tool_use with `input: {}`) before its deltas and stopped before the
-    next starts."""
+    next starts. Reasoning is a `thinking` block, its signature a digest of its text (the
+    server checks none: a block sent back is read as the turn's reasoning)."""
 
-    def __init__(self, model: str, parser: ToolCallParser | None, clamped: bool, prewarm: bool) -> None:
+    def __init__(self, model: str, reader, clamped: bool, prewarm: bool) -> None:
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = model
-        self.parser = parser
+        self.reader = reader  # chat/reader.py's ReplyReader, or harmony's
         self.clamped = clamped  # max_tokens was more than the context had room for
         self.prewarm = prewarm  # max_tokens 0: the prompt is computed and cached, nothing written
         self.content: list[dict] = []
@@ -63,7 +65,7 @@ class Reply:
         """The SSE events (name, data) for one engine event; after Finished, the reply is whole."""
         if isinstance(event, TextDelta) and self.prewarm:
             return []
-        outs = reply_events(self.parser, event.text if isinstance(event, TextDelta) else None)
+        outs = self.reader.read(event.text if isinstance(event, TextDelta) else None)
         frames = [frame for out in outs for frame in self._write(out)]
         if isinstance(event, Finished):
             frames += self._stop()
@@ -97,7 +99,7 @@ class Reply:
     def stop_reason(self, finished: Finished) -> str:
         if finished.reason == "length":
             return "model_context_window_exceeded" if self.clamped else "max_tokens"
-        if self.parser is not None and self.parser.calls:
+        if self.reader.calls:
             return "tool_use"
         return "stop_sequence" if finished.stop_sequence is not None else "end_turn"
 
@@ -105,6 +107,11 @@ class Reply:
         return finished.stop_sequence if self.stop_reason(finished) == "stop_sequence" else None
 
     def _write(self, out: OutputEvent) -> list[tuple[str, dict]]:
+        if isinstance(out, ReasoningDelta):
+            fresh = self.open is None or self.open["type"] != "thinking"
+            frames = self._start({"type": "thinking", "thinking": "", "signature": ""}) if fresh else []
+            self.open["thinking"] += out.text
+            return frames + [self._delta({"type": "thinking_delta", "thinking": out.text})]
         if isinstance(out, ContentDelta):
             if not out.text:
                 return []
@@ -133,10 +140,14 @@ class Reply:
     def _stop(self) -> list[tuple[str, dict]]:
         if self.open is None:
             return []
+        frames = []
         if self.open["type"] == "tool_use":
             self.open["input"] = _input(self.arguments)
+        elif self.open["type"] == "thinking":
+            self.open["signature"] = hashlib.sha256(self.open["thinking"].encode()).hexdigest()
+            frames.append(self._delta({"type": "signature_delta", "signature": self.open["signature"]}))
         self.open = None
-        return [("content_block_stop", {"type": "content_block_stop", "index": len(self.content) - 1})]
+        return frames + [("content_block_stop", {"type": "content_block_stop", "index": len(self.content) - 1})]
 
 
 # -- errors ------------------------------------------------------------------------------

@@ -38,13 +38,14 @@ from agent_memory.api.anthropic.schemas import (
     MessagesRequest,
     PromptFields,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
     joined,
 )
 from agent_memory.api.errors import APIError, ErrorShape
 from agent_memory.api.state import ServedModel, ServerState, ready_state
-from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice
+from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Thinking, Tool, ToolCall, ToolChoice
 from agent_memory.engine.requests import Event, Failed
 
 router = APIRouter()
@@ -77,13 +78,14 @@ def system_text(blocks: list[TextBlock] | None) -> str:
 
 def _messages(i: int, m: MessageParam) -> list[Message]:
     """One Anthropic message as conversation messages: tool results are messages of their own
-    (role "tool"), in place among the user's text; thinking blocks are left out."""
+    (role "tool"), in place among the user's text; thinking blocks are the turn's reasoning."""
     if m.role == "system":  # in place, never hoisted: moving it would change the prompt's prefix
         text = TOTAL_TOKENS.sub("", joined(m.content))
         return [Message("system", text)] if text.strip() else []
     out: list[Message] = []
     texts: list[str] = []
     calls: list[ToolCall] = []
+    reasoning: list[str] = []
     for j, block in enumerate(m.content):
         wrong = (m.role == "user" and isinstance(block, ToolUseBlock)) or (
             m.role == "assistant" and isinstance(block, ToolResultBlock)
@@ -92,6 +94,8 @@ def _messages(i: int, m: MessageParam) -> list[Message]:
             raise APIError(400, f"a {block.type} block cannot be in a {m.role} message", param=f"messages.{i}.content.{j}")
         if isinstance(block, TextBlock):
             texts.append(block.text)
+        elif isinstance(block, ThinkingBlock):
+            reasoning.append(block.thinking)
         elif isinstance(block, ToolUseBlock):
             # As the model wrote it (json.dumps' separators, keys in order): the prompt extends
             # the cached turn token for token.
@@ -103,7 +107,7 @@ def _messages(i: int, m: MessageParam) -> list[Message]:
             result = joined(block.content)
             out.append(Message("tool", f"Error: {result}" if block.is_error else result, tool_call_id=block.tool_use_id))
     if texts or calls or not out:
-        out.append(Message(m.role, "\n".join(texts), calls))
+        out.append(Message(m.role, "\n".join(texts), calls, reasoning="".join(reasoning) if m.role == "assistant" else ""))
     return out
 
 
@@ -132,7 +136,8 @@ def conversation(body: PromptFields) -> Conversation:
     parallel = not (choice is not None and choice.disable_parallel_tool_use)
     fmt = body.output_config.format if body.output_config is not None else None
     output = OutputFormat("json_schema", fmt.schema_) if fmt is not None else OutputFormat()
-    return Conversation(messages, tools, mode, parallel, output)
+    thinking = Thinking() if body.thinking is None else Thinking(enabled=body.thinking.type != "disabled")
+    return Conversation(messages, tools, mode, parallel, output, thinking)
 
 
 async def prepare(model: ServedModel, conv: Conversation, constrained: bool = True) -> pipeline.Prepared:
@@ -203,7 +208,8 @@ async def create_message(body: MessagesRequest, request: Request, state: ServerS
     generation = pipeline.generation_request(
         state, model, prepared.prompt, agent(body, request), limit, sampling, request, "messages", prepared.grammar
     )
-    reply = Reply(body.model, pipeline.tool_parser(model, conv), body.max_tokens > room, body.max_tokens == 0)
+    reader = pipeline.reply_reader(model, conv, prepared)
+    reply = Reply(body.model, reader, body.max_tokens > room, body.max_tokens == 0)
     if body.stream:
         events = pipeline.events(state, model, generation)
         return StreamingResponse(_stream(events, reply), media_type="text/event-stream")

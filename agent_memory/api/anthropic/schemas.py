@@ -31,9 +31,20 @@ class ToolUseBlock(Block):
 
 
 class ThinkingBlock(Block):
-    """Reasoning from an earlier turn: this server writes none, so it is left out of the prompt."""
+    """Reasoning from an earlier turn: its text goes back to the template as the turn's
+    reasoning (a redacted block has none this server can read)."""
 
     type: Literal["thinking", "redacted_thinking"]
+    thinking: str = ""
+    signature: str | None = None
+
+
+class ThinkingParam(BaseModel):
+    """`thinking`: enabled (with a token budget, not enforced here), adaptive, or disabled."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None
 
 
 class ToolResultBlock(Block):
@@ -126,6 +137,7 @@ class PromptFields(RequestBody):
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoiceParam | None = None
     output_config: OutputConfig | None = None
+    thinking: ThinkingParam | None = None
 
     @field_validator("system", mode="before")
     @classmethod

@@ -1,19 +1,22 @@
 """The reply side of the OpenAI wire format (routes.py): usage, model objects, and the engine's
 events as a chat completion — the chunks a stream sends and the message a JSON reply holds.
-One `ChatReply` builds both, reading generated text through chat/toolcalls.reply_events as the
-Anthropic and Responses replies do, so a reply ends alike in all three (a call cut off in its
-arguments: a call with `{}` arguments, never its markup as content)."""
+One `ChatReply` builds both, reading generated text through the model's reply reader
+(chat/reader.py) as the Anthropic and Responses replies do, so a reply ends alike in all three
+(a call cut off in its arguments: a call with `{}` arguments, never its markup as content).
+Reasoning is `reasoning_content`, as vLLM and DeepSeek return it."""
 
 from __future__ import annotations
 
 from agent_memory.chat.conversation import ToolCall
-from agent_memory.chat.toolcalls import CallCutOff, CallStart, ContentDelta, OutputEvent, ToolCallParser, reply_events
+from agent_memory.chat.events import CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
 from agent_memory.engine.protocol import ModelFacts
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
 
-def usage_dict(usage: Usage) -> dict:
-    return {
+def usage_dict(usage: Usage, reasoning_tokens: int | None = None) -> dict:
+    """OpenAI's usage; `reasoning_tokens` (chat, where the model thinks): how many of the
+    completion's tokens were reasoning."""
+    out = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
@@ -23,6 +26,9 @@ def usage_dict(usage: Usage) -> dict:
             "warm_tokens": usage.warm_tokens,
         },
     }
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return out
 
 
 def model_object(model_id: str, root: str, created: int, facts: ModelFacts | None) -> dict:
@@ -49,14 +55,16 @@ class ChatReply:
     content deltas; a call's first delta with its index, id, type and name, then fragments of
     its arguments) and, once finished, its JSON message."""
 
-    def __init__(self, parser: ToolCallParser | None) -> None:
-        self.parser = parser
+    def __init__(self, reader, count=len) -> None:
+        self.reader = reader  # chat/reader.py's ReplyReader, or harmony's
+        self.count = count  # text -> its tokens (the reasoning's, for usage)
         self.content: list[str] = []
+        self.reasoning: list[str] = []
         self.calls: list[ToolCall] = []  # as written so far; a cut-off one with `{}` arguments
 
     def feed(self, event: TextDelta | Finished) -> list[dict]:
         """The chunks for one engine event: deltas, and after Finished the finish reason."""
-        outs = reply_events(self.parser, event.text if isinstance(event, TextDelta) else None)
+        outs = self.reader.read(event.text if isinstance(event, TextDelta) else None)
         chunks = [_chunk(delta) for out in outs if (delta := self._write(out)) is not None]
         if isinstance(event, Finished):
             chunks.append(_chunk({}, self.finish_reason(event)))
@@ -66,15 +74,23 @@ class ChatReply:
         """The JSON reply's message: content (None when there are calls and no text), calls."""
         content = "".join(self.content)
         message: dict = {"role": "assistant", "content": content if content or not self.calls else None}
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
         if self.calls:
             message["tool_calls"] = [call_dict(c) for c in self.calls]
         return message
 
+    def usage(self, usage: Usage) -> dict:
+        return usage_dict(usage, self.count("".join(self.reasoning)) if self.reasoning else 0)
+
     def finish_reason(self, finished: Finished) -> str:
-        whole_calls = self.parser.calls if self.parser else []
+        whole_calls = self.reader.calls
         return "tool_calls" if whole_calls and finished.reason == "stop" else finished.reason
 
     def _write(self, out: OutputEvent) -> dict | None:
+        if isinstance(out, ReasoningDelta):
+            self.reasoning.append(out.text)
+            return {"reasoning_content": out.text}
         if isinstance(out, ContentDelta):
             self.content.append(out.text)
             return {"content": out.text}

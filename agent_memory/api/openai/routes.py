@@ -16,8 +16,8 @@ from agent_memory.api.errors import APIError, ErrorShape, error_body
 from agent_memory.api.openai.reply import ChatReply, first_chunk, model_object, text_choice, usage_dict
 from agent_memory.api.openai.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
 from agent_memory.api.state import ServedModel, ServerState, ready_state
-from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice
-from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta
+from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice, effort_thinking
+from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta, Usage
 
 router = APIRouter()
 ERROR_SHAPES: dict[str, ErrorShape] = {}  # OpenAI's shape is every route's unless claimed
@@ -75,6 +75,7 @@ def conversation(body: ChatCompletionRequest) -> Conversation:
             content=m.text(),
             tool_calls=[ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or []],
             tool_call_id=m.tool_call_id,
+            reasoning=(m.reasoning_content or m.reasoning or "") if m.role == "assistant" else "",
         )
         for m in body.messages
     ]
@@ -90,7 +91,8 @@ def conversation(body: ChatCompletionRequest) -> Conversation:
         output = OutputFormat("json_object")
     elif fmt is not None and fmt.type == "json_schema":
         output = OutputFormat("json_schema", fmt.json_schema.schema_)
-    return Conversation(messages, tools, choice, body.parallel_tool_calls, output)
+    thinking = effort_thinking(body.reasoning_effort, body.chat_template_kwargs or {})
+    return Conversation(messages, tools, choice, body.parallel_tool_calls, output, thinking)
 
 
 @router.post("/v1/chat/completions")
@@ -102,7 +104,7 @@ async def chat_completions(
     prepared = await pipeline.prepare_chat(model, conv)
     generation = _generation(state, model, body, request, prepared.prompt, "messages", prepared.grammar)
     completion_id = "chatcmpl-" + uuid.uuid4().hex
-    reply = ChatReply(pipeline.tool_parser(model, conv))
+    reply = ChatReply(pipeline.reply_reader(model, conv, prepared), pipeline.token_counter(model))
     if body.stream:
         frames = _sse(
             pipeline.events(state, model, generation),
@@ -112,6 +114,7 @@ async def chat_completions(
             first_chunk(),
             reply.feed,
             model.answering(body.model),
+            reply.usage,
         )
         return StreamingResponse(frames, media_type="text/event-stream")
     events = await pipeline.collect(state, model, generation, request)
@@ -128,7 +131,7 @@ async def chat_completions(
         "choices": [
             {"index": 0, "message": reply.message(), "logprobs": None, "finish_reason": reply.finish_reason(finished)}
         ],
-        "usage": usage_dict(finished.usage),
+        "usage": reply.usage(finished.usage),
     }
 
 
@@ -179,6 +182,7 @@ async def _sse(
     first: dict | None,
     chunks: Callable[[TextDelta | Finished], list[dict]],
     model_id: str,
+    usage: Callable[[Usage], dict] = usage_dict,
 ) -> AsyncIterator[str]:
     """A completion's SSE frames: `first`, the chunks of each engine event, the usage chunk
     when asked, then [DONE]; a failure is an error frame."""
@@ -199,5 +203,5 @@ async def _sse(
         for payload in chunks(event):
             yield frame(payload)
         if isinstance(event, Finished) and include_usage:
-            yield frame({"choices": [], "usage": usage_dict(event.usage)})
+            yield frame({"choices": [], "usage": usage(event.usage)})
     yield "data: [DONE]\n\n"

@@ -36,6 +36,9 @@ class Message(BaseModel):
     content: str | list[TextPart] | None = None
     tool_calls: list[ToolCallField] | None = None
     tool_call_id: str | None = None
+    # An earlier turn's reasoning, as this server returns it (vLLM's newer name: `reasoning`).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -163,6 +166,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: variables for the chat template
 
     @model_validator(mode="after")
     def choice_names_a_tool(self):

@@ -1,6 +1,6 @@
 """The reply side of the Responses wire format (routes.py): usage, and the engine's events as
-output items — messages with their text, function calls with their arguments — the `response.*`
-events a stream sends about them, and the output a JSON reply holds. One `Reply` builds both,
+output items — reasoning with its text, messages with their text, function calls with their
+arguments — the `response.*` events a stream sends about them, and the output a JSON reply holds. One `Reply` builds both,
 so a stream and a JSON reply cannot differ (the other wire formats' replies do the same)."""
 
 from __future__ import annotations
@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import secrets
 
-from agent_memory.chat import toolcalls
 from agent_memory.chat.conversation import ToolCall
-from agent_memory.chat.toolcalls import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent
+from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
 
-def usage_dict(usage: Usage) -> dict:
+def usage_dict(usage: Usage, reasoning_tokens: int = 0) -> dict:
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {
@@ -24,7 +23,7 @@ def usage_dict(usage: Usage) -> dict:
             "warm_tokens": usage.warm_tokens,
         },
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
 
@@ -42,6 +41,11 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+
+
 def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict:
     args = call.arguments if status == "completed" else ""
     return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name, "arguments": args}
@@ -52,12 +56,13 @@ class Reply:
     closed in the order the model writes them; a reply with no item at all gets an empty
     message, so that every response has one."""
 
-    def __init__(self, output: list[dict], parser: toolcalls.ToolCallParser | None) -> None:
+    def __init__(self, output: list[dict], reader) -> None:
         self.output = output  # the response's output items, filled in place
-        self.parser = parser
+        self.reader = reader  # chat/reader.py's ReplyReader, or harmony's
         self.open: dict | None = None  # the item being written
         self.parts: list[str] = []  # its text, or its arguments, so far
         self.content: list[str] = []  # the text of every message item
+        self.reasoning: list[str] = []  # the text of every reasoning item
         self.calls: list[ToolCall] = []
         self.sequence = 0
 
@@ -73,7 +78,7 @@ class Reply:
 
     def feed(self, event: TextDelta | Finished) -> list[str]:
         """The SSE events for one engine event; after Finished, every item is closed."""
-        outs = toolcalls.reply_events(self.parser, event.text if isinstance(event, TextDelta) else None)
+        outs = self.reader.read(event.text if isinstance(event, TextDelta) else None)
         frames = [frame for out in outs for frame in self._write(out)]
         if isinstance(event, Finished):
             if not self.output:
@@ -90,8 +95,14 @@ class Reply:
         frames = []
         if isinstance(out, ContentDelta) and (self.open is None or self.open["type"] != "message"):
             frames = self._start(message_item(new_id("msg"), "", "in_progress"))
+        if isinstance(out, ReasoningDelta) and (self.open is None or self.open["type"] != "reasoning"):
+            frames = self._start(reasoning_item(new_id("rs"), "", "in_progress"))
         self.parts.append(out.text)
         index = len(self.output) - 1
+        if isinstance(out, ReasoningDelta):
+            self.reasoning.append(out.text)
+            ids = {"item_id": self.open["id"], "output_index": index, "content_index": 0}
+            return frames + [self.event("response.reasoning_text.delta", **ids, delta=out.text)]
         if isinstance(out, CallArguments):
             return frames + [self.event("response.function_call_arguments.delta", item_id=self.open["id"], output_index=index, delta=out.text)]
         self.content.append(out.text)
@@ -115,6 +126,13 @@ class Reply:
             return []
         index, item, text = len(self.output) - 1, self.open, "".join(self.parts)
         self.open = None
+        if item["type"] == "reasoning":
+            done = self.output[index] = reasoning_item(item["id"], text)
+            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            return [
+                self.event("response.reasoning_text.done", **ids, text=text),
+                self.event("response.output_item.done", output_index=index, item=done),
+            ]
         if item["type"] == "message":
             done = self.output[index] = message_item(item["id"], text)
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}

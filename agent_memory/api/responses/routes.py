@@ -22,7 +22,7 @@ from agent_memory.api.responses.reply import Reply, new_id, usage_dict
 from agent_memory.api.responses.schemas import ResponsesRequest, input_messages
 from agent_memory.api.responses.store import ResponseStore, StoredResponse
 from agent_memory.api.state import ServedModel, ServerState, ready_state
-from agent_memory.chat.conversation import Conversation, Message, ToolCall
+from agent_memory.chat.conversation import Conversation, Message
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, TextDelta, Usage
 
 router = APIRouter()
@@ -37,8 +37,10 @@ def stored_responses(request: Request) -> ResponseStore:
 class Draft:
     """One response as it is made: its request's echo, its output items, its status."""
 
-    def __init__(self, model_id: str, body: ResponsesRequest, response_id: str) -> None:
+    def __init__(self, model_id: str, body: ResponsesRequest, response_id: str, count) -> None:
         self.model_id, self.body, self.id = model_id, body, response_id
+        self.count = count  # text -> its tokens (the reasoning's, for usage)
+        self.reasoning = ""
         self.created = int(time.time())
         self.output: list[dict] = []
         self.params: SamplingParams | None = None  # what it samples with, once the request is made
@@ -64,7 +66,7 @@ class Draft:
             "parallel_tool_calls": body.parallel_tool_calls,
             "previous_response_id": body.previous_response_id,
             "prompt_cache_key": body.prompt_cache_key,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
             "store": body.store,
             "temperature": self.params.temperature if self.params else body.temperature,
             "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True), "verbosity": "medium"},
@@ -72,7 +74,7 @@ class Draft:
             "tools": tools,
             "top_p": self.params.top_p if self.params else body.top_p,
             "truncation": "disabled",
-            "usage": usage_dict(usage) if usage is not None else None,
+            "usage": usage_dict(usage, self.count(self.reasoning) if self.reasoning else 0) if usage is not None else None,
             "user": body.user,
             "metadata": body.metadata or {},
         }
@@ -82,9 +84,9 @@ class Draft:
         return "incomplete" if finished.reason == "length" else "completed"
 
 
-def _reply(content: str, calls: list[ToolCall]) -> Message:
-    """This turn's output as the next turn will render it (text as written, then calls)."""
-    return Message("assistant", content, list(calls))
+def _reply(reply: Reply) -> Message:
+    """This turn's output as the next turn will render it (reasoning, text as written, calls)."""
+    return Message("assistant", reply.text, list(reply.calls), reasoning="".join(reply.reasoning))
 
 
 @router.post("/v1/responses")
@@ -109,10 +111,10 @@ async def create_response(
     context += input_messages(body.input)
     tools, choice, output_format = body.conversation_tools()
     system = [Message("system", body.instructions)] if body.instructions else []
-    conv = Conversation(system + context, tools, choice, body.parallel_tool_calls, output_format)
+    conv = Conversation(system + context, tools, choice, body.parallel_tool_calls, output_format, body.thinking())
     model = state.model_for(body.model)
     prepared = await pipeline.prepare_chat(model, conv, ("input", "tools", "text.format"))
-    draft = Draft(model.id, body, new_id("resp"))
+    draft = Draft(model.id, body, new_id("resp"), pipeline.token_counter(model))
     # A stored response is the unit of memory: its own agent, named by its id.
     agent = AgentKey(draft.id, tenant, RESPONSE) if body.store else pipeline.openai_agent(body, request)
     sampling = {"temperature": body.temperature, "top_p": body.top_p}
@@ -129,12 +131,13 @@ async def create_response(
         body.cache_salt,
     )
     draft.params = generation.params
-    reply = Reply(draft.output, pipeline.tool_parser(model, conv))
+    reply = Reply(draft.output, pipeline.reply_reader(model, conv, prepared))
 
     def keep(finished: Finished) -> dict:
+        draft.reasoning = "".join(reply.reasoning)
         result = draft.object(Draft.status(finished), finished.usage, finished.reason)
         if body.store:
-            store.put(StoredResponse(draft.id, tenant, context + [_reply(reply.text, reply.calls)], result))
+            store.put(StoredResponse(draft.id, tenant, context + [_reply(reply)], result))
         return result
 
     if body.stream:

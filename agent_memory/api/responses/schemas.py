@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent_memory.api.bodies import TOOL_NAME, RequestBody
 from agent_memory.api.errors import APIError
-from agent_memory.chat.conversation import Message, OutputFormat, Tool, ToolCall, ToolChoice
+from agent_memory.chat.conversation import Message, OutputFormat, Thinking, Tool, ToolCall, ToolChoice, effort_thinking
 
 
 class FunctionTool(BaseModel):
@@ -41,6 +41,12 @@ class TextOptions(BaseModel):
     format: TextFormat = Field(default_factory=TextFormat)
 
 
+class ReasoningOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: str | None = None
+
+
 class ResponsesRequest(RequestBody):
     model: str | None = None
     input: str | list[dict[str, Any]]
@@ -59,6 +65,10 @@ class ResponsesRequest(RequestBody):
     prompt_cache_key: str | None = None
     user: str | None = None
     cache_salt: str | None = None
+    reasoning: ReasoningOptions | None = None
+
+    def thinking(self) -> Thinking:
+        return effort_thinking(self.reasoning.effort if self.reasoning else None, {})
 
     def conversation_tools(self) -> tuple[list[Tool], ToolChoice, OutputFormat]:
         tools = [Tool(t.name, t.description or "", t.parameters or {}) for t in self.tools]
@@ -95,7 +105,8 @@ def _text(content: Any, param: str) -> str:
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
     """Input items as messages: message items by role, function calls as an assistant turn's
-    tool calls, function outputs as tool results (reasoning items carry nothing here)."""
+    tool calls, function outputs as tool results, a reasoning item as the reasoning of the
+    assistant turn it opens."""
     if isinstance(items, str):
         return [Message("user", items)]
     out: list[Message] = []
@@ -106,7 +117,11 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
                 raise APIError(400, f"{param}.role must be user, system, developer or assistant", param=f"{param}.role")
-            out.append(Message("system" if role == "developer" else role, _text(item.get("content", ""), f"{param}.content")))
+            text = _text(item.get("content", ""), f"{param}.content")
+            if role == "assistant" and out and _reasoning_only(out[-1]):
+                out[-1].content = text
+            else:
+                out.append(Message("system" if role == "developer" else role, text))
         elif kind == "function_call":
             try:
                 call = ToolCall(str(item["call_id"]), str(item["name"]), str(item.get("arguments", "{}")))
@@ -121,6 +136,19 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
                 raise APIError(400, f"{param}: a function_call_output needs call_id", param=f"{param}.call_id")
             output = item.get("output", "")
             out.append(Message("tool", _text(output, f"{param}.output"), tool_call_id=str(item["call_id"])))
-        elif kind != "reasoning":
+        elif kind == "reasoning":
+            out.append(Message("assistant", reasoning=_reasoning_text(item)))
+        else:
             raise APIError(400, f"{param} has type '{kind}', which this server does not take", param=f"{param}.type")
     return out
+
+
+def _reasoning_only(m: Message) -> bool:
+    return m.role == "assistant" and not m.content and not m.tool_calls and bool(m.reasoning)
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's text: its reasoning_text parts (as this server returns them), else
+    its summary."""
+    parts = item.get("content") or item.get("summary") or []
+    return "".join(p.get("text", "") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))

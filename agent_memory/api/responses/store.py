@@ -54,7 +54,9 @@ class StoredResponse:
     def from_bytes(cls, data: bytes) -> StoredResponse:
         raw = json.loads(data)
         context = [
-            Message(m["role"], m["content"], [ToolCall(**c) for c in m["tool_calls"]], m["tool_call_id"])
+            Message(
+                m["role"], m["content"], [ToolCall(**c) for c in m["tool_calls"]], m["tool_call_id"], m.get("reasoning", "")
+            )
             for m in raw["context"]
         ]
         return cls(str(raw["id"]), str(raw["tenant"]), context, dict(raw["body"]))

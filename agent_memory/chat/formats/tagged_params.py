@@ -1,0 +1,101 @@
+"""Calls whose arguments are written one parameter at a time between tags, not as JSON:
+Qwen3-Coder and Qwen3.5's `<function=f>\\n<parameter=p>\\nvalue\\n</parameter>\\n</function>`,
+GLM-4.5+'s `f\\n<arg_key>p</arg_key>\\n<arg_value>value</arg_value>`. A string is written
+raw; other values as their template writes them back (Qwen3-Coder: Python's str() for
+booleans and numbers, JSON for objects and arrays; GLM: JSON). Parameters come in the schema's
+order, the required ones always. mlx-lm's parsers read them back, typed by the schema.
+"""
+
+from __future__ import annotations
+
+import json
+
+from mlx_lm.tool_parsers import glm47, qwen3_coder
+
+from agent_memory.chat.conversation import Tool
+from agent_memory.chat.formats.calls import CallSyntax, json_rule
+from agent_memory.chat.formats.markup import Markup
+from agent_memory.chat.render import tool_json
+
+
+class TaggedParams(CallSyntax):
+    head = ""  # before the name
+    after_name = ""  # after it
+    tail = ""  # after the parameters, through the call's end
+    key_open = key_close = value_close = ""  # around each parameter (its value between)
+    booleans = ("true", "false")
+
+    @property
+    def closers(self) -> tuple[str, ...]:
+        return (self.value_close,)
+
+    def rules(self, i: int, tool: Tool, m: Markup) -> list[str]:
+        schema = tool.parameters or {}
+        properties = schema.get("properties") or {}
+        required = set(schema.get("required") or [])
+        text_rules, text = m.until(f"text_{i}", "(?s:.*)", self.value_close)  # a raw string and its close
+        rules, parts = list(text_rules), []
+        for k, (key, prop) in enumerate(properties.items()):
+            value = f"v_{i}_{k}"
+            prop = prop if isinstance(prop, dict) else {}
+            if self._raw(prop):
+                rules.append(f"{value}: {text}")
+            else:
+                expression = self._value(value, prop, m)
+                if expression.endswith("_json"):
+                    rules.append(json_rule(expression, prop))
+                rules.append(f"{value}: {expression} {m.lit(self.value_close)}")
+            rules.append(f"p_{i}_{k}: {m.lit(self.key_open + key + self.key_close)} {value}")
+            parts.append(f"p_{i}_{k}" + ("" if key in required else "?"))
+        if not properties and schema.get("additionalProperties", True) is not False:
+            name = m.lit(self.key_open) + " /[A-Za-z_][A-Za-z0-9_.-]*/ " + m.lit(self.key_close)
+            rules.append(f"free_{i}: {name} {text}")
+            parts.append(f"free_{i}*")
+        params = " ".join(parts) or '""'
+        rules.insert(0, f"tool_{i}: {m.lit(self.head + tool.name + self.after_name)} {params} {m.lit(self.tail)}")
+        return rules
+
+    @staticmethod
+    def _raw(prop: dict) -> bool:
+        """A string written as it is (an enum of strings is its values, exactly)."""
+        return prop.get("type") == "string" and "enum" not in prop
+
+    def _value(self, name: str, prop: dict, m: Markup) -> str:
+        """The Lark expression of a value that is not a raw string (a JSON one gets a rule)."""
+        if "enum" in prop and all(isinstance(v, str) for v in prop["enum"]):
+            return "(" + " | ".join(m.lit(v) for v in prop["enum"]) + ")"
+        if prop.get("type") == "boolean":
+            return "(" + " | ".join(json.dumps(b) for b in self.booleans) + ")"
+        return f"{name}_json"
+
+    def parse(self, body: str, tools: list[Tool]) -> list[dict]:
+        return [self.parser(body, [tool_json(t) for t in tools])]
+
+    @staticmethod
+    def parser(text: str, tools: list[dict]) -> dict:
+        raise NotImplementedError
+
+
+class Qwen3Coder(TaggedParams):
+    name = "qwen3_coder"
+    opener, end, separator = "<tool_call>", "</tool_call>", "\n"
+    head, after_name = "\n<function=", ">\n"
+    tail = "</function>\n</tool_call>"
+    key_open, key_close, value_close = "<parameter=", ">\n", "\n</parameter>\n"
+    booleans = ("True", "False")
+
+    @staticmethod
+    def parser(text: str, tools: list[dict]) -> dict:
+        return qwen3_coder.parse_tool_call(text, tools)
+
+
+class Glm(TaggedParams):
+    name = "glm47"
+    opener, end, separator = "<tool_call>", "</tool_call>", "\n"
+    head, after_name = "", ""
+    tail = "\n</tool_call>"
+    key_open, key_close, value_close = "\n<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>"
+
+    @staticmethod
+    def parser(text: str, tools: list[dict]) -> dict:
+        return glm47.parse_tool_call(text, tools)

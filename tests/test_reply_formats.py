@@ -1,0 +1,189 @@
+"""Each family's own tool-call and reasoning format, on tiny models that speak the real chat
+templates the families publish (tests/data/chat_templates): a required call is constrained to
+the family's own layout and parses and validates on all three APIs, streamed and not; reasoning
+comes back apart from content; and the next turn, which sends the call and its result back,
+reuses the whole previous turn from the cache (the model wrote the call exactly as its
+template writes it back)."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import jsonschema
+import pytest
+from mlx_lm.utils import load_tokenizer
+
+from agent_memory.api.openai.routes import conversation
+from agent_memory.api.openai.schemas import ChatCompletionRequest
+from agent_memory.chat.formats.reply import reply_format
+from agent_memory.chat.render import template_input
+from conftest import Server
+from templates import TEMPLATES, templated_model
+
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city"],
+}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast.", "parameters": WEATHER_SCHEMA}}]
+MARKUP = ("<tool_call>", "</tool_call>", "<think>", "</think>", "[TOOL_CALLS]", "[ARGS]", "<|channel|>", "<|message|>",
+          "<arg_key>", "<function=", "[THINK]", "[/THINK]", "<|end|>")
+# family -> (its format, whether its prompt opens the reasoning for the model)
+FAMILIES = {
+    "qwen3": ("hermes", False),
+    "qwen3_coder": ("qwen3_coder", False),
+    "qwen3_5": ("qwen3_coder", True),
+    "glm4_6": ("glm47", False),
+    "gpt_oss": ("harmony", False),
+    "devstral": ("mistral", False),
+    "ministral3_reasoning": ("mistral", False),
+}
+MESSAGES = [{"role": "system", "content": "You answer weather questions."}, {"role": "user", "content": "Weather in Oslo?"}]
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_server(request, tmp_path_factory):
+    model = templated_model(tmp_path_factory.getbasetemp() / "templated", request.param)
+    with Server(model, tmp_path_factory.mktemp(f"cache-{request.param}")) as server:
+        server.tokenizer = load_tokenizer(model)
+        yield request.param, server
+
+
+def whole_turn(server, family: str, messages: list[dict]) -> int:
+    """The tokens of the next prompt up to the end of the assistant turn in it (the turn the
+    model wrote, as its template writes it back), rendered as the server renders it: what the
+    cache holds if the model wrote exactly that."""
+    tok = server.tokenizer
+    fmt = reply_format(tok)
+    conv = conversation(ChatCompletionRequest(model="m", messages=messages, tools=TOOLS))
+    rendered, tools = template_input(conv, fmt.native, fmt.history_key)
+    first = tok.apply_chat_template(rendered[:2], tools=tools, add_generation_prompt=True, tokenize=False)
+    whole = tok.apply_chat_template(rendered, tools=tools, add_generation_prompt=True, tokenize=False)
+    assert whole.startswith(first)
+    end = min(i for e in TEMPLATES[family]["eos"] if (i := whole.find(e, len(first))) >= 0)
+    return len(tok.encode(whole[:end], add_special_tokens=False))
+
+
+def openai_turn(content: str, reasoning: str, calls: list[tuple[str, str, str]]) -> dict:
+    """A turn from any API as the chat completions message that renders the same."""
+    tool_calls = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls]
+    return {"role": "assistant", "content": content, "tool_calls": tool_calls, "reasoning_content": reasoning}
+
+
+def tool_results(turn: dict) -> list[dict]:
+    return [{"role": "tool", "tool_call_id": c["id"], "content": "Sunny, 21 C."} for c in turn["tool_calls"]]
+
+
+def no_markup(text: str | None) -> bool:
+    return not any(m in (text or "") for m in MARKUP)
+
+
+def valid_calls(calls) -> list[dict]:
+    out = []
+    for name, arguments in calls:
+        assert name == "get_weather"
+        args = json.loads(arguments)
+        jsonschema.validate(args, WEATHER_SCHEMA)
+        out.append(args)
+    return out
+
+
+def test_chat_completions_round_trip(family_server):
+    family, server = family_server
+    client = server.client()
+    ask = dict(model="m", tools=TOOLS, tool_choice="required", max_tokens=96, temperature=0)
+    first = client.chat.completions.create(messages=MESSAGES, prompt_cache_key=f"{family}-chat", **ask)
+    choice = first.choices[0]
+    message = choice.message
+    assert choice.finish_reason == "tool_calls", (family, message)
+    calls = valid_calls((c.function.name, c.function.arguments) for c in message.tool_calls)
+    assert calls and no_markup(message.content), (family, message)
+    reasoning = (message.model_extra or {}).get("reasoning_content")
+    assert no_markup(reasoning)
+    if FAMILIES[family][1]:
+        assert reasoning, "the template opened the reasoning: the reply has some"
+    # Streamed: the same reply, in deltas.
+    stream = client.chat.completions.create(messages=MESSAGES, stream=True, prompt_cache_key=f"{family}-stream", **ask)
+    streamed_calls: dict[int, list[str]] = {}
+    streamed_reasoning, finish = "", None
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        streamed_reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        for c in delta.tool_calls or []:
+            entry = streamed_calls.setdefault(c.index, ["", ""])
+            entry[0] += c.function.name or ""
+            entry[1] += c.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and valid_calls(streamed_calls.values()) == calls
+    assert streamed_reasoning == (reasoning or "")
+    # The next turn sends the call and its result back: the whole first turn comes from the cache.
+    turn = {"role": "assistant", "content": message.content or "", "tool_calls": [c.model_dump() for c in message.tool_calls]}
+    if reasoning:
+        turn["reasoning_content"] = reasoning
+    results = [{"role": "tool", "tool_call_id": c.id, "content": "Sunny, 21 C."} for c in message.tool_calls]
+    second = client.chat.completions.create(
+        messages=MESSAGES + [turn, *results], prompt_cache_key=f"{family}-chat", **{**ask, "tool_choice": "auto"}
+    )
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= whole_turn(server, family, MESSAGES + [turn, *results]) > first.usage.prompt_tokens, (family, cached)
+
+
+def test_messages_round_trip(family_server):
+    family, server = family_server
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+    tools = [{"name": "get_weather", "description": "The forecast.", "input_schema": WEATHER_SCHEMA}]
+    ask = dict(model="m", max_tokens=96, extra_body={"temperature": 0}, tools=tools, metadata={"user_id": f"{family}-messages"})
+    first = client.messages.create(system="You answer weather questions.", messages=[MESSAGES[1]], tool_choice={"type": "any"}, **ask)
+    assert first.stop_reason == "tool_use", (family, first.content)
+    uses = [b for b in first.content if b.type == "tool_use"]
+    assert uses and all(jsonschema.validate(b.input, WEATHER_SCHEMA) is None for b in uses)
+    assert all(no_markup(b.text) for b in first.content if b.type == "text")
+    assert all(no_markup(b.thinking) and b.signature for b in first.content if b.type == "thinking")
+    if FAMILIES[family][1]:
+        assert first.content[0].type == "thinking"
+    with client.messages.stream(
+        system="You answer weather questions.", messages=[MESSAGES[1]], tool_choice={"type": "any"}, **ask
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert [b.model_dump(exclude={"id"}) for b in streamed.content] == [b.model_dump(exclude={"id"}) for b in first.content]
+    results = [{"type": "tool_result", "tool_use_id": b.id, "content": "Sunny, 21 C."} for b in uses]
+    second = client.messages.create(
+        system="You answer weather questions.",
+        messages=[MESSAGES[1], {"role": "assistant", "content": [b.model_dump() for b in first.content]}, {"role": "user", "content": results}],
+        **ask,
+    )
+    thinking = "".join(b.thinking for b in first.content if b.type == "thinking")
+    turn = openai_turn("".join(b.text for b in first.content if b.type == "text"), thinking,
+                       [(b.id, b.name, json.dumps(b.input)) for b in uses])
+    read = second.usage.cache_read_input_tokens
+    assert read >= whole_turn(server, family, MESSAGES + [turn, *tool_results(turn)]), (family, read)
+
+
+def test_responses_round_trip(family_server):
+    family, server = family_server
+    client = server.client()
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    ask = dict(model="m", tools=tools, max_output_tokens=96, temperature=0)
+    first = client.responses.create(input=MESSAGES[1]["content"], instructions=MESSAGES[0]["content"], tool_choice="required", **ask)
+    assert first.status == "completed", (family, first.output)
+    calls = [i for i in first.output if i.type == "function_call"]
+    assert calls and valid_calls((c.name, c.arguments) for c in calls)
+    thought = [i for i in first.output if i.type == "reasoning"]
+    assert all(no_markup(c.text) for i in thought for c in i.content)
+    assert first.usage.output_tokens_details.reasoning_tokens > 0 if thought else True
+    if FAMILIES[family][1]:
+        assert thought and first.output[0].type == "reasoning"
+    with client.responses.stream(input=MESSAGES[1]["content"], instructions=MESSAGES[0]["content"], tool_choice="required", **ask) as stream:
+        streamed = stream.get_final_response()
+    assert [(i.type, getattr(i, "arguments", None)) for i in streamed.output] == [(i.type, getattr(i, "arguments", None)) for i in first.output]
+    outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": "Sunny, 21 C."} for c in calls]
+    second = client.responses.create(input=outputs, previous_response_id=first.id, instructions=MESSAGES[0]["content"], **ask)
+    text = "".join(c.text for i in first.output if i.type == "message" for c in i.content)
+    reasoning = "".join(c.text for i in thought for c in i.content)
+    turn = openai_turn(text, reasoning, [(c.call_id, c.name, c.arguments) for c in calls])
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert cached >= whole_turn(server, family, MESSAGES + [turn, *tool_results(turn)]), (family, cached)
