@@ -11,6 +11,7 @@ import json
 
 import anthropic
 import jsonschema
+import openai
 import pytest
 from mlx_lm.utils import load_tokenizer
 
@@ -32,7 +33,8 @@ WEATHER_SCHEMA = {
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast.", "parameters": WEATHER_SCHEMA}}]
 MARKUP = ("<tool_call>", "</tool_call>", "<think>", "</think>", "[TOOL_CALLS]", "[ARGS]", "<|channel|>", "<|message|>",
           "<arg_key>", "<function=", "[THINK]", "[/THINK]", "<|end|>")
-# family -> (its format, whether its prompt opens the reasoning for the model)
+# family -> (its format, whether its prompt opens the reasoning for the model). DeepSeek-V3.1's
+# template opens it and writes a call turn back without it: its round trips run with thinking off.
 FAMILIES = {
     "qwen3": ("hermes", False),
     "qwen3_coder": ("qwen3_coder", False),
@@ -41,7 +43,11 @@ FAMILIES = {
     "gpt_oss": ("harmony", False),
     "devstral": ("mistral", False),
     "ministral3_reasoning": ("mistral", False),
+    "deepseek_v3_1": ("deepseek_v3", False),
+    "kimi_k2": ("kimi_k2", False),
+    "llama3_1": ("llama3_json", False),
 }
+THINKING_OFF = {"deepseek_v3_1"}
 MESSAGES = [{"role": "system", "content": "You answer weather questions."}, {"role": "user", "content": "Weather in Oslo?"}]
 
 
@@ -60,7 +66,7 @@ def whole_turn(server, family: str, messages: list[dict]) -> int:
     tok = server.tokenizer
     fmt = reply_format(tok)
     conv = conversation(ChatCompletionRequest(model="m", messages=messages, tools=TOOLS))
-    rendered, tools = template_input(conv, fmt.native, fmt.history_key)
+    rendered, tools = template_input(conv, fmt.native, fmt.describe, fmt.history_key)
     first = tok.apply_chat_template(rendered[:2], tools=tools, add_generation_prompt=True, tokenize=False)
     whole = tok.apply_chat_template(rendered, tools=tools, add_generation_prompt=True, tokenize=False)
     assert whole.startswith(first)
@@ -94,8 +100,11 @@ def valid_calls(calls) -> list[dict]:
 
 def test_chat_completions_round_trip(family_server):
     family, server = family_server
+    assert reply_format(server.tokenizer).name == FAMILIES[family][0]
     client = server.client()
     ask = dict(model="m", tools=TOOLS, tool_choice="required", max_tokens=96, temperature=0)
+    if family in THINKING_OFF:
+        ask["reasoning_effort"] = "none"
     first = client.chat.completions.create(messages=MESSAGES, prompt_cache_key=f"{family}-chat", **ask)
     choice = first.choices[0]
     message = choice.message
@@ -137,6 +146,8 @@ def test_messages_round_trip(family_server):
     client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
     tools = [{"name": "get_weather", "description": "The forecast.", "input_schema": WEATHER_SCHEMA}]
     ask = dict(model="m", max_tokens=96, extra_body={"temperature": 0}, tools=tools, metadata={"user_id": f"{family}-messages"})
+    if family in THINKING_OFF:
+        ask["thinking"] = {"type": "disabled"}
     first = client.messages.create(system="You answer weather questions.", messages=[MESSAGES[1]], tool_choice={"type": "any"}, **ask)
     assert first.stop_reason == "tool_use", (family, first.content)
     uses = [b for b in first.content if b.type == "tool_use"]
@@ -168,6 +179,8 @@ def test_responses_round_trip(family_server):
     client = server.client()
     tools = [{"type": "function", **TOOLS[0]["function"]}]
     ask = dict(model="m", tools=tools, max_output_tokens=96, temperature=0)
+    if family in THINKING_OFF:
+        ask["reasoning"] = {"effort": "none"}
     first = client.responses.create(input=MESSAGES[1]["content"], instructions=MESSAGES[0]["content"], tool_choice="required", **ask)
     assert first.status == "completed", (family, first.output)
     calls = [i for i in first.output if i.type == "function_call"]
@@ -187,3 +200,72 @@ def test_responses_round_trip(family_server):
     turn = openai_turn(text, reasoning, [(c.call_id, c.name, c.arguments) for c in calls])
     cached = second.usage.input_tokens_details.cached_tokens
     assert cached >= whole_turn(server, family, MESSAGES + [turn, *tool_results(turn)]), (family, cached)
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tmp_path_factory):
+    """Qwen3.5's template: its prompt opens the reasoning, and `enable_thinking` closes it."""
+    model = templated_model(tmp_path_factory.getbasetemp() / "templated", "qwen3_5")
+    with Server(model, tmp_path_factory.mktemp("cache-thinking")) as server:
+        server.tokenizer = load_tokenizer(model)
+        yield server
+
+
+def test_thinking_switches_on_every_api(thinking_server):
+    """Thinking is on by default for a thinking template; each API's own switch turns it off:
+    `chat_template_kwargs`, `reasoning_effort: none`, Responses' `reasoning.effort`, Anthropic's
+    `thinking: disabled`. Off, the reply has no reasoning and its prompt is shorter by the
+    template's empty reasoning block."""
+    client = thinking_server.client()
+    ask = dict(model="m", messages=MESSAGES, max_tokens=24, temperature=0)
+    on = client.chat.completions.create(**ask)
+    assert on.choices[0].message.model_extra.get("reasoning_content")
+    assert on.usage.completion_tokens_details.reasoning_tokens > 0
+    for off in (
+        client.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"enable_thinking": False}}),
+        client.chat.completions.create(**ask, reasoning_effort="none"),
+    ):
+        assert not off.choices[0].message.model_extra.get("reasoning_content")
+        assert off.usage.prompt_tokens > on.usage.prompt_tokens  # `<think>\n\n</think>\n\n` closes it in the prompt
+    response = client.responses.create(model="m", input="Weather in Oslo?", max_output_tokens=24, reasoning={"effort": "none"})
+    assert [i.type for i in response.output] == ["message"] and response.usage.output_tokens_details.reasoning_tokens == 0
+    claude = anthropic.Anthropic(base_url=thinking_server.base_url, api_key="unused", max_retries=0)
+    message = claude.messages.create(model="m", max_tokens=24, messages=[MESSAGES[1]], thinking={"type": "disabled"})
+    assert [b.type for b in message.content] == ["text"]
+    message = claude.messages.create(model="m", max_tokens=24, messages=[MESSAGES[1]])
+    assert message.content[0].type == "thinking" and message.content[0].signature
+
+
+def test_a_template_that_drops_earlier_reasoning_costs_only_what_it_changed(thinking_server):
+    """Qwen3.5's template writes a turn before the latest user message back without its
+    reasoning: the next prompt differs from the cached turn from where its reply began. The
+    cache still gives everything before that token, and only the rest is computed."""
+    client = thinking_server.client()
+    tok = thinking_server.tokenizer
+    ask = dict(model="m", max_tokens=24, temperature=0, prompt_cache_key="history")
+    first = client.chat.completions.create(messages=MESSAGES, **ask)
+    reply = first.choices[0].message
+    assert reply.model_extra.get("reasoning_content")
+    turn = {"role": "assistant", "content": reply.content or "", "reasoning_content": reply.model_extra["reasoning_content"]}
+    messages = MESSAGES + [turn, {"role": "user", "content": "And tomorrow?"}]
+    second = client.chat.completions.create(messages=messages, **ask)
+    p1 = tok.encode(tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+    p2 = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+    changed = next(i for i, (a, b) in enumerate(zip(p1, p2)) if a != b)
+    assert changed < len(p1)  # the template rewrote the cached turn: its opened reasoning is gone
+    assert second.usage.prompt_tokens_details.cached_tokens == changed
+
+
+def test_a_format_parsed_but_not_constrained_says_so(tmp_path_factory):
+    """Gemma 4 writes calls in its own non-JSON syntax, which mlx-lm parses and this server does
+    not constrain: `auto` works (calls are parsed where the model writes them), and a call the
+    client requires is a 400 that says why, before anything runs."""
+    model = templated_model(tmp_path_factory.getbasetemp() / "templated", "gemma4")
+    with Server(model, tmp_path_factory.mktemp("cache-gemma4")) as server:
+        client = server.client()
+        ask = dict(model="m", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0)
+        reply = client.chat.completions.create(**ask)
+        assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls") and no_markup(reply.choices[0].message.content)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(**ask, tool_choice="required")
+        assert refused.value.body["param"] == "tool_choice" and "gemma4" in refused.value.body["message"]

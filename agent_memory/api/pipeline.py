@@ -71,7 +71,7 @@ def openai_agent(body: Any, request: Request) -> AgentKey | None:
 class Prepared:
     prompt: list[int]
     grammar: ConstrainedOutput | None  # None: free text
-    inside: bool = False  # the prompt leaves the reply inside its reasoning (the template opened it)
+    started: bool | None = None  # the prompt opened the reply's reasoning, closed it (False), or neither
 
 
 async def prepare_chat(
@@ -91,7 +91,7 @@ async def prepare_chat(
     fmt = model.reply_format
 
     def prepare(tokenizer) -> Prepared:
-        messages, tools = template_input(conversation, fmt.native, fmt.history_key)
+        messages, tools = template_input(conversation, fmt.native, fmt.describe, fmt.history_key)
         kwargs = conversation.thinking.kwargs()
         try:
             text = tokenizer.apply_chat_template(
@@ -99,15 +99,15 @@ async def prepare_chat(
             )
         except Exception as e:  # the model's own template refused these messages
             raise APIError(400, f"the chat template cannot render these messages: {e}", param=messages_param) from e
-        inside = fmt.opened_by(text)
-        grammar = output_grammar(model, conversation, tools_param, format_param, inside) if constrained else None
-        return Prepared(tokenizer.encode(text, add_special_tokens=False), grammar, inside)
+        started = fmt.started_by(text)
+        grammar = output_grammar(model, conversation, tools_param, format_param, started) if constrained else None
+        return Prepared(tokenizer.encode(text, add_special_tokens=False), grammar, started)
 
     return await model.tokenize(prepare)
 
 
 def output_grammar(
-    model: ServedModel, conversation: Conversation, tools_param: str, format_param: str, inside: bool
+    model: ServedModel, conversation: Conversation, tools_param: str, format_param: str, started: bool | None
 ) -> ConstrainedOutput | None:
     """What the reply must follow (None: free text); a 400 when the request asks for what
     cannot be enforced. On the tokenizer worker: it compiles, and finds the shortest finish."""
@@ -122,7 +122,7 @@ def output_grammar(
             )
         return None
     try:
-        text_grammar = model.grammars.grammar(conversation, tools_param, format_param, inside)
+        text_grammar = model.grammars.grammar(conversation, tools_param, format_param, started)
         return model.grammars.output(text_grammar) if text_grammar else None
     except GrammarError as e:
         raise APIError(400, str(e), param=e.param, code="invalid_schema") from e
@@ -131,7 +131,7 @@ def output_grammar(
 def reply_reader(model: ServedModel, conversation: Conversation, prepared: Prepared):
     """How a reply's text turns into reasoning, content and calls (chat/reader.py)."""
     tools = conversation.tools if conversation.calls_tools else []
-    return model.reply_format.reader(tools, prepared.inside)
+    return model.reply_format.reader(tools, prepared.started)
 
 
 def token_counter(model: ServedModel):

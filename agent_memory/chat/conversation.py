@@ -63,8 +63,8 @@ class Thinking:
         """Variables for apply_chat_template: Qwen3's and GLM's `enable_thinking`, gpt-oss's
         `reasoning_effort`; the request's own `chat_template_kwargs` win."""
         out: dict = {}
-        if self.enabled is not None:
-            out["enable_thinking"] = self.enabled
+        if self.enabled is not None:  # and DeepSeek-V3.1's name for it
+            out["enable_thinking"] = out["thinking"] = self.enabled
         if self.effort is not None:
             out["reasoning_effort"] = self.effort
         return {**out, **self.template_kwargs}

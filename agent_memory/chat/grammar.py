@@ -76,10 +76,11 @@ class GrammarCompiler:
         self.finisher = Finisher(self.tokenizer, reply.opener, reply.closers, self.markup)
 
     def grammar(
-        self, conversation: Conversation, tools_param: str, format_param: str, inside: bool = False
+        self, conversation: Conversation, tools_param: str, format_param: str, started: bool | None = None
     ) -> str | None:
-        """The grammar the output must follow, or None for free text. `inside`: the prompt
-        leaves the reply inside its reasoning. Raises GrammarError."""
+        """The grammar the output must follow, or None for free text. `started`: whether the
+        prompt opened the reply's reasoning (True), closed it (False), or left it to the model
+        (None). Raises GrammarError."""
         choice, output = conversation.tool_choice, conversation.output
         answer = None
         if output.kind == "json_object":
@@ -97,7 +98,7 @@ class GrammarCompiler:
         if answer is not None:
             self._enforceable(answer, format_param)
         thinking = conversation.thinking.enabled
-        lark = self.reply.lark(tools, choice.mode, conversation.parallel_tool_calls, answer, thinking, self.markup, inside)
+        lark = self.reply.lark(tools, choice.mode, conversation.parallel_tool_calls, answer, thinking, self.markup, started)
         if lark is None:
             return None
         return self._checked(llguidance.LLMatcher.grammar_from_lark(lark), tools_param if tools else format_param)

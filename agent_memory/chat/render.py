@@ -13,6 +13,8 @@ reply token for token and the agent's cache covers it (docs/usage.md, "Tools").
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+
 from agent_memory.chat.conversation import Conversation, Message, Tool, ToolCall
 
 CALL_START = "<tool_call>"
@@ -46,13 +48,31 @@ def tool_json(tool: Tool) -> dict:
     return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}
 
 
-def template_input(conversation: Conversation, native: bool, history_key: str) -> tuple[list[dict], list[dict] | None]:
+def template_input(
+    conversation: Conversation, native: bool, describe: Callable[[list[Tool]], str] | None, history_key: str
+) -> tuple[list[dict], list[dict] | None]:
     """(messages, tools) for apply_chat_template: natively, or in the built-in format.
-    `history_key`: the message field the template reads an earlier turn's reasoning from."""
-    if native:
-        tools = [tool_json(t) for t in conversation.tools] or None
-        return [native_message(m, history_key) for m in conversation.messages], tools
-    return builtin_messages(conversation), None
+    `describe`: for a template that writes calls but not the tools (DeepSeek's), the tools'
+    description for the system turn; `history_key`: the message field the template reads an
+    earlier turn's reasoning from."""
+    if not native:
+        return builtin_messages(conversation), None
+    messages = [native_message(m, history_key) for m in conversation.messages]
+    if describe is None:
+        return messages, [tool_json(t) for t in conversation.tools] or None
+    return (_with_system(messages, describe(conversation.tools)) if conversation.tools else messages), None
+
+
+def _with_system(messages: list[dict], text: str) -> list[dict]:
+    """`text` at the end of the system turn (one made for it if there is none)."""
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def described_tools(tools: list[Tool]) -> str:
+    """The built-in format's description of the tools (Hermes's)."""
+    return BUILTIN_INSTRUCTIONS.format(tools="\n".join(json.dumps(tool_json(t), ensure_ascii=False) for t in tools))
 
 
 def native_message(m: Message, history_key: str = "reasoning_content") -> dict:
@@ -78,18 +98,7 @@ def _loads(arguments: str):
 
 def builtin_messages(conversation: Conversation) -> list[dict]:
     out = []
-    if conversation.tools:
-        described = BUILTIN_INSTRUCTIONS.format(
-            tools="\n".join(json.dumps(tool_json(t), ensure_ascii=False) for t in conversation.tools)
-        )
-        first = conversation.messages[0] if conversation.messages else None
-        if first is not None and first.role == "system":
-            out.append({"role": "system", "content": f"{first.content}\n\n{described}"})
-        else:
-            out.append({"role": "system", "content": described})
-    for i, m in enumerate(conversation.messages):
-        if i == 0 and conversation.tools and m.role == "system":
-            continue
+    for m in conversation.messages:
         if m.role == "assistant" and m.tool_calls:
             calls = CALL_SEPARATOR.join(call_text(c) for c in m.tool_calls)
             out.append({"role": "assistant", "content": m.content + calls})
@@ -97,4 +106,4 @@ def builtin_messages(conversation: Conversation) -> list[dict]:
             out.append({"role": "user", "content": f"<tool_response>\n{m.content}\n</tool_response>"})
         else:
             out.append({"role": m.role, "content": m.content})
-    return out
+    return _with_system(out, described_tools(conversation.tools)) if conversation.tools else out

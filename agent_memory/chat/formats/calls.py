@@ -23,25 +23,37 @@ def json_rule(name: str, schema: dict | None) -> str:
 
 
 class CallSyntax:
-    """One layout of tool calls. `opener` starts a call (where free text may turn into calls);
-    `end` closes one ("" where the reply's end does); `separator` goes between two; `streams`:
-    whether a call's arguments stream as they are written (else a call is read whole)."""
+    """One layout of tool calls. `opener` starts the calls (where free text may turn into
+    calls), `next_opener` each call after the first, `separator` goes between two, `closer`
+    after the last; `end` closes what the parser reads at once (a call, or all of them; ""
+    where the reply's end does). `streams`: a call's arguments stream as they are written (else
+    calls are read whole). `alone`: calls are the whole reply, no text before them; `single`:
+    one call per turn (the template takes no more); `indexed`: a call's text holds its index."""
 
     name = ""
     opener = ""
-    end = ""
+    next_opener: str | None = None  # None: the opener again
     separator = ""
+    closer = ""
+    end = ""
     streams = False
+    alone = single = indexed = False
     closers: tuple[str, ...] = ()  # what ends a free-text value inside a call (finish.py)
-    inner: tuple[str, ...] = ()  # markers inside a call, besides its opener and end
+    inner: tuple[str, ...] = ()  # markers inside a call, besides its openers and end
 
-    def rules(self, i: int, tool: Tool, m: Markup) -> list[str]:
-        """Lark rules defining `tool_{i}`: a call of `tool` after its opener, through its end."""
+    def rules(self, name: str, tool: Tool, m: Markup, k: int = 0) -> list[str]:
+        """Lark rules defining `name`: the `k`-th call of the turn, of `tool`, after its opener
+        through its end (`k` matters only where the syntax is `indexed`)."""
         raise NotImplementedError
 
     def parse(self, body: str, tools: list[Tool]) -> list[dict]:
         """The calls in `body` (the text between opener and end) as [{"name", "arguments"}]."""
         raise NotImplementedError
+
+    def describe(self, tools: list[Tool]) -> str | None:
+        """The tools as the system turn describes them where the template writes calls but not
+        the tools (None: this layout has no description of its own)."""
+        return None
 
 
 class HermesJson(CallSyntax):
@@ -53,9 +65,9 @@ class HermesJson(CallSyntax):
     separator = CALL_SEPARATOR
     streams = True
 
-    def rules(self, i: int, tool: Tool, m: Markup) -> list[str]:
+    def rules(self, name: str, tool: Tool, m: Markup, k: int = 0) -> list[str]:
         head = CALL_PREFIX[len(CALL_START) :] + json.dumps(tool.name, ensure_ascii=False) + ARGUMENTS_KEY
-        return [f"tool_{i}: {m.lit(head)} args_{i} {m.lit(CALL_SUFFIX)}", json_rule(f"args_{i}", tool.parameters)]
+        return [f"{name}: {m.lit(head)} {name}_args {m.lit(CALL_SUFFIX)}", json_rule(f"{name}_args", tool.parameters)]
 
     def parse(self, body: str, tools: list[Tool]) -> list[dict]:
         return [json.loads(body)]

@@ -50,5 +50,7 @@ def think_frame(tokenizer, history_key: str) -> ThinkFrame | None:
     if thought is None or plain is None or REASONING not in thought or CONTENT not in plain:
         return None
     open_, rest = thought.split(REASONING, 1)
-    close = rest.split(CONTENT, 1)[0]
-    return ThinkFrame(open_, close, plain.split(CONTENT, 1)[0])
+    frame = ThinkFrame(open_, rest.split(CONTENT, 1)[0], plain.split(CONTENT, 1)[0])
+    if any(CALL["function"]["name"] in part for part in (frame.open, frame.close, frame.empty)):
+        return None  # the template writes the answer after the calls (Gemma 4): no frame to hold
+    return frame

@@ -32,13 +32,14 @@ class HarmonyReply:
     name = "harmony"
     native = True
     constrained = True
+    describe = None
     history_key = "thinking"  # where its template reads an earlier turn's reasoning
     closers = (END,)
     markers = MARKERS
     opener = CALL_HEAD
 
     def lark(
-        self, tools, mode: str, parallel: bool, answer: dict | None, thinking: bool | None, m: Markup, inside: bool = False
+        self, tools, mode: str, parallel: bool, answer: dict | None, thinking: bool | None, m: Markup, started: bool | None = None
     ) -> str | None:
         """The grammar, or None where the output is free (no tools, no JSON answer)."""
         if not (tools and mode != "none") and answer is None:
@@ -64,11 +65,11 @@ class HarmonyReply:
             answers.append("call")
         return f"start: analysis? ({' | '.join(answers)})\n" + "\n".join(rules)
 
-    def reader(self, tools, inside: bool) -> HarmonyReader:
+    def reader(self, tools, started: bool | None) -> HarmonyReader:
         return HarmonyReader()
 
-    def opened_by(self, prompt_text: str) -> bool:
-        return False
+    def started_by(self, prompt_text: str) -> bool | None:
+        return None
 
 
 class HarmonyReader:

@@ -18,8 +18,8 @@ class Mistral(CallSyntax):
     opener = "[TOOL_CALLS]"
     inner = (ARGS,)
 
-    def rules(self, i: int, tool: Tool, m: Markup) -> list[str]:
-        return [f"tool_{i}: {m.lit(tool.name + ARGS)} args_{i}", json_rule(f"args_{i}", tool.parameters)]
+    def rules(self, name: str, tool: Tool, m: Markup, k: int = 0) -> list[str]:
+        return [f"{name}: {m.lit(tool.name + ARGS)} {name}_args", json_rule(f"{name}_args", tool.parameters)]
 
     def parse(self, body: str, tools: list[Tool]) -> list[dict]:
         parsed = mistral.parse_tool_call(body.replace(self.opener, " "))

@@ -16,14 +16,22 @@ from agent_memory.chat.formats.calls import CallSyntax, HermesJson, json_rule
 from agent_memory.chat.formats.frames import ThinkFrame, think_frame
 from agent_memory.chat.formats.harmony import HarmonyReply
 from agent_memory.chat.formats.markup import Markup, regex, without
+from agent_memory.chat.formats.llama import LlamaJson
 from agent_memory.chat.formats.mistral import Mistral
+from agent_memory.chat.formats.sections import DeepSeek, Kimi
 from agent_memory.chat.formats.tagged_params import Glm, Qwen3Coder
 from agent_memory.chat.formats.thinking import ThinkSplitter, ThinkTags
 from agent_memory.chat.reader import ReplyReader
 from agent_memory.chat.render import tool_json
 from agent_memory.chat.toolcalls import ToolCallParser
 
-SYNTAXES: dict[str, type[CallSyntax]] = {"json_tools": HermesJson, "qwen3_coder": Qwen3Coder, "glm47": Glm, "mistral": Mistral}
+# mlx-lm's tool parser for the template -> the syntax this server constrains calls in.
+SYNTAXES: dict[str, type[CallSyntax]] = {
+    "json_tools": HermesJson, "qwen3_coder": Qwen3Coder, "glm47": Glm, "mistral": Mistral, "kimi_k2": Kimi
+}
+# Templates mlx-lm has no parser for, known by what they write.
+WRITTEN: list[tuple[str, type[CallSyntax]]] = [("<｜tool▁calls▁begin｜>", DeepSeek), ('"parameters": ', LlamaJson)]
+MAX_INDEXED = 8  # the most calls in one turn where each call's text holds its index
 
 
 class MlxParsed(CallSyntax):
@@ -46,8 +54,12 @@ class TaggedReply:
 
     history_key = "reasoning_content"  # where templates read an earlier turn's reasoning
 
-    def __init__(self, calls: CallSyntax, think: ThinkTags | None, native: bool, frame: ThinkFrame | None = None) -> None:
-        self.calls, self.think, self.native, self.frame = calls, think, native, frame
+    def __init__(
+        self, calls: CallSyntax, think: ThinkTags | None, native: bool, frame: ThinkFrame | None = None, describe=None
+    ) -> None:
+        """native: the template writes calls (else the built-in format does); describe: where
+        it writes calls but not the tools, what describes them in the system turn."""
+        self.calls, self.think, self.native, self.frame, self.describe = calls, think, native, frame, describe
         self.name = calls.name
         self.opener = calls.opener
 
@@ -57,7 +69,7 @@ class TaggedReply:
 
     @property
     def markers(self) -> tuple[str, ...]:
-        pieces = [self.calls.opener, self.calls.end, *self.calls.inner]
+        pieces = [self.calls.opener, self.calls.next_opener or "", self.calls.end, *self.calls.inner]
         pieces += [self.think.start, self.think.end] if self.think else []
         return tuple(p for p in pieces if p)
 
@@ -69,11 +81,12 @@ class TaggedReply:
             ends = (self.frame.close, *ends)
         return ends + self.calls.closers
 
-    def opened_by(self, prompt_text: str) -> bool:
-        return self.think is not None and self.think.opened_by(prompt_text)
+    def started_by(self, prompt_text: str) -> bool | None:
+        """Whether the prompt opened the reasoning (True), closed it (False) or left it to the model."""
+        return self.think.started_by(prompt_text) if self.think else False
 
-    def reader(self, tools: list[Tool], inside: bool) -> ReplyReader:
-        thinking = ThinkSplitter(self.think, inside) if self.think else None
+    def reader(self, tools: list[Tool], started: bool | None) -> ReplyReader:
+        thinking = ThinkSplitter(self.think, started is True) if self.think else None
         calls = None
         if tools:
             syntax = self.calls
@@ -83,7 +96,7 @@ class TaggedReply:
 
     def lark(
         self, tools: list[Tool], mode: str, parallel: bool, answer: dict | None, thinking: bool | None, m: Markup,
-        inside: bool = False,
+        started: bool | None = None,
     ) -> str | None:
         """The grammar, or None where the output is free (no tools, no JSON answer)."""
         calls_on = bool(tools) and mode != "none"
@@ -91,9 +104,9 @@ class TaggedReply:
             return None
         rules: list[str] = []
         body = self._body(tools if calls_on else [], mode, parallel, answer, m, rules)
-        if self.think is None or thinking is False:
+        if self.think is None or thinking is False or started is False:
             return f"start: {body}\n" + "\n".join(rules)
-        return f"start: {self._think(m, inside, rules)} {body}\n" + "\n".join(rules)
+        return f"start: {self._think(m, started is True, rules)} {body}\n" + "\n".join(rules)
 
     def _think(self, m: Markup, inside: bool, rules: list[str]) -> str:
         """The reasoning before the answer: in its template's frame (frames.py), without the
@@ -120,22 +133,42 @@ class TaggedReply:
             rules.append(json_rule("answer", answer))
         if not tools:
             return "answer"
-        syntax = self.calls
-        rules.append("call: " + " | ".join(f"tool_{i}" for i in range(len(tools))))
-        for i, tool in enumerate(tools):
-            rules += syntax.rules(i, tool, m)
-        more = f" ({m.lit(syntax.separator)} {m.lit(syntax.opener)} call)*" if parallel and mode != "named" else ""
-        rules.append(f"calls: {m.lit(syntax.opener)} call{more}")
+        rules.append(f"calls: {m.lit(self.calls.opener)} {self._calls(tools, mode, parallel, m, rules)}")
         if mode != "auto":
             return "calls"
         if answer is not None:
             return "(answer | calls)"
-        if m.token(syntax.opener) is not None:  # one token (llguidance never spells it): it opens the calls
+        opener = self.calls.opener
+        if self.calls.alone:  # a reply is text or calls, never both
+            rules.append(f"FREE: /(?s:.*)/ & ~/{regex(opener)}(?s:.*)/")
+            return "(FREE | calls)"
+        if m.token(opener) is not None:  # one token (llguidance never spells it): it opens the calls
             rules += ["FREE: /(?s:.*)/", "with_calls: FREE calls"]
-        else:  # free text never holds the opener but as the opening of a call
-            rules += [f"FREE: {without(syntax.opener)}", f"opener[lazy]: /(?s:.*){regex(syntax.opener)}/"]
-            rules.append(f"with_calls: opener call{more}")
+        else:  # free text never holds the opener but as the opening of the calls
+            rules += [f"FREE: {without(opener)}", f"opener[lazy]: /(?s:.*){regex(opener)}/", "with_calls: opener calls_rest"]
         return "(FREE | with_calls)"
+
+    def _calls(self, tools: list[Tool], mode: str, parallel: bool, m: Markup, rules: list) -> str:
+        """`calls_rest`, the calls after their opener, as a rule; its name."""
+        syntax = self.calls
+        count = 1 if not parallel or mode == "named" or syntax.single else MAX_INDEXED if syntax.indexed else None
+        nth = [m.lit(syntax.separator), m.lit(syntax.opener if syntax.next_opener is None else syntax.next_opener)]
+        if syntax.indexed:  # the k-th call's own rules: its text holds k
+            for k in range(count):
+                rules.append(f"call_{k}: " + " | ".join(f"tool_{i}_{k}" for i in range(len(tools))))
+                for i, tool in enumerate(tools):
+                    rules += syntax.rules(f"tool_{i}_{k}", tool, m, k)
+            rest = ""
+            for k in range(count - 1, 0, -1):
+                rest = f"({' '.join(nth)} call_{k} {rest})?"
+            calls = f"call_0 {rest}"
+        else:
+            rules.append("call: " + " | ".join(f"tool_{i}" for i in range(len(tools))))
+            for i, tool in enumerate(tools):
+                rules += syntax.rules(f"tool_{i}", tool, m)
+            calls = "call" if count == 1 else f"call ({' '.join(nth)} call)*"
+        rules.append(f"calls_rest: {calls} {m.lit(syntax.closer)}")
+        return "calls_rest"
 
 
 def reply_format(tokenizer) -> TaggedReply | HarmonyReply:
@@ -145,11 +178,16 @@ def reply_format(tokenizer) -> TaggedReply | HarmonyReply:
     vocab = tokenizer._tokenizer.get_added_vocab()
     if all(t in vocab for t in ("<|channel|>", "<|message|>", "<|start|>")) and "<|channel|>" in template:
         return HarmonyReply()
-    native = "tools" in template
+    native, describe = "tools" in template, None
     syntax: CallSyntax = HermesJson()
     if native and tokenizer.has_tool_calling:
         name = tokenizer.tool_parser.__module__.rsplit(".", 1)[-1]
         syntax = SYNTAXES[name]() if name in SYNTAXES else MlxParsed(tokenizer)
+    elif native or "tool_calls" in template:
+        written = next((kind() for text, kind in WRITTEN if text in template), None)
+        if written is not None and (native or written.describe([]) is not None):
+            syntax, describe = written, None if native else written.describe
+            native = True
     think = ThinkTags.of(tokenizer)
     frame = think_frame(tokenizer, TaggedReply.history_key) if think is not None else None
-    return TaggedReply(syntax, think, native, frame)
+    return TaggedReply(syntax, think, native, frame, describe)

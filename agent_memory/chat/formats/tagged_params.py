@@ -29,14 +29,14 @@ class TaggedParams(CallSyntax):
     def closers(self) -> tuple[str, ...]:
         return (self.value_close,)
 
-    def rules(self, i: int, tool: Tool, m: Markup) -> list[str]:
+    def rules(self, name: str, tool: Tool, m: Markup, k: int = 0) -> list[str]:
         schema = tool.parameters or {}
         properties = schema.get("properties") or {}
         required = set(schema.get("required") or [])
-        text_rules, text = m.until(f"text_{i}", "(?s:.*)", self.value_close)  # a raw string and its close
+        text_rules, text = m.until(f"{name}_text", "(?s:.*)", self.value_close)  # a raw string and its close
         rules, parts = list(text_rules), []
-        for k, (key, prop) in enumerate(properties.items()):
-            value = f"v_{i}_{k}"
+        for n, (key, prop) in enumerate(properties.items()):
+            value = f"{name}_v{n}"
             prop = prop if isinstance(prop, dict) else {}
             if self._raw(prop):
                 rules.append(f"{value}: {text}")
@@ -45,14 +45,14 @@ class TaggedParams(CallSyntax):
                 if expression.endswith("_json"):
                     rules.append(json_rule(expression, prop))
                 rules.append(f"{value}: {expression} {m.lit(self.value_close)}")
-            rules.append(f"p_{i}_{k}: {m.lit(self.key_open + key + self.key_close)} {value}")
-            parts.append(f"p_{i}_{k}" + ("" if key in required else "?"))
+            rules.append(f"{name}_p{n}: {m.lit(self.key_open + key + self.key_close)} {value}")
+            parts.append(f"{name}_p{n}" + ("" if key in required else "?"))
         if not properties and schema.get("additionalProperties", True) is not False:
-            name = m.lit(self.key_open) + " /[A-Za-z_][A-Za-z0-9_.-]*/ " + m.lit(self.key_close)
-            rules.append(f"free_{i}: {name} {text}")
-            parts.append(f"free_{i}*")
+            key = m.lit(self.key_open) + " /[A-Za-z_][A-Za-z0-9_.-]*/ " + m.lit(self.key_close)
+            rules.append(f"{name}_free: {key} {text}")
+            parts.append(f"{name}_free*")
         params = " ".join(parts) or '""'
-        rules.insert(0, f"tool_{i}: {m.lit(self.head + tool.name + self.after_name)} {params} {m.lit(self.tail)}")
+        rules.insert(0, f"{name}: {m.lit(self.head + tool.name + self.after_name)} {params} {m.lit(self.tail)}")
         return rules
 
     @staticmethod

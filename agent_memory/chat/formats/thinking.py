@@ -30,10 +30,11 @@ class ThinkTags:
         vocab = tokenizer._tokenizer.get_added_vocab()
         return next((cls(s, e) for s, e in MORE_TAGS if s in vocab and e in vocab), None)
 
-    def opened_by(self, prompt_text: str) -> bool:
-        """Whether the prompt leaves the reply inside reasoning (templates that open it for the
-        model, as Qwen3.5 and DeepSeek-R1 do)."""
-        return prompt_text.rstrip().endswith(self.start)
+    def started_by(self, prompt_text: str) -> bool | None:
+        """True where the prompt opens the reasoning for the model (Qwen3.5, DeepSeek-R1), False
+        where it closes it (thinking off: `<think>\n\n</think>`), None where the model may open it."""
+        tail = prompt_text.rstrip()
+        return True if tail.endswith(self.start) else False if tail.endswith(self.end) else None
 
 
 def _partial(buf: str, marker: str) -> int:
