@@ -67,7 +67,7 @@ def run_worker(args) -> dict:
             conv = Conversation([Message("user", "")], [Tool("get_weather", "", params)])
         else:
             conv = Conversation([Message("user", "")], output=OutputFormat("json_schema", JSON_TEXT))
-        return grammars.output(grammars.grammar(conv, "tools", "response_format"))
+        return grammars.output(grammars.grammar(conv, "tools", "response_format"), conv.calls_tools)
 
     def run(prompts: list[list[int]], max_tokens: int, kind: str = "none") -> dict:
         """Submit all at once. Returns when the last finished and, for the stretch in which

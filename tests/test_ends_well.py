@@ -188,12 +188,12 @@ def test_free_text_opens_no_call_it_could_not_finish(tiny_model):
     grammar = compiler.grammar(Conversation([Message("user", "hi")], tools, ToolChoice("auto")), "tools", "format")
     text = tokenizer.encode("Let me check.", add_special_tokens=False)
     opener = tokenizer.encode("<tool_call>", add_special_tokens=False)
-    shortest = compiler.output(grammar).call_tokens
+    shortest = compiler.output(grammar, True).call_tokens
     assert shortest is not None and shortest > len(opener)
 
     def may_open(max_tokens: int) -> bool:
         """Whether the opener's last token is allowed after the text and the rest of it."""
-        processor = GrammarProcessor(compiler.output(grammar), 2048, sorted(tokenizer.eos_token_ids), max_tokens)
+        processor = GrammarProcessor(compiler.output(grammar, True), 2048, sorted(tokenizer.eos_token_ids), max_tokens)
         context, logits = [0], mx.zeros((1, 2048))
         processor(mx.array(context), logits)  # the first step: nothing generated yet
         for token in text + opener[:-1]:

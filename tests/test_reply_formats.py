@@ -202,6 +202,36 @@ def test_responses_round_trip(family_server):
     assert cached >= whole_turn(server, family, MESSAGES + [turn, *tool_results(turn)]), (family, cached)
 
 
+@pytest.mark.parametrize("budget", [48, 128])
+def test_constrained_output_ends_well_in_every_format(family_server, budget):
+    """At a small max_tokens, sampled: a named call is exactly one call, a required call and a
+    json_schema answer parse and validate, each in the family's own format, reasoning (where the
+    model opens it) closed in time; streamed like not."""
+    family, server = family_server
+    client = server.client()
+    base = dict(model="m", messages=MESSAGES, max_tokens=budget, temperature=0.9, seed=budget)
+    if family in THINKING_OFF:
+        base["reasoning_effort"] = "none"
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    reply = client.chat.completions.create(**base, tools=TOOLS, tool_choice=named)
+    assert reply.choices[0].finish_reason == "tool_calls", (family, reply.choices[0].message)
+    assert len(valid_calls((c.function.name, c.function.arguments) for c in reply.choices[0].message.tool_calls)) == 1
+    stream = client.chat.completions.create(**base, tools=TOOLS, tool_choice="required", stream=True)
+    calls: dict[int, list[str]] = {}
+    finish = None
+    for chunk in stream:
+        for c in chunk.choices[0].delta.tool_calls or []:
+            entry = calls.setdefault(c.index, ["", ""])
+            entry[0] += c.function.name or ""
+            entry[1] += c.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and valid_calls(calls.values()), (family, calls)
+    schema = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER_SCHEMA}}
+    answer = client.chat.completions.create(**base, response_format=schema)
+    assert answer.choices[0].finish_reason == "stop", (family, answer.choices[0].message)
+    jsonschema.validate(json.loads(answer.choices[0].message.content), WEATHER_SCHEMA)
+
+
 @pytest.fixture(scope="module")
 def thinking_server(tmp_path_factory):
     """Qwen3.5's template: its prompt opens the reasoning, and `enable_thinking` closes it."""

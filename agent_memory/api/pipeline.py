@@ -123,7 +123,7 @@ def output_grammar(
         return None
     try:
         text_grammar = model.grammars.grammar(conversation, tools_param, format_param, started)
-        return model.grammars.output(text_grammar) if text_grammar else None
+        return model.grammars.output(text_grammar, conversation.calls_tools) if text_grammar else None
     except GrammarError as e:
         raise APIError(400, str(e), param=e.param, code="invalid_schema") from e
 

@@ -122,22 +122,22 @@ class Finisher:
 @dataclass
 class ConstrainedOutput:
     """What a request's output must follow: its matcher, how to finish it, the fewest tokens a
-    valid output takes (the shortest finish found from the start, and its end) and, where free
-    text may open a call, the fewest a call takes from its opening on."""
+    valid output takes (the shortest finish found from the start, and its end) and, where the
+    output may hold calls, the fewest a call takes from its opening on: free text may open one,
+    and a call may be followed by another, only while that many tokens are left."""
 
     matcher: Any  # an llguidance LLMatcher
     finisher: Finisher
     min_tokens: int | None  # None: no finish found within PLAN_LIMIT
-    call_tokens: int | None = None  # None: the output opens no call from free text
+    call_tokens: int | None = None  # None: the output holds no calls
 
     @classmethod
-    def of(cls, matcher, finisher: Finisher) -> ConstrainedOutput:
+    def of(cls, matcher, finisher: Finisher, calls: bool = False) -> ConstrainedOutput:
         plan = finisher.plan(matcher, PLAN_LIMIT)
         out = cls(matcher, finisher, None if plan is None else len(plan) + 1)
-        if matcher.is_accepting():  # free text: may it open a call, and how long is the shortest?
+        if calls:  # how long is the shortest call? (from the start where reasoning comes first)
             opener = finisher.opener_tokens
             opened = matcher.deep_copy()
-            if opened.consume_tokens(opener) and not opened.is_accepting():
-                call = finisher.plan(opened, PLAN_LIMIT)
-                out.call_tokens = None if call is None else len(opener) + len(call) + 1
+            call = finisher.plan(opened, PLAN_LIMIT) if opened.consume_tokens(opener) else None
+            out.call_tokens = len(opener) + len(call) + 1 if call is not None else out.min_tokens
         return out

@@ -136,9 +136,10 @@ class GrammarCompiler:
             raise GrammarError(f"{param} cannot be enforced by constrained decoding: {_cause(messages[0])}", param)
         return grammar
 
-    def output(self, grammar: str) -> ConstrainedOutput:
-        """A sequence's constrained output: a fresh matcher, and how to finish it in time."""
-        return ConstrainedOutput.of(self.matcher(grammar), self.finisher)
+    def output(self, grammar: str, calls: bool = False) -> ConstrainedOutput:
+        """A sequence's constrained output: a fresh matcher, and how to finish it in time.
+        `calls`: the grammar holds tool calls."""
+        return ConstrainedOutput.of(self.matcher(grammar), self.finisher, calls)
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A fresh matcher for one sequence (made off the engine thread: it compiles)."""

@@ -48,6 +48,7 @@ class GrammarProcessor:
         # Planning starts this many tokens before the end: earlier where the shortest output is long.
         self.lookahead = FINISH_LOOKAHEAD + (output.min_tokens or 0)
         self.tail = b""  # the end of the text so far, as long as a call's opener
+        self.calling = False  # a call was opened: once one ends, only more calls or the end follow
         self.left = max_tokens  # tokens still to sample, this step's included
         self.finish: list[int] | None = None  # once forced: the tokens that close the output
         words = (vocab_size + 31) // 32
@@ -69,6 +70,7 @@ class GrammarProcessor:
                 log.error("grammar refused a token its own mask allowed: %s", self.error)
             if self.call_tokens is not None:
                 self.tail = (self.tail + self.finisher.tokenizer.decode_bytes([token]))[-len(self.finisher.opener) :]
+                self.calling = self.calling or self.tail == self.finisher.opener
         if self.error is None and self.finish is None and self.left <= self.lookahead:
             self._plan_finish()
         self.left -= 1
@@ -81,7 +83,10 @@ class GrammarProcessor:
         else:
             self.matcher.unsafe_compute_mask_ptr(self.bitmask.ctypes.data, self.bitmask.nbytes)
             if self.call_tokens is not None and self.left + 1 < self.call_tokens and self.matcher.is_accepting():
-                self._disallow(self.finisher.openers(self.tail))  # a call opened now could not end
+                if self.calling:  # another call could not end: the reply ends here
+                    self.bitmask[:] = self.eos_only
+                else:
+                    self._disallow(self.finisher.openers(self.tail))  # a call opened now could not end
         return apply_bitmask(mx.array(self.bitmask), logits)
 
     def _disallow(self, tokens: np.ndarray) -> None:
