@@ -30,9 +30,27 @@ WEATHER_SCHEMA = {
     },
     "required": ["city"],
 }
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast.", "parameters": WEATHER_SCHEMA}}]
-MARKUP = ("<tool_call>", "</tool_call>", "<think>", "</think>", "[TOOL_CALLS]", "[ARGS]", "<|channel|>", "<|message|>",
-          "<arg_key>", "<function=", "[THINK]", "[/THINK]", "<|end|>")
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The forecast.", "parameters": WEATHER_SCHEMA},
+    }
+]
+MARKUP = (
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "<|channel|>",
+    "<|message|>",
+    "<arg_key>",
+    "<function=",
+    "[THINK]",
+    "[/THINK]",
+    "<|end|>",
+)
 # family -> (its format, whether its prompt opens the reasoning for the model). DeepSeek-V3.1's
 # template opens it and writes a call turn back without it: its round trips run with thinking off.
 FAMILIES = {
@@ -48,7 +66,10 @@ FAMILIES = {
     "llama3_1": ("llama3_json", False),
 }
 THINKING_OFF = {"deepseek_v3_1"}
-MESSAGES = [{"role": "system", "content": "You answer weather questions."}, {"role": "user", "content": "Weather in Oslo?"}]
+MESSAGES = [
+    {"role": "system", "content": "You answer weather questions."},
+    {"role": "user", "content": "Weather in Oslo?"},
+]
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -130,7 +151,11 @@ def test_chat_completions_round_trip(family_server):
     assert finish == "tool_calls" and valid_calls(streamed_calls.values()) == calls
     assert streamed_reasoning == (reasoning or "")
     # The next turn sends the call and its result back: the whole first turn comes from the cache.
-    turn = {"role": "assistant", "content": message.content or "", "tool_calls": [c.model_dump() for c in message.tool_calls]}
+    turn = {
+        "role": "assistant",
+        "content": message.content or "",
+        "tool_calls": [c.model_dump() for c in message.tool_calls],
+    }
     if reasoning:
         turn["reasoning_content"] = reasoning
     results = [{"role": "tool", "tool_call_id": c.id, "content": "Sunny, 21 C."} for c in message.tool_calls]
@@ -138,17 +163,24 @@ def test_chat_completions_round_trip(family_server):
         messages=MESSAGES + [turn, *results], prompt_cache_key=f"{family}-chat", **{**ask, "tool_choice": "auto"}
     )
     cached = second.usage.prompt_tokens_details.cached_tokens
-    assert cached >= whole_turn(server, family, MESSAGES + [turn, *results]) > first.usage.prompt_tokens, (family, cached)
+    assert cached >= whole_turn(server, family, MESSAGES + [turn, *results]) > first.usage.prompt_tokens, (
+        family,
+        cached,
+    )
 
 
 def test_messages_round_trip(family_server):
     family, server = family_server
     client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
     tools = [{"name": "get_weather", "description": "The forecast.", "input_schema": WEATHER_SCHEMA}]
-    ask = dict(model="m", max_tokens=96, extra_body={"temperature": 0}, tools=tools, metadata={"user_id": f"{family}-messages"})
+    ask = dict(
+        model="m", max_tokens=96, extra_body={"temperature": 0}, tools=tools, metadata={"user_id": f"{family}-messages"}
+    )
     if family in THINKING_OFF:
         ask["thinking"] = {"type": "disabled"}
-    first = client.messages.create(system="You answer weather questions.", messages=[MESSAGES[1]], tool_choice={"type": "any"}, **ask)
+    first = client.messages.create(
+        system="You answer weather questions.", messages=[MESSAGES[1]], tool_choice={"type": "any"}, **ask
+    )
     assert first.stop_reason == "tool_use", (family, first.content)
     uses = [b for b in first.content if b.type == "tool_use"]
     assert uses and all(jsonschema.validate(b.input, WEATHER_SCHEMA) is None for b in uses)
@@ -160,16 +192,25 @@ def test_messages_round_trip(family_server):
         system="You answer weather questions.", messages=[MESSAGES[1]], tool_choice={"type": "any"}, **ask
     ) as stream:
         streamed = stream.get_final_message()
-    assert [b.model_dump(exclude={"id"}) for b in streamed.content] == [b.model_dump(exclude={"id"}) for b in first.content]
+    assert [b.model_dump(exclude={"id"}) for b in streamed.content] == [
+        b.model_dump(exclude={"id"}) for b in first.content
+    ]
     results = [{"type": "tool_result", "tool_use_id": b.id, "content": "Sunny, 21 C."} for b in uses]
     second = client.messages.create(
         system="You answer weather questions.",
-        messages=[MESSAGES[1], {"role": "assistant", "content": [b.model_dump() for b in first.content]}, {"role": "user", "content": results}],
+        messages=[
+            MESSAGES[1],
+            {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+            {"role": "user", "content": results},
+        ],
         **ask,
     )
     thinking = "".join(b.thinking for b in first.content if b.type == "thinking")
-    turn = openai_turn("".join(b.text for b in first.content if b.type == "text"), thinking,
-                       [(b.id, b.name, json.dumps(b.input)) for b in uses])
+    turn = openai_turn(
+        "".join(b.text for b in first.content if b.type == "text"),
+        thinking,
+        [(b.id, b.name, json.dumps(b.input)) for b in uses],
+    )
     read = second.usage.cache_read_input_tokens
     assert read >= whole_turn(server, family, MESSAGES + [turn, *tool_results(turn)]), (family, read)
 
@@ -181,7 +222,9 @@ def test_responses_round_trip(family_server):
     ask = dict(model="m", tools=tools, max_output_tokens=96, temperature=0)
     if family in THINKING_OFF:
         ask["reasoning"] = {"effort": "none"}
-    first = client.responses.create(input=MESSAGES[1]["content"], instructions=MESSAGES[0]["content"], tool_choice="required", **ask)
+    first = client.responses.create(
+        input=MESSAGES[1]["content"], instructions=MESSAGES[0]["content"], tool_choice="required", **ask
+    )
     assert first.status == "completed", (family, first.output)
     calls = [i for i in first.output if i.type == "function_call"]
     assert calls and valid_calls((c.name, c.arguments) for c in calls)
@@ -190,11 +233,17 @@ def test_responses_round_trip(family_server):
     assert first.usage.output_tokens_details.reasoning_tokens > 0 if thought else True
     if FAMILIES[family][1]:
         assert thought and first.output[0].type == "reasoning"
-    with client.responses.stream(input=MESSAGES[1]["content"], instructions=MESSAGES[0]["content"], tool_choice="required", **ask) as stream:
+    with client.responses.stream(
+        input=MESSAGES[1]["content"], instructions=MESSAGES[0]["content"], tool_choice="required", **ask
+    ) as stream:
         streamed = stream.get_final_response()
-    assert [(i.type, getattr(i, "arguments", None)) for i in streamed.output] == [(i.type, getattr(i, "arguments", None)) for i in first.output]
+    assert [(i.type, getattr(i, "arguments", None)) for i in streamed.output] == [
+        (i.type, getattr(i, "arguments", None)) for i in first.output
+    ]
     outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": "Sunny, 21 C."} for c in calls]
-    second = client.responses.create(input=outputs, previous_response_id=first.id, instructions=MESSAGES[0]["content"], **ask)
+    second = client.responses.create(
+        input=outputs, previous_response_id=first.id, instructions=MESSAGES[0]["content"], **ask
+    )
     text = "".join(c.text for i in first.output if i.type == "message" for c in i.content)
     reasoning = "".join(c.text for i in thought for c in i.content)
     turn = openai_turn(text, reasoning, [(c.call_id, c.name, c.arguments) for c in calls])
@@ -257,8 +306,12 @@ def test_thinking_switches_on_every_api(thinking_server):
     ):
         assert not off.choices[0].message.model_extra.get("reasoning_content")
         assert off.usage.prompt_tokens > on.usage.prompt_tokens  # `<think>\n\n</think>\n\n` closes it in the prompt
-    response = client.responses.create(model="m", input="Weather in Oslo?", max_output_tokens=24, reasoning={"effort": "none"})
-    assert [i.type for i in response.output] == ["message"] and response.usage.output_tokens_details.reasoning_tokens == 0
+    response = client.responses.create(
+        model="m", input="Weather in Oslo?", max_output_tokens=24, reasoning={"effort": "none"}
+    )
+    assert [i.type for i in response.output] == [
+        "message"
+    ] and response.usage.output_tokens_details.reasoning_tokens == 0
     claude = anthropic.Anthropic(base_url=thinking_server.base_url, api_key="unused", max_retries=0)
     message = claude.messages.create(model="m", max_tokens=24, messages=[MESSAGES[1]], thinking={"type": "disabled"})
     assert [b.type for b in message.content] == ["text"]
@@ -276,11 +329,19 @@ def test_a_template_that_drops_earlier_reasoning_costs_only_what_it_changed(thin
     first = client.chat.completions.create(messages=MESSAGES, **ask)
     reply = first.choices[0].message
     assert reply.model_extra.get("reasoning_content")
-    turn = {"role": "assistant", "content": reply.content or "", "reasoning_content": reply.model_extra["reasoning_content"]}
+    turn = {
+        "role": "assistant",
+        "content": reply.content or "",
+        "reasoning_content": reply.model_extra["reasoning_content"],
+    }
     messages = MESSAGES + [turn, {"role": "user", "content": "And tomorrow?"}]
     second = client.chat.completions.create(messages=messages, **ask)
-    p1 = tok.encode(tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
-    p2 = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+    p1 = tok.encode(
+        tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    )
+    p2 = tok.encode(
+        tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    )
     changed = next(i for i, (a, b) in enumerate(zip(p1, p2)) if a != b)
     assert changed < len(p1)  # the template rewrote the cached turn: its opened reasoning is gone
     assert second.usage.prompt_tokens_details.cached_tokens == changed
@@ -295,7 +356,9 @@ def test_a_format_parsed_but_not_constrained_says_so(tmp_path_factory):
         client = server.client()
         ask = dict(model="m", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0)
         reply = client.chat.completions.create(**ask)
-        assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls") and no_markup(reply.choices[0].message.content)
+        assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls") and no_markup(
+            reply.choices[0].message.content
+        )
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(**ask, tool_choice="required")
         assert refused.value.body["param"] == "tool_choice" and "gemma4" in refused.value.body["message"]

@@ -18,7 +18,9 @@ from agent_memory.chat.reader import ReplyReader
 from agent_memory.chat.toolcalls import ToolCallParser
 
 THINK = ThinkTags("<think>", "</think>")
-WEATHER = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}})
+WEATHER = Tool(
+    "get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
+)
 
 
 def read(reader, text: str, step: int) -> list:
@@ -52,9 +54,15 @@ def test_think_tags_split_reasoning_from_content_and_calls(step):
     got = joined(read(ReplyReader(ThinkSplitter(THINK, True), None), "\nhmm\n</think>\n\nHello", step))
     assert got["reasoning"] == "hmm" and got["content"] == "Hello"
     # No reasoning at all, and a reply cut off inside it.
-    assert joined(read(ReplyReader(ThinkSplitter(THINK, False), None), "Hi <think> there", step))["content"] == "Hi <think> there"
+    assert (
+        joined(read(ReplyReader(ThinkSplitter(THINK, False), None), "Hi <think> there", step))["content"]
+        == "Hi <think> there"
+    )
     assert joined(read(ReplyReader(ThinkSplitter(THINK, False), None), "<think>\nstill going\n", step)) == {
-        "reasoning": "still going", "content": "", "calls": [], "cut": []
+        "reasoning": "still going",
+        "content": "",
+        "calls": [],
+        "cut": [],
     }
 
 
@@ -66,10 +74,20 @@ def test_harmony_channels(step):
     )
     reader = HarmonyReader()
     got = joined(read(reader, text, step))
-    assert got == {"reasoning": "Need weather.", "content": "", "calls": [["get_weather", '{"city": "Oslo"}']], "cut": []}
+    assert got == {
+        "reasoning": "Need weather.",
+        "content": "",
+        "calls": [["get_weather", '{"city": "Oslo"}']],
+        "cut": [],
+    }
     assert [c.name for c in reader.calls] == ["get_weather"]
     final = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hello there."
-    assert joined(read(HarmonyReader(), final, step)) == {"reasoning": "Think.", "content": "Hello there.", "calls": [], "cut": []}
+    assert joined(read(HarmonyReader(), final, step)) == {
+        "reasoning": "Think.",
+        "content": "Hello there.",
+        "calls": [],
+        "cut": [],
+    }
     # The layout gpt-oss writes unconstrained, and a call cut off.
     loose = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Li'
     reader = HarmonyReader()
@@ -84,7 +102,9 @@ def test_tagged_parameters_and_mistral_calls_are_read_whole(step):
     syntax = Qwen3Coder()
     parser = ToolCallParser(syntax.opener, syntax.end, lambda body: syntax.parse(body, [WEATHER]))
     got = joined(read(ReplyReader(None, parser), "Sure." + xml, step))
-    assert got["content"] == "Sure." and [(n, json.loads(a)) for n, a in got["calls"]] == [("get_weather", {"city": "New York", "days": 3})]
+    assert got["content"] == "Sure." and [(n, json.loads(a)) for n, a in got["calls"]] == [
+        ("get_weather", {"city": "New York", "days": 3})
+    ]
     glm = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>"
     syntax = Glm()
     parser = ToolCallParser(syntax.opener, syntax.end, lambda body: syntax.parse(body, [WEATHER]))
@@ -94,4 +114,7 @@ def test_tagged_parameters_and_mistral_calls_are_read_whole(step):
     parser = ToolCallParser(syntax.opener, syntax.end, lambda body: syntax.parse(body, [WEATHER]))
     text = '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]get_weather[ARGS]{"city": "Lima", "days": 1}'
     got = joined(read(ReplyReader(None, parser), text, step))
-    assert [(n, json.loads(a)) for n, a in got["calls"]] == [("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Lima", "days": 1})]
+    assert [(n, json.loads(a)) for n, a in got["calls"]] == [
+        ("get_weather", {"city": "Oslo"}),
+        ("get_weather", {"city": "Lima", "days": 1}),
+    ]

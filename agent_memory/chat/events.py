@@ -43,3 +43,12 @@ class CallCutOff:
 
 
 OutputEvent = ContentDelta | ReasoningDelta | CallStart | CallArguments | CallCutOff
+
+
+def held_back(buf: str, marker: str) -> int:
+    """Length of the longest end of `buf` that begins `marker`: text a reader holds back, like
+    a stop string, since it may yet be the marker."""
+    for n in range(min(len(buf), len(marker) - 1), 0, -1):
+        if buf.endswith(marker[:n]):
+            return n
+    return 0

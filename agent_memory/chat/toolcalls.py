@@ -15,16 +15,8 @@ import json
 from collections.abc import Callable
 
 from agent_memory.chat.conversation import ToolCall, new_call_id
-from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent
+from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent, held_back
 from agent_memory.chat.render import ARGUMENTS_KEY, CALL_END, CALL_PREFIX, CALL_START
-
-
-def _held(buf: str, marker: str) -> int:
-    """Length of the longest end of `buf` that begins `marker`."""
-    for n in range(min(len(buf), len(marker) - 1), 0, -1):
-        if buf.endswith(marker[:n]):
-            return n
-    return 0
 
 
 class JsonDepth:
@@ -108,7 +100,7 @@ class ToolCallParser:
     def _text(self, out: list[OutputEvent]) -> None:
         at = self.buf.find(self.start)
         if at < 0:
-            keep = _held(self.buf, self.start)
+            keep = held_back(self.buf, self.start)
             if len(self.buf) > keep:
                 out.append(ContentDelta(self.buf[: len(self.buf) - keep]))
                 self.buf = self.buf[len(self.buf) - keep :]

@@ -13,10 +13,17 @@ import json
 import re
 
 from agent_memory.chat.conversation import ToolCall, new_call_id
-from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
+from agent_memory.chat.events import (
+    CallArguments,
+    CallCutOff,
+    CallStart,
+    ContentDelta,
+    OutputEvent,
+    ReasoningDelta,
+    held_back,
+)
 from agent_memory.chat.formats.calls import json_rule
 from agent_memory.chat.formats.markup import Markup
-from agent_memory.chat.formats.thinking import _partial
 
 CHANNEL, MESSAGE, END, START = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
 ANALYSIS = f"{CHANNEL}analysis{MESSAGE}"
@@ -39,7 +46,14 @@ class HarmonyReply:
     opener = CALL_HEAD
 
     def lark(
-        self, tools, mode: str, parallel: bool, answer: dict | None, thinking: bool | None, m: Markup, started: bool | None = None
+        self,
+        tools,
+        mode: str,
+        parallel: bool,
+        answer: dict | None,
+        thinking: bool | None,
+        m: Markup,
+        started: bool | None = None,
     ) -> str | None:
         """The grammar, or None where the output is free (no tools, no JSON answer)."""
         if not (tools and mode != "none") and answer is None:
@@ -111,7 +125,7 @@ class HarmonyReader:
     def _body(self, out: list[OutputEvent]) -> None:
         at = self.buf.find(END)
         piece = self.buf if at < 0 else self.buf[:at]
-        keep = 0 if at >= 0 else _partial(piece, END)
+        keep = 0 if at >= 0 else held_back(piece, END)
         self._emit(piece[: len(piece) - keep], out)
         self.buf = self.buf[len(piece) - keep :] if at < 0 else self.buf[at + len(END) :]
         if at >= 0:

@@ -27,7 +27,11 @@ from agent_memory.chat.toolcalls import ToolCallParser
 
 # mlx-lm's tool parser for the template -> the syntax this server constrains calls in.
 SYNTAXES: dict[str, type[CallSyntax]] = {
-    "json_tools": HermesJson, "qwen3_coder": Qwen3Coder, "glm47": Glm, "mistral": Mistral, "kimi_k2": Kimi
+    "json_tools": HermesJson,
+    "qwen3_coder": Qwen3Coder,
+    "glm47": Glm,
+    "mistral": Mistral,
+    "kimi_k2": Kimi,
 }
 # Templates mlx-lm has no parser for, known by what they write.
 WRITTEN: list[tuple[str, type[CallSyntax]]] = [("<｜tool▁calls▁begin｜>", DeepSeek), ('"parameters": ', LlamaJson)]
@@ -95,7 +99,13 @@ class TaggedReply:
         return ReplyReader(thinking, calls)
 
     def lark(
-        self, tools: list[Tool], mode: str, parallel: bool, answer: dict | None, thinking: bool | None, m: Markup,
+        self,
+        tools: list[Tool],
+        mode: str,
+        parallel: bool,
+        answer: dict | None,
+        thinking: bool | None,
+        m: Markup,
         started: bool | None = None,
     ) -> str | None:
         """The grammar, or None where the output is free (no tools, no JSON answer)."""
@@ -145,7 +155,11 @@ class TaggedReply:
         if m.token(opener) is not None:  # one token (llguidance never spells it): it opens the calls
             rules += ["FREE: /(?s:.*)/", "with_calls: FREE calls"]
         else:  # free text never holds the opener but as the opening of the calls
-            rules += [f"FREE: {without(opener)}", f"opener[lazy]: /(?s:.*){regex(opener)}/", "with_calls: opener calls_rest"]
+            rules += [
+                f"FREE: {without(opener)}",
+                f"opener[lazy]: /(?s:.*){regex(opener)}/",
+                "with_calls: opener calls_rest",
+            ]
         return "(FREE | with_calls)"
 
     def _calls(self, tools: list[Tool], mode: str, parallel: bool, m: Markup, rules: list) -> str:

@@ -16,7 +16,9 @@ from agent_memory.chat.formats.calls import CallSyntax, json_rule
 from agent_memory.chat.formats.markup import Markup
 
 CALL_BEGIN, SEP, CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
-DEEPSEEK_CALL = re.compile(re.escape(CALL_BEGIN) + r"(.*?)" + re.escape(SEP) + r"(.*?)" + re.escape(CALL_END), re.DOTALL)
+DEEPSEEK_CALL = re.compile(
+    re.escape(CALL_BEGIN) + r"(.*?)" + re.escape(SEP) + r"(.*?)" + re.escape(CALL_END), re.DOTALL
+)
 
 
 DEEPSEEK_TOOLS = """## Tools

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent_memory.chat.events import ContentDelta, OutputEvent, ReasoningDelta
+from agent_memory.chat.events import ContentDelta, OutputEvent, ReasoningDelta, held_back
 
 # Pairs mlx-lm does not find by itself (its TokenizerWrapper.think_start knows the others).
 MORE_TAGS = [("[THINK]", "[/THINK]")]
@@ -35,14 +35,6 @@ class ThinkTags:
         where it closes it (thinking off: `<think>\n\n</think>`), None where the model may open it."""
         tail = prompt_text.rstrip()
         return True if tail.endswith(self.start) else False if tail.endswith(self.end) else None
-
-
-def _partial(buf: str, marker: str) -> int:
-    """Length of the longest end of `buf` that begins `marker`."""
-    for n in range(min(len(buf), len(marker) - 1), 0, -1):
-        if buf.endswith(marker[:n]):
-            return n
-    return 0
 
 
 class ThinkSplitter:
@@ -94,7 +86,7 @@ class ThinkSplitter:
             self.buf = self.buf[at + len(self.tags.end) :]
             self.state = "after"
             return
-        partial = _partial(self.buf, self.tags.end)  # and the newlines before it: they frame the end
+        partial = held_back(self.buf, self.tags.end)  # and the newlines before it: they frame the end
         body = self.buf[: len(self.buf) - partial]
         held = partial + len(body) - len(body.rstrip("\n"))
         if len(self.buf) > held:
