@@ -362,3 +362,21 @@ def test_a_format_parsed_but_not_constrained_says_so(tmp_path_factory):
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(**ask, tool_choice="required")
         assert refused.value.body["param"] == "tool_choice" and "gemma4" in refused.value.body["message"]
+
+
+def test_reasoning_effort_reaches_the_template(tmp_path_factory):
+    """gpt-oss's template takes its reasoning level as `reasoning_effort`: OpenAI's efforts
+    reach it (`minimal` as `low`), and `chat_template_kwargs` wins over them."""
+    from agent_memory.chat.conversation import effort_thinking
+
+    tok = load_tokenizer(templated_model(tmp_path_factory.getbasetemp() / "templated", "gpt_oss"))
+
+    def system(effort, kwargs=None) -> str:
+        prompt = tok.apply_chat_template(
+            MESSAGES, add_generation_prompt=True, tokenize=False, **effort_thinking(effort, kwargs or {}).kwargs()
+        )
+        return prompt.split("<|end|>", 1)[0]
+
+    assert "Reasoning: medium" in system(None)
+    assert "Reasoning: high" in system("high") and "Reasoning: low" in system("minimal")
+    assert "Reasoning: low" in system("high", {"reasoning_effort": "low"})

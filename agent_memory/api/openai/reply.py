@@ -14,8 +14,8 @@ from agent_memory.engine.requests import Finished, TextDelta, Usage
 
 
 def usage_dict(usage: Usage, reasoning_tokens: int | None = None) -> dict:
-    """OpenAI's usage; `reasoning_tokens` (chat, where the model thinks): how many of the
-    completion's tokens were reasoning."""
+    """OpenAI's usage; `reasoning_tokens` (chat): how many of the completion's tokens were
+    reasoning (its text as the tokenizer writes it, at most the completion's)."""
     out = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -81,7 +81,8 @@ class ChatReply:
         return message
 
     def usage(self, usage: Usage) -> dict:
-        return usage_dict(usage, self.count("".join(self.reasoning)) if self.reasoning else 0)
+        reasoning = self.count("".join(self.reasoning)) if self.reasoning else 0
+        return usage_dict(usage, min(reasoning, usage.completion_tokens))
 
     def finish_reason(self, finished: Finished) -> str:
         whole_calls = self.reader.calls

@@ -74,10 +74,14 @@ class Draft:
             "tools": tools,
             "top_p": self.params.top_p if self.params else body.top_p,
             "truncation": "disabled",
-            "usage": usage_dict(usage, self.count(self.reasoning) if self.reasoning else 0) if usage is not None else None,
+            "usage": usage_dict(usage, self.reasoning_tokens(usage)) if usage is not None else None,
             "user": body.user,
             "metadata": body.metadata or {},
         }
+
+    def reasoning_tokens(self, usage: Usage) -> int:
+        """The reasoning's tokens, as the tokenizer writes its text (never more than were written)."""
+        return min(self.count(self.reasoning), usage.completion_tokens) if self.reasoning else 0
 
     @staticmethod
     def status(finished: Finished) -> str:
