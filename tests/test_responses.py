@@ -182,3 +182,42 @@ def test_a_streamed_reply_and_a_json_reply_are_built_alike():
     empty: list[dict] = []
     Reply(empty, ReplyReader(None, None)).feed(finished)
     assert shape(empty) == [("message", None, None, [""])]
+
+
+def test_codex_tools_namespaced_and_hosted(server):
+    """Codex CLI's request shape: a `namespace` of function tools is offered to the model as
+    `namespace.name` and its call comes back as `name` with its `namespace` (and goes back into
+    history from there); a hosted tool (`web_search`) is left out, which the response's header
+    says; Codex's other fields (`include`, `client_metadata`, `reasoning.summary`) are taken."""
+    agents = {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Tools for sub-agents.",
+        "tools": [
+            {"type": "function", "name": "close_agent", "strict": False, "parameters": {"type": "object", "properties": {"target": {"type": "string"}}, "required": ["target"]}},
+            {"type": "function", "name": "wait_agent", "strict": False, "parameters": {"type": "object", "properties": {}}},
+        ],
+    }
+    body = {
+        "model": "tiny",
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Close agent 7."}]}],
+        "tools": [agents, {"type": "web_search", "external_web_access": False}],
+        "tool_choice": "required",
+        "max_output_tokens": 48,
+        "temperature": 0,
+        "include": ["reasoning.encrypted_content"],
+        "reasoning": {"summary": "auto"},
+        "client_metadata": {"turn_id": "t1"},
+        "prompt_cache_key": "codex-session",
+        "store": False,
+    }
+    with server.http() as http:
+        first = http.post("/v1/responses", json=body)
+        assert first.status_code == 200 and first.headers["x-agent-memory-ignored-tools"] == "web_search"
+        call = next(i for i in first.json()["output"] if i["type"] == "function_call")
+        assert call["namespace"] == "multi_agent_v1" and call["name"] in ("close_agent", "wait_agent")
+        followup = {**body, "tool_choice": "auto", "input": body["input"] + [call, {"type": "function_call_output", "call_id": call["call_id"], "output": "closed"}]}
+        second = http.post("/v1/responses", json=followup)
+    assert second.status_code == 200
+    usage = first.json()["usage"]
+    assert second.json()["usage"]["input_tokens_details"]["cached_tokens"] >= usage["input_tokens"] + usage["output_tokens"] - 1

@@ -46,9 +46,13 @@ def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
     return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
 
 
-def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict:
+def call_item(item_id: str, call: ToolCall, status: str = "completed", namespaced: dict | None = None) -> dict:
+    """A function_call item; a namespaced tool's call is its own name and its `namespace`."""
     args = call.arguments if status == "completed" else ""
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name, "arguments": args}
+    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name, "arguments": args}
+    if namespaced and call.name in namespaced:
+        item["namespace"], item["name"] = namespaced[call.name]
+    return item
 
 
 class Reply:
@@ -56,9 +60,10 @@ class Reply:
     closed in the order the model writes them; a reply with no item at all gets an empty
     message, so that every response has one."""
 
-    def __init__(self, output: list[dict], reader) -> None:
+    def __init__(self, output: list[dict], reader, namespaced: dict[str, tuple[str, str]] | None = None) -> None:
         self.output = output  # the response's output items, filled in place
         self.reader = reader  # chat/reader.py's ReplyReader, or harmony's
+        self.namespaced = namespaced or {}  # the model's name of a namespaced tool -> (namespace, name)
         self.open: dict | None = None  # the item being written
         self.parts: list[str] = []  # its text, or its arguments, so far
         self.content: list[str] = []  # the text of every message item
@@ -88,7 +93,7 @@ class Reply:
 
     def _write(self, out: OutputEvent) -> list[str]:
         if isinstance(out, CallStart):
-            return self._start(call_item(new_id("fc"), ToolCall(out.id, out.name, ""), "in_progress"))
+            return self._start(call_item(new_id("fc"), ToolCall(out.id, out.name, ""), "in_progress", self.namespaced))
         if isinstance(out, CallCutOff):
             self.parts = [out.arguments]
             return []
@@ -141,10 +146,11 @@ class Reply:
                 self.event("response.content_part.done", **ids, part=_part(text)),
                 self.event("response.output_item.done", output_index=index, item=done),
             ]
-        call = ToolCall(item["call_id"], item["name"], text)
+        name = f"{item['namespace']}.{item['name']}" if "namespace" in item else item["name"]  # as the model knows it
+        call = ToolCall(item["call_id"], name, text)
         self.calls.append(call)
-        done = self.output[index] = call_item(item["id"], call)
+        done = self.output[index] = call_item(item["id"], call, namespaced=self.namespaced)
         return [
-            self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=text, name=call.name),
+            self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=text, name=done["name"]),
             self.event("response.output_item.done", output_index=index, item=done),
         ]

@@ -9,11 +9,12 @@ after a restart. Instructions are not carried over, as OpenAI specifies.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from agent_memory.agent_key import RESPONSE, AgentKey
 from agent_memory.api import pipeline
@@ -26,6 +27,9 @@ from agent_memory.chat.conversation import Conversation, Message
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, TextDelta, Usage
 
 router = APIRouter()
+log = logging.getLogger(__name__)
+IGNORED_HEADER = "x-agent-memory-ignored-tools"  # the hosted tools a request offered, left out
+_IGNORED_SAID: set[str] = set()  # hosted tool types already logged
 ERROR_SHAPES: dict[str, ErrorShape] = {}  # OpenAI's shape, as every route's unless claimed
 
 
@@ -135,7 +139,13 @@ async def create_response(
         body.cache_salt,
     )
     draft.params = generation.params
-    reply = Reply(draft.output, pipeline.reply_reader(model, conv, prepared))
+    reply = Reply(draft.output, pipeline.reply_reader(model, conv, prepared), body.namespaced())
+    ignored = body.ignored_tools()
+    headers = {IGNORED_HEADER: ", ".join(ignored)} if ignored else {}
+    for kind in ignored:
+        if kind not in _IGNORED_SAID:
+            _IGNORED_SAID.add(kind)
+            log.info("the %s tool runs on OpenAI's side: it is left out of what the model sees", kind)
 
     def keep(finished: Finished) -> dict:
         draft.reasoning = "".join(reply.reasoning)
@@ -145,14 +155,15 @@ async def create_response(
         return result
 
     if body.stream:
-        return StreamingResponse(_stream(state, model, generation, draft, reply, keep), media_type="text/event-stream")
+        stream = _stream(state, model, generation, draft, reply, keep)
+        return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
     collected = await pipeline.collect_text(state, model, generation, request)
     if collected is None:
         return Response(status_code=499)
     text, finished = collected
     reply.feed(TextDelta(text))
     reply.feed(finished)
-    return keep(finished)
+    return JSONResponse(keep(finished), headers=headers)
 
 
 async def _stream(

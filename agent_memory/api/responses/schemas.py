@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +20,40 @@ class FunctionTool(BaseModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+
+class NamespaceTool(BaseModel):
+    """Function tools grouped under a namespace (Codex's `multi_agent_v1`): the model sees each
+    as `namespace.name`, and its calls come back as `name` with their `namespace`."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["namespace"]
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    tools: list[FunctionTool]
+
+
+# Tools OpenAI runs on its side: this server cannot, so they are left out of what the model
+# sees (a log line, and the response's `x-agent-memory-ignored-tools` header, say so).
+HOSTED_TOOLS = (
+    "web_search",
+    "web_search_preview",
+    "web_search_preview_2025_03_11",
+    "file_search",
+    "computer_use_preview",
+    "image_generation",
+    "code_interpreter",
+    "local_shell",
+    "mcp",
+)
+
+
+class HostedTool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal[HOSTED_TOOLS]
+
+
+AnyTool = Annotated[FunctionTool | NamespaceTool | HostedTool, Field(discriminator="type")]
 
 
 class NamedFunction(BaseModel):
@@ -51,7 +85,7 @@ class ResponsesRequest(RequestBody):
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    tools: list[FunctionTool] = Field(default_factory=list)
+    tools: list[AnyTool] = Field(default_factory=list)
     tool_choice: Literal["none", "auto", "required"] | NamedFunction = "auto"
     parallel_tool_calls: bool = True
     text: TextOptions = Field(default_factory=TextOptions)
@@ -70,8 +104,21 @@ class ResponsesRequest(RequestBody):
     def thinking(self) -> Thinking:
         return effort_thinking(self.reasoning.effort if self.reasoning else None, {})
 
+    def namespaced(self) -> dict[str, tuple[str, str]]:
+        """The model's name of each namespaced tool -> (its namespace, its name)."""
+        return {f"{n.name}.{t.name}": (n.name, t.name) for n in self.tools if isinstance(n, NamespaceTool) for t in n.tools}
+
+    def ignored_tools(self) -> list[str]:
+        """The hosted tools this server leaves out, by type."""
+        return sorted({t.type for t in self.tools if isinstance(t, HostedTool)})
+
     def conversation_tools(self) -> tuple[list[Tool], ToolChoice, OutputFormat]:
-        tools = [Tool(t.name, t.description or "", t.parameters or {}) for t in self.tools]
+        tools = []
+        for t in self.tools:
+            if isinstance(t, FunctionTool):
+                tools.append(Tool(t.name, t.description or "", t.parameters or {}))
+            elif isinstance(t, NamespaceTool):
+                tools += [Tool(f"{t.name}.{f.name}", f.description or "", f.parameters or {}) for f in t.tools]
         names = {t.name for t in tools}
         choice = self.tool_choice
         if isinstance(choice, NamedFunction):
@@ -124,7 +171,8 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
                 out.append(Message("system" if role == "developer" else role, text))
         elif kind == "function_call":
             try:
-                call = ToolCall(str(item["call_id"]), str(item["name"]), str(item.get("arguments", "{}")))
+                name = f"{item['namespace']}.{item['name']}" if item.get("namespace") else str(item["name"])
+                call = ToolCall(str(item["call_id"]), name, str(item.get("arguments", "{}")))
             except KeyError as e:
                 raise APIError(400, f"{param}: a function_call needs {e.args[0]}", param=f"{param}.{e.args[0]}") from e
             if out and out[-1].role == "assistant":
