@@ -584,3 +584,14 @@ def test_top_k_keeps_only_the_k_most_likely_tokens():
     draws = {make_sampler(1.0, 1.0, seed, top_k=2)(logprobs).item() for seed in range(40)}
     assert draws == {1, 2}
     assert make_sampler(1.0, 1.0, 0, top_k=1)(logprobs).item() == 1
+
+
+def test_a_number_past_a_floats_range_still_makes_a_json_reply():
+    """`1e999` is valid JSON a model may write into a call: the tool_use input holds the largest
+    float instead of infinity, which no JSON reply can carry (it was a 500)."""
+    reply = Reply("m", ReplyReader(None, ToolCallParser()), False, False)
+    reply.feed(TextDelta('<tool_call>\n{"name": "f", "arguments": {"a": 1e999, "b": 2}}\n</tool_call>'))
+    reply.feed(Finished("stop", Usage(10, 9)))
+    block = reply.message(Finished("stop", Usage(10, 9)))["content"][0]
+    assert block["type"] == "tool_use" and block["input"]["b"] == 2
+    assert json.loads(json.dumps(block, allow_nan=False))["input"]["a"] > 1e308

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import sys
 import uuid
 
 from agent_memory.chat.events import CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
@@ -35,10 +37,17 @@ def usage_dict(usage: Usage, output_tokens: int) -> dict:
     }
 
 
+def _finite(text: str) -> float:
+    """A JSON number as a float: one past a float's range (`1e999`, valid JSON that a model may
+    write) as the largest float of its sign, since JSON replies cannot hold infinity."""
+    value = float(text)
+    return value if math.isfinite(value) else math.copysign(sys.float_info.max, value)
+
+
 def _input(arguments: str) -> dict:
     """A tool_use block's input from its arguments text ({} if they are not an object)."""
     try:
-        value = json.loads(arguments)
+        value = json.loads(arguments, parse_float=_finite)
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
