@@ -380,3 +380,33 @@ def test_reasoning_effort_reaches_the_template(tmp_path_factory):
     assert "Reasoning: medium" in system(None)
     assert "Reasoning: high" in system("high") and "Reasoning: low" in system("minimal")
     assert "Reasoning: low" in system("high", {"reasoning_effort": "low"})
+
+
+def test_reasoning_comes_back_from_encrypted_content_alone(thinking_server):
+    """A client that keeps no state on the server (`store: false`, Codex) asks for
+    `reasoning.encrypted_content` and sends back only that: the reasoning reaches the template
+    again exactly, so the next turn of the agent's tool loop reuses the whole previous one."""
+    client = thinking_server.client()
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    ask = dict(model="m", tools=tools, max_output_tokens=64, temperature=0, store=False, prompt_cache_key="sealed")
+    ask["include"] = ["reasoning.encrypted_content"]
+    first = client.responses.create(
+        input=MESSAGES[1]["content"], instructions=MESSAGES[0]["content"], tool_choice="required", **ask
+    )
+    thought = next(i for i in first.output if i.type == "reasoning")
+    call = next(i for i in first.output if i.type == "function_call")
+    assert thought.encrypted_content and thought.content[0].text
+    items = [
+        {"type": "message", "role": "user", "content": MESSAGES[1]["content"]},
+        {"type": "reasoning", "id": thought.id, "summary": [], "encrypted_content": thought.encrypted_content},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C."},
+    ]
+    second = client.responses.create(input=items, instructions=MESSAGES[0]["content"], **ask)
+    turn = openai_turn("", thought.content[0].text, [(call.call_id, call.name, call.arguments)])
+    assert second.usage.input_tokens_details.cached_tokens >= whole_turn(
+        thinking_server, "qwen3_5", MESSAGES + [turn, *tool_results(turn)]
+    )
+    damaged = {**items[1], "encrypted_content": thought.encrypted_content[:-4] + "AAAA"}
+    third = client.responses.create(input=[items[0], damaged, *items[2:]], instructions=MESSAGES[0]["content"], **ask)
+    assert third.status == "completed"  # a damaged one is no reasoning, not an error

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import secrets
 
+from agent_memory.api.responses.reasoning import seal
 from agent_memory.chat.conversation import ToolCall
 from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
 from agent_memory.engine.requests import Finished, TextDelta, Usage
@@ -41,9 +42,14 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
-def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
+def reasoning_item(item_id: str, text: str, status: str = "completed", sealed: bool = False) -> dict:
+    """A reasoning item; `sealed` (the request's `include` asked for
+    `reasoning.encrypted_content`): with the text in `encrypted_content` too (reasoning.py)."""
     content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
-    return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+    item = {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+    if sealed and status == "completed":
+        item["encrypted_content"] = seal(text)
+    return item
 
 
 def call_item(item_id: str, call: ToolCall, status: str = "completed", namespaced: dict | None = None) -> dict:
@@ -60,10 +66,13 @@ class Reply:
     closed in the order the model writes them; a reply with no item at all gets an empty
     message, so that every response has one."""
 
-    def __init__(self, output: list[dict], reader, namespaced: dict[str, tuple[str, str]] | None = None) -> None:
+    def __init__(
+        self, output: list[dict], reader, namespaced: dict[str, tuple[str, str]] | None = None, sealed: bool = False
+    ) -> None:
         self.output = output  # the response's output items, filled in place
         self.reader = reader  # chat/reader.py's ReplyReader, or harmony's
         self.namespaced = namespaced or {}  # the model's name of a namespaced tool -> (namespace, name)
+        self.sealed = sealed  # reasoning items carry `encrypted_content`
         self.open: dict | None = None  # the item being written
         self.parts: list[str] = []  # its text, or its arguments, so far
         self.content: list[str] = []  # the text of every message item
@@ -132,7 +141,7 @@ class Reply:
         index, item, text = len(self.output) - 1, self.open, "".join(self.parts)
         self.open = None
         if item["type"] == "reasoning":
-            done = self.output[index] = reasoning_item(item["id"], text)
+            done = self.output[index] = reasoning_item(item["id"], text, sealed=self.sealed)
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
             return [
                 self.event("response.reasoning_text.done", **ids, text=text),

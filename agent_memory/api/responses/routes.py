@@ -139,7 +139,7 @@ async def create_response(
         body.cache_salt,
     )
     draft.params = generation.params
-    reply = Reply(draft.output, pipeline.reply_reader(model, conv, prepared), body.namespaced())
+    reply = Reply(draft.output, pipeline.reply_reader(model, conv, prepared), body.namespaced(), body.sealed)
     ignored = body.ignored_tools()
     headers = {IGNORED_HEADER: ", ".join(ignored)} if ignored else {}
     for kind in ignored:

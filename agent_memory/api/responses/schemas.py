@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent_memory.api.bodies import TOOL_NAME, RequestBody
 from agent_memory.api.errors import APIError
+from agent_memory.api.responses.reasoning import unseal
 from agent_memory.chat.conversation import Message, OutputFormat, Thinking, Tool, ToolCall, ToolChoice, effort_thinking
 
 
@@ -100,6 +101,12 @@ class ResponsesRequest(RequestBody):
     user: str | None = None
     cache_salt: str | None = None
     reasoning: ReasoningOptions | None = None
+    include: list[str] | None = None
+
+    @property
+    def sealed(self) -> bool:
+        """Reasoning items carry `encrypted_content` (asked for by `include`)."""
+        return "reasoning.encrypted_content" in (self.include or [])
 
     def thinking(self) -> Thinking:
         return effort_thinking(self.reasoning.effort if self.reasoning else None, {})
@@ -197,6 +204,10 @@ def _reasoning_only(m: Message) -> bool:
 
 def _reasoning_text(item: dict[str, Any]) -> str:
     """A reasoning item's text: its reasoning_text parts (as this server returns them), else
-    its summary."""
-    parts = item.get("content") or item.get("summary") or []
+    what its `encrypted_content` holds (a client that keeps only that: Codex with `store:
+    false`), else its summary."""
+    parts = item.get("content") or []
+    if not parts and (sealed := unseal(item.get("encrypted_content"))) is not None:
+        return sealed
+    parts = parts or item.get("summary") or []
     return "".join(p.get("text", "") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
