@@ -45,6 +45,23 @@ class CallCutOff:
 OutputEvent = ContentDelta | ReasoningDelta | CallStart | CallArguments | CallCutOff
 
 
+class StateReader:
+    """A reader of text driven by its state: `_<state>(out)` takes what it can of `buf` and may
+    change the state; it runs until neither the state nor `buf` changes."""
+
+    state = ""
+    buf = ""
+
+    def feed(self, text: str) -> list[OutputEvent]:
+        self.buf += text
+        out: list[OutputEvent] = []
+        while True:
+            before = (self.state, len(self.buf))
+            getattr(self, f"_{self.state}")(out)
+            if (self.state, len(self.buf)) == before:
+                return out
+
+
 def held_back(buf: str, marker: str) -> int:
     """Length of the longest end of `buf` that begins `marker`: text a reader holds back, like
     a stop string, since it may yet be the marker."""

@@ -21,7 +21,7 @@ import llguidance.hf
 
 from agent_memory.chat.conversation import Conversation, Tool
 from agent_memory.chat.finish import ConstrainedOutput, Finisher
-from agent_memory.chat.formats.calls import ANY_OBJECT, JSON_STYLE
+from agent_memory.chat.formats.calls import ANY_OBJECT, JSON_STYLE, Wanted
 from agent_memory.chat.formats.markup import Markup
 from agent_memory.chat.formats.reply import reply_format
 from agent_memory.chat.loosen import loosen
@@ -98,7 +98,8 @@ class GrammarCompiler:
         if answer is not None:
             self._enforceable(answer, format_param)
         thinking = conversation.thinking.enabled
-        lark = self.reply.lark(tools, choice.mode, conversation.parallel_tool_calls, answer, thinking, self.markup, started)
+        wanted = Wanted(tools, choice.mode, conversation.parallel_tool_calls, answer, thinking, started)
+        lark = self.reply.lark(wanted, self.markup)
         if lark is None:
             return None
         return self._checked(llguidance.LLMatcher.grammar_from_lark(lark), tools_param if tools else format_param)

@@ -15,7 +15,15 @@ import json
 from collections.abc import Callable
 
 from agent_memory.chat.conversation import ToolCall, new_call_id
-from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent, held_back
+from agent_memory.chat.events import (
+    CallArguments,
+    CallCutOff,
+    CallStart,
+    ContentDelta,
+    OutputEvent,
+    StateReader,
+    held_back,
+)
 from agent_memory.chat.render import ARGUMENTS_KEY, CALL_END, CALL_PREFIX, CALL_START
 
 
@@ -48,7 +56,7 @@ class JsonDepth:
         return None
 
 
-class ToolCallParser:
+class ToolCallParser(StateReader):
     """Feed generated text; get content and tool-call events. `parse_whole`: for formats other
     than the built-in JSON one, (the text between `start` and `end`) -> [{"name", "arguments"}]."""
 
@@ -63,15 +71,6 @@ class ToolCallParser:
         self._id = ""
         self._args: list[str] = []
         self._depth: JsonDepth | None = None
-
-    def feed(self, text: str) -> list[OutputEvent]:
-        self.buf += text
-        out: list[OutputEvent] = []
-        while True:
-            before = (self.state, len(self.buf))
-            getattr(self, f"_{self.state}")(out)
-            if (self.state, len(self.buf)) == before:
-                return out
 
     def finish(self) -> list[OutputEvent]:
         """Events for what is left at the end. A call cut off before its name was whole never

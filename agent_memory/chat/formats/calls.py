@@ -7,6 +7,7 @@ Hermes/Qwen3's, which is also the built-in format for templates without tools (r
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from agent_memory.chat.conversation import Tool
 from agent_memory.chat.formats.markup import Markup
@@ -15,6 +16,26 @@ from agent_memory.chat.render import ARGUMENTS_KEY, CALL_END, CALL_PREFIX, CALL_
 # How JSON is written: as json.dumps (and the templates' tojson) writes it.
 JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 ANY_OBJECT = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What a reply must be, as a format's grammar takes it: the tools it may call and how
+    (`mode`: auto, required, named, none; `parallel`), the JSON answer's schema, thinking on or
+    off (None: the template's default), and whether the prompt opened the reasoning (True),
+    closed it (False) or left it to the model (None)."""
+
+    tools: list[Tool]
+    mode: str
+    parallel: bool
+    answer: dict | None
+    thinking: bool | None = None
+    started: bool | None = None
+
+    @property
+    def calls(self) -> list[Tool]:
+        """The tools the reply may call."""
+        return self.tools if self.mode != "none" else []
 
 
 def json_rule(name: str, schema: dict | None) -> str:

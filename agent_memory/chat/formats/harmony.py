@@ -20,9 +20,10 @@ from agent_memory.chat.events import (
     ContentDelta,
     OutputEvent,
     ReasoningDelta,
+    StateReader,
     held_back,
 )
-from agent_memory.chat.formats.calls import json_rule
+from agent_memory.chat.formats.calls import Wanted, json_rule
 from agent_memory.chat.formats.markup import Markup
 
 CHANNEL, MESSAGE, END, START = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
@@ -45,18 +46,10 @@ class HarmonyReply:
     markers = MARKERS
     opener = CALL_HEAD
 
-    def lark(
-        self,
-        tools,
-        mode: str,
-        parallel: bool,
-        answer: dict | None,
-        thinking: bool | None,
-        m: Markup,
-        started: bool | None = None,
-    ) -> str | None:
+    def lark(self, wanted: Wanted, m: Markup) -> str | None:
         """The grammar, or None where the output is free (no tools, no JSON answer)."""
-        if not (tools and mode != "none") and answer is None:
+        tools, mode, answer = wanted.calls, wanted.mode, wanted.answer
+        if not tools and answer is None:
             return None
         rules = [
             f"analysis: {m.lit(ANALYSIS)} THOUGHT {m.lit(NEXT)}",
@@ -70,7 +63,7 @@ class HarmonyReply:
             answers.append("final_json")
         elif mode in ("auto", "none"):
             answers.append("final")
-        if tools and mode != "none":
+        if tools:
             names = " | ".join(f"tool_{i}" for i in range(len(tools)))
             rules.append(f"call: {m.lit(CALL_HEAD)} ({names})")
             for i, tool in enumerate(tools):
@@ -86,7 +79,7 @@ class HarmonyReply:
         return None
 
 
-class HarmonyReader:
+class HarmonyReader(StateReader):
     """Feed reply text (its markers shown); get reasoning, content and call events."""
 
     def __init__(self) -> None:
@@ -97,15 +90,7 @@ class HarmonyReader:
         self._call: ToolCall | None = None
 
     def read(self, text: str | None) -> list[OutputEvent]:
-        out: list[OutputEvent] = []
-        if text is None:
-            return self._finish(out)
-        self.buf += text
-        while True:
-            before = (self.state, len(self.buf))
-            getattr(self, f"_{self.state}")(out)
-            if (self.state, len(self.buf)) == before:
-                return out
+        return self.feed(text) if text is not None else self._finish([])
 
     def _header(self, out: list[OutputEvent]) -> None:
         at = self.buf.find(MESSAGE)

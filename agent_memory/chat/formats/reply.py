@@ -12,7 +12,7 @@ the fact and not constrained (their `required` or named `tool_choice` is a 400).
 from __future__ import annotations
 
 from agent_memory.chat.conversation import Tool
-from agent_memory.chat.formats.calls import CallSyntax, HermesJson, json_rule
+from agent_memory.chat.formats.calls import CallSyntax, HermesJson, Wanted, json_rule
 from agent_memory.chat.formats.frames import ThinkFrame, think_frame
 from agent_memory.chat.formats.harmony import HarmonyReply
 from agent_memory.chat.formats.markup import Markup, regex, without
@@ -98,25 +98,15 @@ class TaggedReply:
             calls = ToolCallParser(syntax.opener, syntax.end, parse)
         return ReplyReader(thinking, calls)
 
-    def lark(
-        self,
-        tools: list[Tool],
-        mode: str,
-        parallel: bool,
-        answer: dict | None,
-        thinking: bool | None,
-        m: Markup,
-        started: bool | None = None,
-    ) -> str | None:
+    def lark(self, wanted: Wanted, m: Markup) -> str | None:
         """The grammar, or None where the output is free (no tools, no JSON answer)."""
-        calls_on = bool(tools) and mode != "none"
-        if not calls_on and answer is None:
+        if not wanted.calls and wanted.answer is None:
             return None
         rules: list[str] = []
-        body = self._body(tools if calls_on else [], mode, parallel, answer, m, rules)
-        if self.think is None or thinking is False or started is False:
+        body = self._body(wanted.calls, wanted.mode, wanted.parallel, wanted.answer, m, rules)
+        if self.think is None or wanted.thinking is False or wanted.started is False:
             return f"start: {body}\n" + "\n".join(rules)
-        return f"start: {self._think(m, started is True, rules)} {body}\n" + "\n".join(rules)
+        return f"start: {self._think(m, wanted.started is True, rules)} {body}\n" + "\n".join(rules)
 
     def _think(self, m: Markup, inside: bool, rules: list[str]) -> str:
         """The reasoning before the answer: in its template's frame (frames.py), without the

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent_memory.chat.events import ContentDelta, OutputEvent, ReasoningDelta, held_back
+from agent_memory.chat.events import ContentDelta, OutputEvent, ReasoningDelta, StateReader, held_back
 
 # Pairs mlx-lm does not find by itself (its TokenizerWrapper.think_start knows the others).
 MORE_TAGS = [("[THINK]", "[/THINK]")]
@@ -37,22 +37,13 @@ class ThinkTags:
         return True if tail.endswith(self.start) else False if tail.endswith(self.end) else None
 
 
-class ThinkSplitter:
+class ThinkSplitter(StateReader):
     """Feed reply text; get reasoning and content events (content still to be read for calls)."""
 
     def __init__(self, tags: ThinkTags, inside: bool) -> None:
         self.tags = tags
         self.state = "lead" if inside else "before"  # before | lead | reasoning | after | content
         self.buf = ""
-
-    def feed(self, text: str) -> list[OutputEvent]:
-        self.buf += text
-        out: list[OutputEvent] = []
-        while True:
-            before = (self.state, len(self.buf))
-            getattr(self, f"_{self.state}")(out)
-            if (self.state, len(self.buf)) == before:
-                return out
 
     def finish(self) -> list[OutputEvent]:
         out: list[OutputEvent] = []
