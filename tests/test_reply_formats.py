@@ -410,3 +410,50 @@ def test_reasoning_comes_back_from_encrypted_content_alone(thinking_server):
     damaged = {**items[1], "encrypted_content": thought.encrypted_content[:-4] + "AAAA"}
     third = client.responses.create(input=[items[0], damaged, *items[2:]], instructions=MESSAGES[0]["content"], **ask)
     assert third.status == "completed"  # a damaged one is no reasoning, not an error
+
+
+@pytest.mark.parametrize(
+    "family", ["qwen3", "qwen3_coder", "qwen3_5", "glm4_6", "devstral", "deepseek_v3_1", "kimi_k2"]
+)
+def test_text_then_calls_read_back_as_the_template_writes_them(family, tmp_path_factory):
+    """A turn of text and then calls, as the template writes it: read by the family's reader
+    (the whitespace the template puts between text and calls left out of the content) and sent
+    back, it renders to the very same text, so the cache keeps all of it."""
+    from agent_memory.chat.events import CallArguments, CallStart, ContentDelta, ReasoningDelta
+
+    tok = load_tokenizer(templated_model(tmp_path_factory.getbasetemp() / "templated", family))
+    fmt = reply_format(tok)
+    calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": {"city": c}}}
+        for i, c in enumerate(["Oslo", "Lima"])
+    ]
+    results = [{"role": "tool", "tool_call_id": c["id"], "content": "Sunny."} for c in calls]
+
+    def rendered(turn: dict) -> str:
+        conv = conversation(ChatCompletionRequest(model="m", messages=MESSAGES + [turn, *results], tools=TOOLS))
+        messages, tools = template_input(conv, fmt.native, fmt.describe, fmt.history_key)
+        return tok.apply_chat_template(messages, tools=tools, add_generation_prompt=False, tokenize=False)
+
+    conv = conversation(ChatCompletionRequest(model="m", messages=MESSAGES, tools=TOOLS))
+    messages, tools = template_input(conv, fmt.native, fmt.describe, fmt.history_key)
+    prompt = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    arguments = [
+        {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}} for c in calls
+    ]
+    whole = rendered({"role": "assistant", "content": "Let me check both.", "tool_calls": arguments})
+    assert whole.startswith(prompt)
+    end = min(i for e in TEMPLATES[family]["eos"] if (i := whole.find(e, len(prompt))) >= 0)
+    reader = fmt.reader(conv.tools, fmt.started_by(prompt))
+    events = reader.read(whole[len(prompt) : end]) + reader.read(None)
+    content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    read = [[e.name, ""] for e in events if isinstance(e, CallStart)]
+    for e in (e for e in events if isinstance(e, CallArguments)):
+        read[e.index][1] += e.text
+    assert content == "Let me check both." and [json.loads(a)["city"] for _, a in read] == ["Oslo", "Lima"]
+    back = [
+        {"id": c["id"], "type": "function", "function": {"name": n, "arguments": a}} for c, (n, a) in zip(calls, read)
+    ]
+    assert (
+        rendered({"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": back}) == whole
+    )

@@ -118,3 +118,13 @@ def test_tagged_parameters_and_mistral_calls_are_read_whole(step):
         ("get_weather", {"city": "Oslo"}),
         ("get_weather", {"city": "Lima", "days": 1}),
     ]
+
+
+@pytest.mark.parametrize("step", [1, 2, 1000])
+def test_the_lead_before_a_call_is_not_content(step):
+    """Qwen3 writes a turn's text, "\\n", then its call: the "\\n" is the template's, so the
+    content leaves it out; a line break that no call follows stays."""
+    call = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    got = joined(read(ReplyReader(None, ToolCallParser(lead="\n")), "Let me see.\n" + call, step))
+    assert got["content"] == "Let me see." and [n for n, _ in got["calls"]] == ["f"]
+    assert joined(read(ReplyReader(None, ToolCallParser(lead="\n")), "Two\nlines\n", step))["content"] == "Two\nlines\n"

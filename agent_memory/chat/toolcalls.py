@@ -58,15 +58,22 @@ class JsonDepth:
 
 class ToolCallParser(StateReader):
     """Feed generated text; get content and tool-call events. `parse_whole`: for formats other
-    than the built-in JSON one, (the text between `start` and `end`) -> [{"name", "arguments"}]."""
+    than the built-in JSON one, (the text between `start` and `end`) -> [{"name", "arguments"}].
+    `lead`: what the template writes between a turn's text and its first call (Qwen3's "\n"):
+    left out of the content, since the template writes it back itself."""
 
     def __init__(
-        self, start: str = CALL_START, end: str = CALL_END, parse_whole: Callable[[str], list[dict]] | None = None
+        self,
+        start: str = CALL_START,
+        end: str = CALL_END,
+        parse_whole: Callable[[str], list[dict]] | None = None,
+        lead: str = "",
     ):
-        self.start, self.end, self.parse_whole = start, end, parse_whole
+        self.start, self.end, self.parse_whole, self.lead = start, end, parse_whole, lead
         self.buf = ""
         self.state = "text"  # text | head | arguments | suffix | tail | whole
         self.calls: list[ToolCall] = []
+        self.wrote = False  # content has been written
         self._name = ""
         self._id = ""
         self._args: list[str] = []
@@ -99,13 +106,17 @@ class ToolCallParser(StateReader):
     def _text(self, out: list[OutputEvent]) -> None:
         at = self.buf.find(self.start)
         if at < 0:
-            keep = held_back(self.buf, self.start)
+            keep = max(held_back(self.buf, self.start), held_back(self.buf, self.lead + self.start))
             if len(self.buf) > keep:
                 out.append(ContentDelta(self.buf[: len(self.buf) - keep]))
                 self.buf = self.buf[len(self.buf) - keep :]
+                self.wrote = True
             return
-        if at:
-            out.append(ContentDelta(self.buf[:at]))
+        text = self.buf[:at]
+        if self.lead and text.endswith(self.lead) and (text[: -len(self.lead)] or self.wrote or self.calls):
+            text = text[: -len(self.lead)]  # the template's, after text (none where the turn has no text)
+        if text:
+            out.append(ContentDelta(text))
         self.buf = self.buf[at:]
         self.state = "head" if self.parse_whole is None else "whole"
 

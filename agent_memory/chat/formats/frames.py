@@ -1,4 +1,5 @@
-"""Where a template writes an assistant turn's reasoning, found by rendering a probe turn.
+"""Where a template writes an assistant turn's reasoning, and what it writes between the turn's
+text and its calls, found by rendering a probe turn.
 
 Templates differ in the text around reasoning (Qwen3: `<think>\\n` R `\\n</think>\\n\\n`; GLM:
 `\\n<think>` R `</think>\\n`, and `\\n<think></think>\\n` for none; Qwen3.5's prompt opens
@@ -41,6 +42,18 @@ def _continuation(tokenizer, message: dict) -> str | None:
     if not whole.startswith(prompt):
         return None
     return whole[len(prompt) :]
+
+
+def call_lead(tokenizer, opener: str) -> str:
+    """The whitespace a template writes between a turn's text and its first call (Qwen3:
+    "\\n", Qwen3.5: "\\n\\n"); "" where it writes none or the probe cannot tell."""
+    turn = _continuation(tokenizer, {})
+    if turn is None or CONTENT not in turn or not opener:
+        return ""
+    after = turn.split(CONTENT, 1)[1]
+    at = after.find(opener)
+    lead = after[:at] if at > 0 else ""
+    return lead if not lead.strip() else ""
 
 
 def think_frame(tokenizer, history_key: str) -> ThinkFrame | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from agent_memory.chat.conversation import Tool
 from agent_memory.chat.formats.calls import CallSyntax, HermesJson, Wanted, json_rule
-from agent_memory.chat.formats.frames import ThinkFrame, think_frame
+from agent_memory.chat.formats.frames import ThinkFrame, call_lead, think_frame
 from agent_memory.chat.formats.harmony import HarmonyReply
 from agent_memory.chat.formats.markup import Markup, regex, without
 from agent_memory.chat.formats.llama import LlamaJson
@@ -59,11 +59,19 @@ class TaggedReply:
     history_key = "reasoning_content"  # where templates read an earlier turn's reasoning
 
     def __init__(
-        self, calls: CallSyntax, think: ThinkTags | None, native: bool, frame: ThinkFrame | None = None, describe=None
+        self,
+        calls: CallSyntax,
+        think: ThinkTags | None,
+        native: bool,
+        frame: ThinkFrame | None = None,
+        describe=None,
+        lead: str = "",
     ) -> None:
         """native: the template writes calls (else the built-in format does); describe: where
-        it writes calls but not the tools, what describes them in the system turn."""
+        it writes calls but not the tools, what describes them in the system turn; lead: what
+        it writes between a turn's text and its first call (frames.call_lead)."""
         self.calls, self.think, self.native, self.frame, self.describe = calls, think, native, frame, describe
+        self.lead = lead
         self.name = calls.name
         self.opener = calls.opener
 
@@ -95,7 +103,7 @@ class TaggedReply:
         if tools:
             syntax = self.calls
             parse = None if syntax.streams else (lambda body: syntax.parse(body, tools))
-            calls = ToolCallParser(syntax.opener, syntax.end, parse)
+            calls = ToolCallParser(syntax.opener, syntax.end, parse, self.lead)
         return ReplyReader(thinking, calls)
 
     def lark(self, wanted: Wanted, m: Markup) -> str | None:
@@ -194,4 +202,5 @@ def reply_format(tokenizer) -> TaggedReply | HarmonyReply:
             native = True
     think = ThinkTags.of(tokenizer)
     frame = think_frame(tokenizer, TaggedReply.history_key) if think is not None else None
-    return TaggedReply(syntax, think, native, frame, describe)
+    lead = call_lead(tokenizer, syntax.opener) if native else ""
+    return TaggedReply(syntax, think, native, frame, describe, lead)
