@@ -135,9 +135,9 @@ def reply_reader(model: ServedModel, conversation: Conversation, prepared: Prepa
 
 
 def token_counter(model: ServedModel):
-    """text -> how many tokens it is (a reply's reasoning, for usage)."""
-    tokenizer = model.facts.tokenizer
-    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+    """text -> how many tokens it is (a reply's reasoning, for usage), on the event loop with
+    the model's counting tokenizer (never the tokenizer worker's)."""
+    return lambda text: len(model.counter.encode(text, add_special_tokens=False).ids)
 
 
 def check_length(model: ServedModel, chars: int, param: str) -> None:

@@ -13,6 +13,7 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from fastapi import Request
+from tokenizers import Tokenizer
 
 from agent_memory.api.errors import APIError
 from agent_memory.chat.grammar import GrammarCompiler
@@ -60,6 +61,12 @@ class ServedModel:
     def grammars(self) -> GrammarCompiler:
         """Built on first use, on the tokenizer worker (about a second on a large vocabulary)."""
         return GrammarCompiler(self.facts.tokenizer, self.facts.vocab_size, self.reply_format)
+
+    @cached_property
+    def counter(self) -> Tokenizer:
+        """A copy of the tokenizer for the event loop's counting (a reply's reasoning tokens):
+        the model's own is the tokenizer worker's alone."""
+        return Tokenizer.from_str(self.facts.tokenizer.backend_tokenizer.to_str())
 
     @property
     def context_length(self) -> int:
