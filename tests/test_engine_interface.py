@@ -110,8 +110,12 @@ class FakeEngine(EngineClient):
 def facts(tiny_model) -> ModelFacts:
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
+    from agent_memory.chat.formats.reply import reply_format
+
     tokenizer = load_tokenizer(tiny_model)
-    return ModelFacts("fake", ("fake", "fake-alias"), tokenizer, 2048, len(tokenizer), max_token_chars=16)
+    return ModelFacts(
+        "fake", ("fake", "fake-alias"), tokenizer, 2048, len(tokenizer), max_token_chars=16, reply_format=reply_format(tokenizer)
+    )
 
 
 def serve(engine: FakeEngine, on_load_failure=lambda: None) -> TestClient:

@@ -17,7 +17,6 @@ from tokenizers import Tokenizer
 
 from agent_memory.api.errors import APIError
 from agent_memory.chat.grammar import GrammarCompiler
-from agent_memory.chat.formats.reply import reply_format
 from agent_memory.engine.protocol import EngineClient, ModelFacts
 
 T = TypeVar("T")
@@ -52,10 +51,10 @@ class ServedModel:
         (clients such as AutoGen check), else the model's own."""
         return requested if requested in self.ids else self.id
 
-    @cached_property
+    @property
     def reply_format(self):
-        """How the model writes calls and reasoning (chat/formats/reply.py)."""
-        return reply_format(self.facts.tokenizer)
+        """How the model writes calls and reasoning (chat/formats/reply.py), found at load."""
+        return self.facts.reply_format
 
     @cached_property
     def grammars(self) -> GrammarCompiler:

@@ -220,6 +220,7 @@ class BatchEngine(EngineClient):
             context_length=loaded.context_length,
             vocab_size=loaded.vocab_size,
             max_token_chars=loaded.max_token_chars,
+            reply_format=loaded.reply_format,
             sampling_defaults=loaded.sampling_defaults,
         )
 

@@ -39,6 +39,7 @@ class LoadedModel:
     model: Any
     tokenizer: Any  # mlx-lm TokenizerWrapper, for the API's tokenizer thread
     decoder: Tokenizer  # an independent copy, for the engine thread's detokenizing
+    reply_format: Any  # how it writes calls and reasoning (chat/formats/reply.py), probed once
     hidden_tokens: frozenset[int]  # special tokens left out of a reply's text (not its format's markers)
     context_length: int
     vocab_size: int  # the width of the model's logits (may exceed the tokenizer's vocabulary)
@@ -53,11 +54,11 @@ class LoadedModel:
     sampling_defaults: dict[str, float | int]  # generation_config.json's, for fields a request omits
 
 
-def hidden_tokens(tokenizer) -> frozenset[int]:
+def hidden_tokens(tokenizer, reply) -> frozenset[int]:
     """The special tokens a reply's text leaves out: all but the markers of the model's reply
     format (harmony's channels, Mistral's [TOOL_CALLS]), which the API reads calls and
     reasoning from and the next turn's prompt holds again."""
-    markers = set(reply_format(tokenizer).markers)
+    markers = set(reply.markers)
     added = tokenizer._tokenizer.added_tokens_decoder
     return frozenset(i for i, t in added.items() if t.special and t.content not in markers)
 
@@ -120,13 +121,15 @@ def load_model(path: Path, name: str | None = None, model_defaults: bool = True)
     head_dim = text.get("head_dim") or hidden // heads
     ffn = text.get("intermediate_size") or 4 * hidden
     matmul_params = num_layers * (2 * hidden * (heads + kv_heads) * head_dim + 3 * hidden * ffn)
+    reply = reply_format(tokenizer)
     return LoadedModel(
         name=name or path.name,
         path=path,
         model=model,
         tokenizer=tokenizer,
         decoder=Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()),
-        hidden_tokens=hidden_tokens(tokenizer),
+        reply_format=reply,
+        hidden_tokens=hidden_tokens(tokenizer, reply),
         context_length=int(context),
         vocab_size=int(text["vocab_size"]),
         max_token_chars=max(len(t) for t in tokenizer.get_vocab()),

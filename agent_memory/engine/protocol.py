@@ -33,6 +33,8 @@ class ModelFacts:
     vocab_size: int  # the width of the model's logits (may exceed the tokenizer's vocabulary)
     # The most characters one token stands for: n characters are at least n / this many tokens.
     max_token_chars: int
+    # How the model writes calls and reasoning (chat/formats/reply.py): found once, at load.
+    reply_format: Any
     # What a request that omits them samples with (temperature, top_p, top_k): the model
     # folder's generation_config.json, unless --no-model-defaults.
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
