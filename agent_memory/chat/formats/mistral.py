@@ -4,6 +4,7 @@ mlx-lm's parser reads them back."""
 
 from __future__ import annotations
 
+import agent_memory.blas  # noqa: F401  (before MLX, see its docstring)
 from mlx_lm.tool_parsers import mistral
 
 from agent_memory.chat.conversation import Tool

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+import agent_memory.blas  # noqa: F401  (before MLX, see its docstring)
 from mlx_lm.tool_parsers import kimi_k2
 
 from agent_memory.chat.conversation import Tool

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import agent_memory.blas  # noqa: F401  (before MLX, see its docstring)
 from mlx_lm.tool_parsers import glm47, qwen3_coder
 
 from agent_memory.chat.conversation import Tool
