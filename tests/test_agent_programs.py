@@ -1,0 +1,114 @@
+"""The coding agents people point at a local server, run for real from their npm packages
+(scripts/test installs them in .agent-programs/): Codex CLI and Claude Code at their newest
+releases, and Claude Code 2.1.197, whose tool schemas (`propertyNames`) once failed its first
+request. Each runs non-interactively against the real server on a scripted tiny model
+(tests/scripted.py) that calls a tool where the task needs one and then answers, so a whole
+task completes; each test checks what the program did and what the server logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, Server
+from tests.scripted import CONTEXT, scripted_model
+
+PROGRAMS = REPO / ".agent-programs"
+ANSWER = "Done."
+RUN_LIMIT = 300  # seconds; a run takes a few
+
+
+def program(release: str, binary: str) -> Path:
+    path = PROGRAMS / release / "node_modules" / ".bin" / binary
+    if not path.exists():
+        pytest.skip(f"{binary} ({release}) is not installed: scripts/test installs it with npm into {PROGRAMS.name}/")
+    return path
+
+
+def logged_requests(server: Server, path: str) -> list[dict[str, str]]:
+    """The server's request log lines for `path`, as their key=value fields."""
+    lines = [line for line in server.log().splitlines() if "agent_memory.requests:" in line]
+    fields = [dict(re.findall(r"(\w+)=(\S+)", line.split("agent_memory.requests:", 1)[1])) for line in lines]
+    return [f for f in fields if f.get("path") == path and f.get("method") == "POST"]
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "CODEX_", "CLAUDE_"))}
+    done = subprocess.run(cmd, cwd=cwd, env={**base, **env}, capture_output=True, text=True, timeout=RUN_LIMIT)
+    assert done.returncode == 0, f"{cmd[0]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("scripted")
+    return {"calls": scripted_model(root, tool="get_goal"), "answers": scripted_model(root, tool=None)}
+
+
+def test_codex_exec_completes_a_task_with_a_tool_call(models, tmp_path):
+    codex = program("codex-latest", "codex")
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    with Server(models["calls"], tmp_path / "cache") as server:
+        (home / "config.toml").write_text(  # docs/usage.md's block
+            'model = "local"\nmodel_provider = "agent-memory"\n\n[model_providers.agent-memory]\n'
+            f'name = "agent-memory"\nbase_url = "{server.base_url}/v1"\nwire_api = "responses"\n'
+        )
+        task = "What is the current goal? Use the get_goal tool."
+        done = run([str(codex), "exec", "--skip-git-repo-check", "--json", task], work, {"CODEX_HOME": str(home)})
+        requests = logged_requests(server, "/v1/responses")
+
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    messages = [e["item"]["text"] for e in events if e.get("item", {}).get("type") == "agent_message"]
+    assert messages == [ANSWER] and events[-1]["type"] == "turn.completed"
+    # Codex's own record of the session: the model's call, Codex's run of it, its output sent back.
+    rollout = [json.loads(line) for f in (home / "sessions").rglob("*.jsonl") for line in f.read_text().splitlines()]
+    items = [r["payload"] for r in rollout if r.get("type") == "response_item"]
+    calls = [i for i in items if i.get("type") == "function_call"]
+    outputs = [i for i in items if i.get("type") == "function_call_output"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_goal", {})]
+    assert [o["call_id"] for o in outputs] == [calls[0]["call_id"]]
+
+    # The server: the call, then the answer with the first request's prompt served from memory.
+    assert [r["status"] for r in requests] == ["200", "200"], requests
+    first, second = requests
+    assert first["agent"] == second["agent"] and int(first["prompt_tokens"]) > 10_000
+    assert int(second["cached_tokens"]) >= int(first["prompt_tokens"]) - 64
+
+
+@pytest.mark.parametrize("release", ["latest", "2.1.197"])
+def test_claude_code_turns_reuse_the_previous_one(models, tmp_path, release):
+    claude = program(f"claude-{release}", "claude")
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    with Server(models["answers"], tmp_path / "cache") as server:
+        env = {  # docs/usage.md's settings
+            "HOME": str(home),
+            "ANTHROPIC_BASE_URL": server.base_url,
+            "ANTHROPIC_AUTH_TOKEN": "unused",
+            "ANTHROPIC_MODEL": "local",
+            "ANTHROPIC_SMALL_FAST_MODEL": "local",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
+            "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(CONTEXT),
+        }
+        first = run([str(claude), "-p", "Say hello."], work, env)
+        second = run([str(claude), "-p", "--continue", "Once more."], work, env)
+        requests = logged_requests(server, "/v1/messages")
+        log = server.log()
+
+    assert first.stdout.strip() == ANSWER and second.stdout.strip() == ANSWER
+    assert [r["status"] for r in requests] == ["200", "200"], requests
+    one, two = requests
+    assert one["agent"] == two["agent"] and int(one["prompt_tokens"]) > 10_000
+    # The second turn is the first turn plus a few tokens: all of the first from memory.
+    assert int(two["cached_tokens"]) >= int(one["prompt_tokens"]) - 64
+    if release == "2.1.197":  # its task tools describe `metadata` with propertyNames: constrained without it
+        assert "tool 'TaskCreate': its calls are constrained without propertyNames" in log
