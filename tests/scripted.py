@@ -33,12 +33,19 @@ from tests.templates import chat_template
 CONTEXT = 65536  # Claude Code's prompt is 19-32k tokens of this tokenizer, plus its max_tokens
 BIAS, SEEN, PROMPT_END, OTHER = 0, 1, 2, 3  # embedding dimensions; answer tokens use 4, 5, ...
 RESULT_SEEN = 1.0  # the residual stream's "tool result seen" unit after layer 0
-# One layer, narrow: the programs' prompts are 15-18k tokens, and this keeps their prefill short.
-SMALL = {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 2,
-         "num_key_value_heads": 1, "head_dim": 16}
-ATTEND = 2.5
-# Where the grammar allows a closer, take it: "}" before a new key, '"' before more of a string.
-CLOSERS = {"}": 14.0, '"': 12.0}  # above every piece of the call (1 per character)  # query and key size on the attending pair: a score of ~400 at <tool_response>
+# One layer, narrow: the programs' prompts are 15-32k tokens, and this keeps their prefill short.
+SMALL = {
+    "num_hidden_layers": 1,
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+}
+ATTEND = 2.5  # query and key size on the attending pair: a score far above log(context) at <tool_response>
+# Where the grammar allows a closer, take it: "}" before a new key, '"' before more of a string;
+# both above every other piece of the call (1 per character).
+CLOSERS = {"}": 14.0, '"': 12.0}
 
 
 def scripted_model(root: Path, *, tool: str | None, answer: str = "Done.") -> Path:
