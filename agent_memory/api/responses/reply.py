@@ -10,6 +10,7 @@ import secrets
 
 from agent_memory.api.responses.reasoning import seal
 from agent_memory.chat.conversation import ToolCall
+from agent_memory.chat.freeform import freeform_input
 from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
@@ -55,10 +56,30 @@ def reasoning_item(item_id: str, text: str, status: str = "completed", sealed: b
 def call_item(item_id: str, call: ToolCall, status: str = "completed", namespaced: dict | None = None) -> dict:
     """A function_call item; a namespaced tool's call is its own name and its `namespace`."""
     args = call.arguments if status == "completed" else ""
-    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name, "arguments": args}
+    item = {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": args,
+    }
     if namespaced and call.name in namespaced:
         item["namespace"], item["name"] = namespaced[call.name]
     return item
+
+
+def custom_call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict:
+    """A custom_tool_call item: the freeform tool's input, raw (chat/freeform.py)."""
+    text = freeform_input(call.arguments) if status == "completed" else ""
+    return {
+        "id": item_id,
+        "type": "custom_tool_call",
+        "status": status,
+        "call_id": call.id,
+        "name": call.name,
+        "input": text,
+    }
 
 
 class Reply:
@@ -67,12 +88,18 @@ class Reply:
     message, so that every response has one."""
 
     def __init__(
-        self, output: list[dict], reader, namespaced: dict[str, tuple[str, str]] | None = None, sealed: bool = False
+        self,
+        output: list[dict],
+        reader,
+        namespaced: dict[str, tuple[str, str]] | None = None,
+        sealed: bool = False,
+        custom: set[str] | None = None,
     ) -> None:
         self.output = output  # the response's output items, filled in place
         self.reader = reader  # chat/reader.py's ReplyReader, or harmony's
         self.namespaced = namespaced or {}  # the model's name of a namespaced tool -> (namespace, name)
         self.sealed = sealed  # reasoning items carry `encrypted_content`
+        self.custom = custom or set()  # the freeform tools: calls as custom_tool_call items
         self.open: dict | None = None  # the item being written
         self.parts: list[str] = []  # its text, or its arguments, so far
         self.content: list[str] = []  # the text of every message item
@@ -102,7 +129,10 @@ class Reply:
 
     def _write(self, out: OutputEvent) -> list[str]:
         if isinstance(out, CallStart):
-            return self._start(call_item(new_id("fc"), ToolCall(out.id, out.name, ""), "in_progress", self.namespaced))
+            call = ToolCall(out.id, out.name, "")
+            if out.name in self.custom:
+                return self._start(custom_call_item(new_id("ctc"), call, "in_progress"))
+            return self._start(call_item(new_id("fc"), call, "in_progress", self.namespaced))
         if isinstance(out, CallCutOff):
             self.parts = [out.arguments]
             return []
@@ -118,7 +148,16 @@ class Reply:
             ids = {"item_id": self.open["id"], "output_index": index, "content_index": 0}
             return frames + [self.event("response.reasoning_text.delta", **ids, delta=out.text)]
         if isinstance(out, CallArguments):
-            return frames + [self.event("response.function_call_arguments.delta", item_id=self.open["id"], output_index=index, delta=out.text)]
+            if self.open["type"] == "custom_tool_call":
+                return frames  # JSON-escaped as the model writes it: the raw input goes out whole, at its end
+            return frames + [
+                self.event(
+                    "response.function_call_arguments.delta",
+                    item_id=self.open["id"],
+                    output_index=index,
+                    delta=out.text,
+                )
+            ]
         self.content.append(out.text)
         ids = {"item_id": self.open["id"], "output_index": index, "content_index": 0}
         return frames + [self.event("response.output_text.delta", **ids, delta=out.text, logprobs=[])]
@@ -158,8 +197,22 @@ class Reply:
         name = f"{item['namespace']}.{item['name']}" if "namespace" in item else item["name"]  # as the model knows it
         call = ToolCall(item["call_id"], name, text)
         self.calls.append(call)
+        if item["type"] == "custom_tool_call":
+            done = self.output[index] = custom_call_item(item["id"], call)
+            ids = {"item_id": item["id"], "output_index": index}
+            return [
+                self.event("response.custom_tool_call_input.delta", **ids, delta=done["input"]),
+                self.event("response.custom_tool_call_input.done", **ids, input=done["input"]),
+                self.event("response.output_item.done", output_index=index, item=done),
+            ]
         done = self.output[index] = call_item(item["id"], call, namespaced=self.namespaced)
         return [
-            self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=text, name=done["name"]),
+            self.event(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                arguments=text,
+                name=done["name"],
+            ),
             self.event("response.output_item.done", output_index=index, item=done),
         ]

@@ -139,13 +139,14 @@ async def create_response(
         body.cache_salt,
     )
     draft.params = generation.params
-    reply = Reply(draft.output, pipeline.reply_reader(model, conv, prepared), body.namespaced(), body.sealed)
+    reader = pipeline.reply_reader(model, conv, prepared)
+    reply = Reply(draft.output, reader, body.namespaced(), body.sealed, body.custom_tools())
     ignored = body.ignored_tools()
     headers = {IGNORED_HEADER: ", ".join(ignored)} if ignored else {}
     for kind in ignored:
         if kind not in _IGNORED_SAID:
             _IGNORED_SAID.add(kind)
-            log.info("the %s tool runs on OpenAI's side: it is left out of what the model sees", kind)
+            log.info("the %s tool is one this server cannot run: it is left out of what the model sees", kind)
 
     def keep(finished: Finished) -> dict:
         draft.reasoning = "".join(reply.reasoning)

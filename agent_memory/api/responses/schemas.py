@@ -10,6 +10,7 @@ from agent_memory.api.bodies import TOOL_NAME, RequestBody
 from agent_memory.api.errors import APIError
 from agent_memory.api.responses.reasoning import unseal
 from agent_memory.chat.conversation import Message, OutputFormat, Thinking, Tool, ToolCall, ToolChoice, effort_thinking
+from agent_memory.chat.freeform import freeform_arguments, freeform_tool
 
 
 class FunctionTool(BaseModel):
@@ -34,8 +35,27 @@ class NamespaceTool(BaseModel):
     tools: list[FunctionTool]
 
 
-# Tools OpenAI runs on its side: this server cannot, so they are left out of what the model
-# sees (a log line, and the response's `x-agent-memory-ignored-tools` header, say so).
+class CustomFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "grammar"] = "text"
+    syntax: Literal["lark", "regex"] | None = None
+    definition: str | None = None
+
+
+class CustomTool(BaseModel):
+    """A freeform tool: its calls' input is raw text, constrained by `format`'s grammar where
+    one is given (chat/freeform.py). Codex sends `apply_patch` so to the models it knows."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["custom"]
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    format: CustomFormat = Field(default_factory=CustomFormat)
+
+
+# Tools OpenAI runs on its side, and Codex's `tool_search` over tools it defers (whose call
+# items this server does not write): left out of what the model sees (a log line, and the
+# response's `x-agent-memory-ignored-tools` header, say so).
 HOSTED_TOOLS = (
     "web_search",
     "web_search_preview",
@@ -46,6 +66,7 @@ HOSTED_TOOLS = (
     "code_interpreter",
     "local_shell",
     "mcp",
+    "tool_search",
 )
 
 
@@ -54,12 +75,12 @@ class HostedTool(BaseModel):
     type: Literal[HOSTED_TOOLS]
 
 
-AnyTool = Annotated[FunctionTool | NamespaceTool | HostedTool, Field(discriminator="type")]
+AnyTool = Annotated[FunctionTool | NamespaceTool | CustomTool | HostedTool, Field(discriminator="type")]
 
 
 class NamedFunction(BaseModel):
     model_config = ConfigDict(extra="allow")
-    type: Literal["function"]
+    type: Literal["function", "custom"]
     name: str
 
 
@@ -113,7 +134,13 @@ class ResponsesRequest(RequestBody):
 
     def namespaced(self) -> dict[str, tuple[str, str]]:
         """The model's name of each namespaced tool -> (its namespace, its name)."""
-        return {f"{n.name}.{t.name}": (n.name, t.name) for n in self.tools if isinstance(n, NamespaceTool) for t in n.tools}
+        return {
+            f"{n.name}.{t.name}": (n.name, t.name) for n in self.tools if isinstance(n, NamespaceTool) for t in n.tools
+        }
+
+    def custom_tools(self) -> set[str]:
+        """The names of the freeform tools: their calls are returned as custom_tool_call items."""
+        return {t.name for t in self.tools if isinstance(t, CustomTool)}
 
     def ignored_tools(self) -> list[str]:
         """The hosted tools this server leaves out, by type."""
@@ -124,6 +151,8 @@ class ResponsesRequest(RequestBody):
         for t in self.tools:
             if isinstance(t, FunctionTool):
                 tools.append(Tool(t.name, t.description or "", t.parameters or {}))
+            elif isinstance(t, CustomTool):
+                tools.append(freeform_tool(t.name, t.description or "", t.format.syntax, t.format.definition))
             elif isinstance(t, NamespaceTool):
                 tools += [Tool(f"{t.name}.{f.name}", f.description or "", f.parameters or {}) for f in t.tools]
         names = {t.name for t in tools}
@@ -186,9 +215,17 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
                 out[-1].tool_calls.append(call)  # the calls of one turn (after its text, if any)
             else:
                 out.append(Message("assistant", "", [call]))
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            if not isinstance(item.get("call_id"), str) or not isinstance(item.get("name"), str):
+                raise APIError(400, f"{param}: a custom_tool_call needs call_id and name", param=param)
+            call = ToolCall(item["call_id"], item["name"], freeform_arguments(str(item.get("input", ""))))
+            if out and out[-1].role == "assistant":
+                out[-1].tool_calls.append(call)
+            else:
+                out.append(Message("assistant", "", [call]))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             if "call_id" not in item:
-                raise APIError(400, f"{param}: a function_call_output needs call_id", param=f"{param}.call_id")
+                raise APIError(400, f"{param}: a {kind} needs call_id", param=f"{param}.call_id")
             output = item.get("output", "")
             out.append(Message("tool", _text(output, f"{param}.output"), tool_call_id=str(item["call_id"])))
         elif kind == "reasoning":

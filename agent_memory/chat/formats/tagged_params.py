@@ -9,6 +9,7 @@ order, the required ones always. mlx-lm's parsers read them back, typed by the s
 from __future__ import annotations
 
 import json
+import re
 
 import agent_memory.blas  # noqa: F401  (before MLX, see its docstring)
 from mlx_lm.tool_parsers import glm47, qwen3_coder
@@ -39,7 +40,10 @@ class TaggedParams(CallSyntax):
         for n, (key, prop) in enumerate(properties.items()):
             value = f"{name}_v{n}"
             prop = prop if isinstance(prop, dict) else {}
-            if self._raw(prop):
+            if self._raw(prop) and "pattern" in prop:  # a freeform tool's grammar (chat/freeform.py)
+                pattern_rules, pattern_text = m.until(f"{value}_text", _regex_body(prop["pattern"]), self.value_close)
+                rules += [*pattern_rules, f"{value}: {pattern_text}"]
+            elif self._raw(prop):
                 rules.append(f"{value}: {text}")
             else:
                 expression = self._value(value, prop, m)
@@ -100,3 +104,10 @@ class Glm(TaggedParams):
     @staticmethod
     def parser(text: str, tools: list[dict]) -> dict:
         return glm47.parse_tool_call(text, tools)
+
+
+def _regex_body(pattern: str) -> str:
+    """A JSON schema `pattern` as the body of a Lark regex for the whole value: an anchored one
+    as it is, an unanchored one (found anywhere, as JSON schema reads it) between any text."""
+    body = pattern[1:-1] if pattern.startswith("^") and pattern.endswith("$") else f"(?s:.*)(?:{pattern})(?s:.*)"
+    return re.sub(r"(?<!\\)/", r"\/", body)
