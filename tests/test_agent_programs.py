@@ -1,6 +1,6 @@
 """The coding agents people point at a local server, run for real from their npm packages
-(scripts/test installs them in .agent-programs/): Codex CLI and Claude Code at their newest
-releases, and Claude Code 2.1.197, whose tool schemas (`propertyNames`) once failed its first
+(scripts/test installs them in .agent-programs/): Codex CLI, Claude Code and opencode at their
+newest releases, and Claude Code 2.1.197, whose tool schemas (`propertyNames`) once failed its first
 request. Each runs non-interactively against the real server on a scripted tiny model
 (tests/scripted.py) that calls a tool where the task needs one and then answers, so a whole
 task completes; each test checks what the program did and what the server logged."""
@@ -39,7 +39,8 @@ def logged_requests(server: Server, path: str) -> list[dict[str, str]]:
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "CODEX_", "CLAUDE_"))}
-    done = subprocess.run(cmd, cwd=cwd, env={**base, **env}, capture_output=True, text=True, timeout=RUN_LIMIT)
+    env = {**base, "PWD": str(cwd), **env}  # opencode takes its project folder from PWD
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_LIMIT)
     assert done.returncode == 0, f"{cmd[0]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
@@ -118,3 +119,32 @@ def test_claude_code_turns_reuse_the_previous_one(models, tmp_path, release):
     assert int(two["cached_tokens"]) >= int(one["prompt_tokens"]) - 64
     if release == "2.1.197":  # its task tools describe `metadata` with propertyNames: constrained without it
         assert "tool 'TaskCreate': its calls are constrained without propertyNames" in log
+
+
+def test_opencode_turns_reuse_the_previous_one(models, tmp_path):
+    """opencode through the OpenAI route (its openai-compatible provider): a run and a second
+    one continuing the session; with each turn it also sends a short title request."""
+    opencode = program("opencode-latest", "opencode")
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    with Server(models["answers"], tmp_path / "cache") as server:
+        provider = {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "agent-memory",
+            "options": {"baseURL": f"{server.base_url}/v1"},
+            "models": {"local": {"name": "local"}},
+        }  # docs/usage.md's opencode.json
+        (work / "opencode.json").write_text(
+            json.dumps({"provider": {"agent-memory": provider}, "model": "agent-memory/local"})
+        )
+        first = run([str(opencode), "run", "Say hello."], work, {"HOME": str(home)})
+        turn_one = logged_requests(server, "/v1/chat/completions")
+        second = run([str(opencode), "run", "--continue", "Once more."], work, {"HOME": str(home)})
+        requests = logged_requests(server, "/v1/chat/completions")
+
+    assert first.stdout.strip().endswith(ANSWER) and second.stdout.strip().endswith(ANSWER)
+    assert {r["status"] for r in requests} == {"200"} and len(requests) > len(turn_one)
+    main, next_main = (max(rs, key=lambda r: int(r["prompt_tokens"])) for rs in (turn_one, requests[len(turn_one) :]))
+    assert int(main["prompt_tokens"]) > 5_000
+    assert int(next_main["cached_tokens"]) >= int(main["prompt_tokens"]) - 64
