@@ -31,7 +31,8 @@ from agent_memory.models.tiny import build_tiny
 from tests.templates import chat_template
 
 CONTEXT = 65536  # Claude Code's prompt is 19-32k tokens of this tokenizer, plus its max_tokens
-BIAS, SEEN, PROMPT_END, OTHER = 0, 1, 2, 3  # embedding dimensions; answer tokens use 4, 5, ...
+BIAS, SEEN, PROMPT_END, OTHER, OPENS = 0, 1, 2, 3, 4  # embedding dimensions; answer tokens use 5, 6, ...
+ANSWER_DIM = 5
 RESULT_SEEN = 1.0  # the residual stream's "tool result seen" unit after layer 0
 # One layer, narrow: the programs' prompts are 15-32k tokens, and this keeps their prefill short.
 SMALL = {
@@ -43,9 +44,10 @@ SMALL = {
     "head_dim": 16,
 }
 ATTEND = 2.5  # query and key size on the attending pair: a score far above log(context) at <tool_response>
-# Where the grammar allows a closer, take it: "}" before a new key, '"' before more of a string;
-# both above every other piece of the call (1 per character).
-CLOSERS = {"}": 14.0, '"': 12.0}
+# Where the grammar allows a closer, take it: '"' before more of a string, "}" after a value;
+# both above every other piece of the call (1 per character). Right after "{", "}" (a bigram).
+CLOSERS = {'"': 14.0, "}": 12.0}
+EMPTY_OBJECT = 20.0
 
 
 def scripted_model(root: Path, *, tool: str | None, answer: str = "Done.") -> Path:
@@ -86,7 +88,7 @@ def _weights(weights: dict, config: dict, tokenizer: Tokenizer, tool: str | None
         if key.endswith("norm.weight"):
             out[key][:] = 1.0
     answer_ids = tokenizer.encode(answer, add_special_tokens=False).ids
-    assert len(set(answer_ids)) == len(answer_ids) and 4 + len(answer_ids) <= hidden, answer_ids
+    assert len(set(answer_ids)) == len(answer_ids) and ANSWER_DIM + len(answer_ids) <= hidden, answer_ids
     result, opener = _id(tokenizer, "<tool_response>"), _id(tokenizer, "<tool_call>")
     end = _id(tokenizer, "<|im_end|>")
 
@@ -94,7 +96,9 @@ def _weights(weights: dict, config: dict, tokenizer: Tokenizer, tool: str | None
     embed[:, BIAS] = 1.0
     embed[:, OTHER] = 1.0  # a generation prompt ends in a newline token (Qwen3's: "\n", or "\n\n" after an empty think)
     newlines = [t for t in range(vocab) if set(tokenizer.decode([t], skip_special_tokens=False)) == {"\n"}]
-    roles = [(t, PROMPT_END) for t in newlines] + [(result, SEEN)] + [(t, 4 + i) for i, t in enumerate(answer_ids)]
+    opens = [t for t in range(vocab) if tokenizer.decode([t], skip_special_tokens=False).endswith("{")]
+    roles = [(t, PROMPT_END) for t in newlines] + [(t, OPENS) for t in opens] + [(result, SEEN)]
+    roles += [(t, ANSWER_DIM + i) for i, t in enumerate(answer_ids)]
     for token, dim in roles:
         embed[token, OTHER] = 0.0
         embed[token, dim] = 1.0
@@ -117,10 +121,13 @@ def _weights(weights: dict, config: dict, tokenizer: Tokenizer, tool: str | None
     lm[answer_ids[0], PROMPT_END] = 15.0
     lm[answer_ids[0], SEEN] = 30.0
     for i, token in enumerate(answer_ids):
-        lm[answer_ids[i + 1] if i + 1 < len(answer_ids) else end, 4 + i] = 50.0  # over the SEEN pull and any bias
+        lm[answer_ids[i + 1] if i + 1 < len(answer_ids) else end, ANSWER_DIM + i] = (
+            50.0  # over the SEEN pull and any bias
+        )
     for token, bias in _preferred(tokenizer, vocab, tool).items():
         lm[token, BIAS] = bias
     lm[end, BIAS] = 3.0  # after the call: end the turn
+    lm[_id(tokenizer, "}"), OPENS] = EMPTY_OBJECT  # an object with nothing required stays empty
     return {key: value.astype(dtype) for key, value in out.items()}
 
 

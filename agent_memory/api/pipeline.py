@@ -17,6 +17,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.api.access_log import shown_agent
 from agent_memory.api.errors import APIError
 from agent_memory.api.state import ServedModel, ServerState
+from agent_memory.chat.call_check import CheckedReader
 from agent_memory.chat.conversation import Conversation
 from agent_memory.chat.finish import ConstrainedOutput
 from agent_memory.chat.grammar import GrammarError
@@ -131,7 +132,8 @@ def output_grammar(
 def reply_reader(model: ServedModel, conversation: Conversation, prepared: Prepared):
     """How a reply's text turns into reasoning, content and calls (chat/reader.py)."""
     tools = conversation.tools if conversation.calls_tools else []
-    return model.reply_format.reader(tools, prepared.started)
+    reader = model.reply_format.reader(tools, prepared.started)
+    return CheckedReader(reader, tools) if tools else reader
 
 
 def token_counter(model: ServedModel):

@@ -3,7 +3,7 @@ does not implement (`propertyNames`, `not`, `if`/`then`, an unknown string `form
 them, and only them, so that a request whose `tool_choice` is `auto` is served with its calls
 constrained by everything else instead of refused (Claude Code's TaskCreate describes its
 `metadata` with `propertyNames`). A call the model writes then follows the looser schema; the
-dropped keywords are not checked."""
+whole schema is checked once the call is finished (call_check.py)."""
 
 from __future__ import annotations
 
