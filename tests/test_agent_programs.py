@@ -1,9 +1,10 @@
 """The coding agents people point at a local server, run for real from their npm packages
 (scripts/test installs them in .agent-programs/): Codex CLI, Claude Code and opencode at their
-newest releases, and Claude Code 2.1.197, whose tool schemas (`propertyNames`) once failed its first
-request. Each runs non-interactively against the real server on a scripted tiny model
-(tests/scripted.py) that calls a tool where the task needs one and then answers, so a whole
-task completes; each test checks what the program did and what the server logged."""
+newest releases, Claude Code 2.1.197, whose tool schemas (`propertyNames`) once failed its
+first request, and simonw's `llm` from PyPI (in .venv-programs/). Each runs non-interactively
+against the real server on a scripted tiny model (tests/scripted.py) that calls a tool where
+the task needs one and then answers, so a whole task completes; each test checks what the
+program did and what the server logged."""
 
 from __future__ import annotations
 
@@ -148,3 +149,27 @@ def test_opencode_turns_reuse_the_previous_one(models, tmp_path):
     main, next_main = (max(rs, key=lambda r: int(r["prompt_tokens"])) for rs in (turn_one, requests[len(turn_one) :]))
     assert int(main["prompt_tokens"]) > 5_000
     assert int(next_main["cached_tokens"]) >= int(main["prompt_tokens"]) - 64
+
+
+def test_llm_continues_a_conversation_from_memory(models, tmp_path):
+    """simonw's `llm` CLI through the OpenAI route (an extra OpenAI model with the server as
+    its api_base): a prompt, then `llm -c` continuing the conversation."""
+    llm = REPO / ".venv-programs" / "bin" / "llm"
+    if not llm.exists():
+        pytest.skip("llm is not installed: scripts/test installs it into .venv-programs/")
+    user = tmp_path / "llm"
+    user.mkdir()
+    with Server(models["answers"], tmp_path / "cache") as server:
+        (user / "extra-openai-models.yaml").write_text(  # docs/usage.md's file
+            f'- model_id: local\n  model_name: local\n  api_base: "{server.base_url}/v1"\n'
+        )
+        env = {"LLM_USER_PATH": str(user)}
+        first = run([str(llm), "-m", "local", "Say hello."], tmp_path, env)
+        second = run([str(llm), "-c", "Once more."], tmp_path, env)
+        requests = logged_requests(server, "/v1/chat/completions")
+
+    assert first.stdout.strip() == ANSWER and second.stdout.strip() == ANSWER
+    assert [r["status"] for r in requests] == ["200", "200"], requests
+    one, two = requests
+    # The second request is the first turn, its answer and the new message: all of the first from memory.
+    assert int(two["cached_tokens"]) >= int(one["prompt_tokens"]) + int(one["completion_tokens"])
