@@ -1,7 +1,7 @@
 """The coding agents people point at a local server, run for real from their npm packages
 (scripts/test installs them in .agent-programs/): Codex CLI, Claude Code and opencode at their
 newest releases, Claude Code 2.1.197, whose tool schemas (`propertyNames`) once failed its
-first request, and simonw's `llm` from PyPI (in .venv-programs/). Each runs non-interactively
+first request, and simonw's `llm` and aider from PyPI (in .venv-programs/). Each runs non-interactively
 against the real server on a scripted tiny model (tests/scripted.py) that calls a tool where
 the task needs one and then answers, so a whole task completes; each test checks what the
 program did and what the server logged."""
@@ -28,6 +28,13 @@ def program(release: str, binary: str) -> Path:
     path = PROGRAMS / release / "node_modules" / ".bin" / binary
     if not path.exists():
         pytest.skip(f"{binary} ({release}) is not installed: scripts/test installs it with npm into {PROGRAMS.name}/")
+    return path
+
+
+def python_program(name: str) -> Path:
+    path = PROGRAMS.parent / ".venv-programs" / name / "bin" / name
+    if not path.exists():
+        pytest.skip(f"{name} is not installed: scripts/test installs it with pip into .venv-programs/{name}/")
     return path
 
 
@@ -154,9 +161,7 @@ def test_opencode_turns_reuse_the_previous_one(models, tmp_path):
 def test_llm_continues_a_conversation_from_memory(models, tmp_path):
     """simonw's `llm` CLI through the OpenAI route (an extra OpenAI model with the server as
     its api_base): a prompt, then `llm -c` continuing the conversation."""
-    llm = REPO / ".venv-programs" / "bin" / "llm"
-    if not llm.exists():
-        pytest.skip("llm is not installed: scripts/test installs it into .venv-programs/")
+    llm = python_program("llm")
     user = tmp_path / "llm"
     user.mkdir()
     with Server(models["answers"], tmp_path / "cache") as server:
@@ -173,3 +178,27 @@ def test_llm_continues_a_conversation_from_memory(models, tmp_path):
     one, two = requests
     # The second request is the first turn, its answer and the new message: all of the first from memory.
     assert int(two["cached_tokens"]) >= int(one["prompt_tokens"]) + int(one["completion_tokens"])
+
+
+def test_aider_answers_and_its_next_turn_reuses_its_head(models, tmp_path):
+    """aider through the OpenAI route (litellm's `openai/` provider): a message about a file,
+    then another restoring the chat history. aider sends the files after the history, so a
+    next turn reuses the prompt up to where the history goes, not all of the previous turn."""
+    aider = python_program("aider")
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (work / "hello.py").write_text("print('hello')\n")
+    with Server(models["answers"], tmp_path / "cache") as server:
+        flags = ["--model", "openai/local", "--openai-api-base", f"{server.base_url}/v1", "--openai-api-key", "unused"]
+        flags += ["--yes-always", "--no-git", "--no-check-update", "--no-analytics", "--no-show-model-warnings"]
+        flags += ["--no-pretty", "--no-stream", "hello.py"]  # docs/usage.md's command line
+        env = {"HOME": str(home), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        first = run([str(aider), *flags, "--message", "Say hello."], work, env)
+        second = run([str(aider), *flags, "--restore-chat-history", "--message", "Once more."], work, env)
+        requests = logged_requests(server, "/v1/chat/completions")
+
+    assert ANSWER in first.stdout and ANSWER in second.stdout
+    assert [r["status"] for r in requests] == ["200", "200"], requests
+    one, two = requests
+    assert int(one["prompt_tokens"]) > 500 and int(two["cached_tokens"]) > int(one["prompt_tokens"]) // 2
