@@ -4,7 +4,8 @@ string must be valid Unicode, and tools are named alike."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
@@ -31,9 +32,13 @@ def invalid_text_path(value: Any, path: tuple = ()) -> tuple | None:
 
 
 class RequestBody(BaseModel):
-    """A request body: unknown fields allowed, every string valid Unicode."""
+    """A request body: unknown fields allowed, every string valid Unicode, and the published
+    fields this server cannot honour (`UNSUPPORTED`) a 400 naming them, where their value asks
+    for what it cannot do (docs/usage.md, "Supported request fields", lists every field)."""
 
     model_config = ConfigDict(extra="allow")
+    # field -> (whether a value asks for what this server cannot do, what to do instead)
+    UNSUPPORTED: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = {}
 
     @model_validator(mode="before")
     @classmethod
@@ -42,6 +47,10 @@ class RequestBody(BaseModel):
         if path is not None:
             param = ".".join(str(p) for p in path)
             raise PydanticCustomError("invalid_unicode", "{param}: not valid Unicode text", {"param": param})
+        if isinstance(data, dict):
+            for name, (refused, why) in cls.UNSUPPORTED.items():
+                if data.get(name) is not None and refused(data[name]):
+                    raise PydanticCustomError("unsupported_field", "{param}: " + why, {"param": name})
         return data
 
 

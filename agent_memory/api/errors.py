@@ -80,7 +80,7 @@ class ErrorShapes:
 def _describe(err: dict) -> tuple[str, str | None]:
     """One readable sentence and the dotted parameter path from a pydantic error."""
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
-    if err.get("type") == "invalid_unicode":
+    if err.get("type") in ("invalid_unicode", "unsupported_field"):
         return err["msg"], err["ctx"]["param"]
     if err.get("type") == "unknown_tool":
         return err["msg"], "tool_choice"
@@ -113,7 +113,8 @@ def install(app: FastAPI, shapes: ErrorShapes) -> None:
     async def validation_error(request: Request, exc: RequestValidationError):
         errors = exc.errors()
         message, param = _describe(errors[0]) if errors else ("invalid request", None)
-        code = "invalid_unicode" if errors and errors[0].get("type") == "invalid_unicode" else None
+        kind = errors[0].get("type") if errors else None
+        code = {"invalid_unicode": "invalid_unicode", "unsupported_field": "unsupported_parameter"}.get(kind)
         code = code or ("invalid_value" if param else "invalid_json")
         _note(request, message)
         return shapes.response(request.scope["path"], 400, message, param, code)

@@ -160,6 +160,12 @@ class ResponseFormat(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    UNSUPPORTED = {
+        "audio": (lambda v: True, "audio output is not supported: this server writes text"),
+        "modalities": (lambda v: isinstance(v, list) and set(v) - {"text"}, "only the text modality is supported"),
+        "functions": (lambda v: bool(v), "the legacy functions are not supported: send them as tools"),
+        "function_call": (lambda v: True, "the legacy function_call is not supported: use tool_choice"),
+    }
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[ToolDef] | None = None

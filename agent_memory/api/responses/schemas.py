@@ -104,6 +104,11 @@ class ReasoningOptions(BaseModel):
 
 
 class ResponsesRequest(RequestBody):
+    UNSUPPORTED = {
+        "background": (lambda v: v is True, "background responses are not supported: wait for the reply (or stream it)"),
+        "conversation": (lambda v: True, "conversation objects are not supported: chain responses with previous_response_id"),
+        "prompt": (lambda v: True, "stored prompt templates are not supported: send instructions and input"),
+    }
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
