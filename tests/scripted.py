@@ -50,10 +50,10 @@ CLOSERS = {'"': 14.0, "}": 12.0}
 EMPTY_OBJECT = 20.0
 
 
-def scripted_model(root: Path, *, tool: str | None, answer: str = "Done.") -> Path:
+def scripted_model(root: Path, *, tool: str | None, answer: str = "Done.", context: int = CONTEXT) -> Path:
     """A model folder under `root`: with `tool`, its first turn calls `tool`; with None, it answers
-    `answer` at once. After a tool result it always answers `answer`."""
-    name = f"scripted-{tool or 'answer'}"
+    `answer` at once. After a tool result it always answers `answer`. `context`: its window."""
+    name = f"scripted-{tool or 'answer'}" + ("" if context == CONTEXT else f"-{context}")
     out = root / name
     if (out / "model.safetensors").exists():
         return out
@@ -61,7 +61,7 @@ def scripted_model(root: Path, *, tool: str | None, answer: str = "Done.") -> Pa
         root / f".{name}-base",
         arch="llama",
         template=chat_template("qwen3"),
-        config={"max_position_embeddings": CONTEXT, "rope_theta": 1e12, **SMALL},
+        config={"max_position_embeddings": context, "rope_theta": 1e12, **SMALL},
     )
     work = root / f".{name}-work"
     shutil.rmtree(work, ignore_errors=True)

@@ -45,11 +45,11 @@ def logged_requests(server: Server, path: str) -> list[dict[str, str]]:
     return [f for f in fields if f.get("path") == path and f.get("method") == "POST"]
 
 
-def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+def run(cmd: list[str], cwd: Path, env: dict[str, str], code: int = 0) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "CODEX_", "CLAUDE_"))}
     env = {**base, "PWD": str(cwd), **env}  # opencode takes its project folder from PWD
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_LIMIT)
-    assert done.returncode == 0, f"{cmd[0]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == code, f"{cmd[0]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
 
@@ -97,6 +97,19 @@ def test_codex_exec_completes_a_task_with_a_tool_call(models, tmp_path, model):
     assert int(second["cached_tokens"]) >= int(first["prompt_tokens"]) - 64
 
 
+def claude_env(server: Server, home: Path, context: int) -> dict[str, str]:
+    return {  # docs/usage.md's settings
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": server.base_url,
+        "ANTHROPIC_AUTH_TOKEN": "unused",
+        "ANTHROPIC_MODEL": "local",
+        "ANTHROPIC_SMALL_FAST_MODEL": "local",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
+        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(context),
+    }
+
+
 @pytest.mark.parametrize("release", ["latest", "2.1.197"])
 def test_claude_code_turns_reuse_the_previous_one(models, tmp_path, release):
     claude = program(f"claude-{release}", "claude")
@@ -104,16 +117,7 @@ def test_claude_code_turns_reuse_the_previous_one(models, tmp_path, release):
     home.mkdir()
     work.mkdir()
     with Server(models["answers"], tmp_path / "cache") as server:
-        env = {  # docs/usage.md's settings
-            "HOME": str(home),
-            "ANTHROPIC_BASE_URL": server.base_url,
-            "ANTHROPIC_AUTH_TOKEN": "unused",
-            "ANTHROPIC_MODEL": "local",
-            "ANTHROPIC_SMALL_FAST_MODEL": "local",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
-            "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(CONTEXT),
-        }
+        env = claude_env(server, home, CONTEXT)
         first = run([str(claude), "-p", "Say hello."], work, env)
         second = run([str(claude), "-p", "--continue", "Once more."], work, env)
         requests = logged_requests(server, "/v1/messages")
@@ -127,6 +131,32 @@ def test_claude_code_turns_reuse_the_previous_one(models, tmp_path, release):
     assert int(two["cached_tokens"]) >= int(one["prompt_tokens"]) - 64
     if release == "2.1.197":  # its task tools describe `metadata` with propertyNames: constrained without it
         assert "tool 'TaskCreate': its calls are constrained without propertyNames" in log
+
+
+def test_claude_code_compacts_on_prompt_too_long(tmp_path):
+    """A turn over the model's context is Anthropic's "prompt is too long" error, which Claude
+    Code reads as such: it compacts the conversation (a request that reuses the prompt's head
+    from memory) and tries again. Here the new message alone is too long, so it then stops
+    and says why."""
+    claude = program("claude-latest", "claude")
+    context = 20480  # holds Claude Code's first turn (~19.6k tokens of this tokenizer), not a long second
+    model = scripted_model(tmp_path / "models", tool=None, context=context)
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    with Server(model, tmp_path / "cache") as server:
+        env = claude_env(server, home, context)
+        run([str(claude), "-p", "Say hello."], work, env)
+        words = " ".join(f"word{i}" for i in range(400))
+        failed = run([str(claude), "-p", "--continue", f"Remember these: {words}"], work, env, code=1)
+        requests = logged_requests(server, "/v1/messages")
+        log = server.log()
+
+    assert "Prompt is too long" in failed.stdout + failed.stderr
+    assert "prompt is too long:" in log and [r["status"] for r in requests][:2] == ["200", "400"]
+    first = requests[0]
+    compaction = [r for r in requests[2:] if r["status"] == "200"]
+    assert compaction and int(compaction[0]["cached_tokens"]) > int(first["prompt_tokens"]) // 2
 
 
 def test_opencode_turns_reuse_the_previous_one(models, tmp_path):
