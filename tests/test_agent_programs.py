@@ -159,6 +159,30 @@ def test_claude_code_compacts_on_prompt_too_long(tmp_path):
     assert compaction and int(compaction[0]["cached_tokens"]) > int(first["prompt_tokens"]) // 2
 
 
+def test_claude_code_sub_agents_each_reuse_their_own_turns(tmp_path):
+    """The model calls Claude Code's Agent tool: Claude Code runs sub-agents (each its own agent
+    here, named by its session and its x-claude-code-agent-id), which call a tool and answer,
+    and then the main loop answers. Every request reuses all of its agent's previous one."""
+    claude = program("claude-latest", "claude")
+    model = scripted_model(tmp_path / "models", tool="Agent")
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    with Server(model, tmp_path / "cache") as server:
+        done = run([str(claude), "-p", "Use a sub-agent to say hello."], work, claude_env(server, home, CONTEXT))
+        requests = logged_requests(server, "/v1/messages")
+
+    assert done.stdout.strip().endswith(ANSWER) and {r["status"] for r in requests} == {"200"}
+    by_agent: dict[str, list[dict]] = {}
+    for r in requests:
+        by_agent.setdefault(r["agent"], []).append(r)
+    assert len(by_agent) >= 2  # the main loop and its sub-agents
+    for turns in by_agent.values():
+        assert len(turns) >= 2
+        for before, after in zip(turns, turns[1:]):
+            assert int(after["cached_tokens"]) >= int(before["prompt_tokens"]) - 64, turns
+
+
 def test_opencode_turns_reuse_the_previous_one(models, tmp_path):
     """opencode through the OpenAI route (its openai-compatible provider): a run and a second
     one continuing the session; with each turn it also sends a short title request."""
