@@ -40,12 +40,15 @@ def freeform_tool(name: str, description: str, syntax: str | None, definition: s
 
 
 def freeform_input(arguments: str) -> str:
-    """A call's input from the JSON arguments the model wrote (as they are, if not that shape)."""
+    """A call's input from the JSON arguments the model wrote: its `input`; "" for a call cut
+    off before it (read as `{}`); text that is not JSON, as it is."""
     try:
         value = json.loads(arguments)
     except ValueError:
         return arguments
-    return value[INPUT] if isinstance(value, dict) and isinstance(value.get(INPUT), str) else arguments
+    if isinstance(value, dict):
+        return value[INPUT] if isinstance(value.get(INPUT), str) else ""
+    return arguments
 
 
 def freeform_arguments(text: str) -> str:
