@@ -47,6 +47,11 @@ class RequestBody(BaseModel):
         if path is not None:
             param = ".".join(str(p) for p in path)
             raise PydanticCustomError("invalid_unicode", "{param}: not valid Unicode text", {"param": param})
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def supported_fields(cls, data: Any) -> Any:
         if isinstance(data, dict):
             for name, (refused, why) in cls.UNSUPPORTED.items():
                 if data.get(name) is not None and refused(data[name]):
