@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import re
 
+from agent_memory.chat.formats.markup import regex
+
 COMMON = {  # lark's common.lark terminals, as regexes
     "LF": r"\n",
     "CR": r"\r",
@@ -30,7 +32,6 @@ TOKEN = re.compile(
     r"""|(?P<name>[A-Za-z_][A-Za-z_0-9]*)|(?P<op>[?*+|()\[\]]))"""
 )
 DEFINITION = re.compile(r"^([?!]?)([A-Za-z_][A-Za-z_0-9]*)(?:\.-?\d+)?\s*:(.*)$")
-SPECIAL = set(r"\.+*?()|[]{}^$#&-~/")
 
 
 class NotRegular(ValueError):
@@ -42,7 +43,7 @@ def lark_regex(grammar: str, start: str = "start") -> str | None:
     try:
         definitions = _definitions(grammar)
         return _Inliner(definitions).expand(start)
-    except (NotRegular, SyntaxError, ValueError):
+    except (SyntaxError, ValueError):  # NotRegular is a ValueError
         return None
 
 
@@ -76,8 +77,8 @@ def _imports(line: str) -> dict[str, str]:
     names = [m.group(1)] if m.group(1) else [n.strip() for n in m.group(2).split(",") if n.strip()]
     if any(n not in COMMON for n in names):
         raise NotRegular(line)
-    if m.group(3):
-        return {m.group(3): f"/{COMMON[names[0]]}/"} if len(names) == 1 else {}
+    if m.group(3) and len(names) == 1:  # `%import common.X -> Y`
+        return {m.group(3): f"/{COMMON[names[0]]}/"}
     return {n: f"/{COMMON[n]}/" for n in names}
 
 
@@ -128,9 +129,7 @@ class _Inliner:
         (kind, text), rest = tokens[0], tokens[1:]
         if kind == "string":
             value = ast.literal_eval(text.removesuffix("i") if text.endswith('"i') else text)
-            escaped = "".join(
-                "\\" + c if c in SPECIAL else {"\n": r"\n", "\t": r"\t", "\r": r"\r"}.get(c, c) for c in value
-            )
+            escaped = regex(value)
             return (f"(?i:{escaped})" if text.endswith('"i') else f"(?:{escaped})"), rest
         if kind == "regex":
             body, flags = text[1:].rsplit("/", 1)

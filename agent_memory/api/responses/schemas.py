@@ -105,8 +105,14 @@ class ReasoningOptions(BaseModel):
 
 class ResponsesRequest(RequestBody):
     UNSUPPORTED = {
-        "background": (lambda v: v is True, "background responses are not supported: wait for the reply (or stream it)"),
-        "conversation": (lambda v: True, "conversation objects are not supported: chain responses with previous_response_id"),
+        "background": (
+            lambda v: v is True,
+            "background responses are not supported: wait for the reply (or stream it)",
+        ),
+        "conversation": (
+            lambda v: True,
+            "conversation objects are not supported: chain responses with previous_response_id",
+        ),
         "prompt": (lambda v: True, "stored prompt templates are not supported: send instructions and input"),
     }
     model: str | None = None
@@ -216,18 +222,11 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
                 call = ToolCall(str(item["call_id"]), name, str(item.get("arguments", "{}")))
             except KeyError as e:
                 raise APIError(400, f"{param}: a function_call needs {e.args[0]}", param=f"{param}.{e.args[0]}") from e
-            if out and out[-1].role == "assistant":
-                out[-1].tool_calls.append(call)  # the calls of one turn (after its text, if any)
-            else:
-                out.append(Message("assistant", "", [call]))
+            _add_call(out, call)
         elif kind == "custom_tool_call":
             if not isinstance(item.get("call_id"), str) or not isinstance(item.get("name"), str):
                 raise APIError(400, f"{param}: a custom_tool_call needs call_id and name", param=param)
-            call = ToolCall(item["call_id"], item["name"], freeform_arguments(str(item.get("input", ""))))
-            if out and out[-1].role == "assistant":
-                out[-1].tool_calls.append(call)
-            else:
-                out.append(Message("assistant", "", [call]))
+            _add_call(out, ToolCall(item["call_id"], item["name"], freeform_arguments(str(item.get("input", "")))))
         elif kind in ("function_call_output", "custom_tool_call_output"):
             if "call_id" not in item:
                 raise APIError(400, f"{param}: a {kind} needs call_id", param=f"{param}.call_id")
@@ -238,6 +237,14 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
         else:
             raise APIError(400, f"{param} has type '{kind}', which this server does not take", param=f"{param}.type")
     return out
+
+
+def _add_call(out: list[Message], call: ToolCall) -> None:
+    """A call item as one of the calls of the assistant turn it follows (after its text, if any)."""
+    if out and out[-1].role == "assistant":
+        out[-1].tool_calls.append(call)
+    else:
+        out.append(Message("assistant", "", [call]))
 
 
 def _reasoning_only(m: Message) -> bool:
