@@ -15,8 +15,14 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic import AfterValidator, BeforeValidator, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 ENV_PREFIX = "AGENT_MEMORY_"
 
@@ -50,10 +56,31 @@ def one_of(*allowed) -> AfterValidator:
 KVBits = Annotated[int, one_of(4, 8, 16)]
 
 
+def _listed(v):
+    """A list setting given as one string (the environment, or a TOML string): comma-separated."""
+    return [part.strip() for part in v.split(",") if part.strip()] if isinstance(v, str) else v
+
+
+# A setting that may be given more than once: a repeated flag, a TOML list, or "a,b" in the
+# environment (read as is, not as JSON).
+Repeated = Annotated[list[str], NoDecode, BeforeValidator(_listed)]
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
-    model: str = Field("demo", description="Model folder, 'demo' (SmolLM2-135M, fetched on first use) or 'tiny'.")
+    model: Repeated = Field(
+        ["demo"],
+        min_length=1,
+        description="Model to serve: a folder, a hub id, 'demo' (SmolLM2-135M, fetched on first use) or 'tiny'; "
+        "NAME=MODEL serves it as NAME too. Give it again to serve several (loaded on demand, see "
+        "docs/usage.md, 'Several models').",
+    )
+    keep_loaded: Repeated = Field(
+        [],
+        description="A served model's name that is never unloaded to make room for another, loaded at "
+        "start (again for more) (default: only the first model loads at start, none is pinned).",
+    )
     host: str = Field("127.0.0.1", description="Address to bind; anything but loopback needs --api-key.")
     port: int = Field(8000, ge=1, le=65535, description="Port to bind.")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache folder: models and the KV disk tier.")
@@ -65,7 +92,9 @@ class Settings(BaseSettings):
         "(default: the cache folder). Its maxmemory bounds it; see docs/scale-out.md.",
     )
     kv_bits: KVBits = Field(4, description="Precision cached KV cools to (exact while hot): 4, 8 or 16 (unquantized).")
-    kv_group_size: Annotated[int, one_of(32, 64, 128)] = Field(64, description="Quantization group size for KV: 32, 64 or 128.")
+    kv_group_size: Annotated[int, one_of(32, 64, 128)] = Field(
+        64, description="Quantization group size for KV: 32, 64 or 128."
+    )
     disk_kv_bits: KVBits | None = Field(None, description="KV precision on disk (default: --kv-bits).")
     decode_quantized: bool = Field(
         False, description="Running requests attend to quantized KV too (least memory; lower quality, slower on CPU)."
@@ -173,7 +202,7 @@ class Settings(BaseSettings):
 def load_settings(**flags) -> Settings:
     """Settings from flags (None: not given), the environment, the config file and defaults."""
     try:
-        return Settings(**{k: v for k, v in flags.items() if v is not None})
+        return Settings(**{k: v for k, v in flags.items() if v is not None and v != []})
     except ValidationError as e:
         raise ConfigError(_explain(e)) from e
     except (OSError, ValueError) as e:  # an unreadable or malformed config file

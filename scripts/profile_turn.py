@@ -33,7 +33,7 @@ from openai import OpenAI  # noqa: E402
 
 from agent_memory.config import default_cache_dir  # noqa: E402
 from agent_memory.engine.kinds.layers import ModelLayers  # noqa: E402
-from agent_memory.engine.loader import load_model  # noqa: E402
+from agent_memory.engine.loader import describe_model, load_model  # noqa: E402
 from agent_memory import files  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
 from agent_memory.memory.warm import blockfile  # noqa: E402
@@ -188,7 +188,7 @@ def main() -> None:
     precision = KVPrecision(args.kv_bits, args.kv_group_size)
     with tempfile.TemporaryDirectory(prefix="profile-turn-") as tmp:
         work = Path(tmp)
-        loaded = load_model(model_dir)
+        loaded = load_model(describe_model(model_dir))
         messages = conversation(loaded.tokenizer, args.history_tokens)
         parts = engine_parts(loaded, messages, precision, work)
         parts.update(server_ttft(model_dir, messages, work))

@@ -153,7 +153,8 @@ def chat_body(**kw) -> dict:
 def test_lifetime_models_health_and_metrics(engine, caplog):
     caplog.set_level(logging.INFO, "agent_memory")
     with serve(engine) as client:
-        assert client.get("/health").json() == {"status": "ok", "kv": KV, "warm_tier": WARM}
+        health = {"status": "ok", "kv": KV, "warm_tier": WARM, "models": [{"id": "fake", "loaded": True}]}
+        assert client.get("/health").json() == health
         models = client.get("/v1/models").json()["data"]
         assert [(m["id"], m["root"]) for m in models] == [("fake", "fake"), ("fake-alias", "fake")]
         assert client.get("/v1/models/fake-alias").json()["id"] == "fake-alias"

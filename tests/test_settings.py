@@ -17,7 +17,8 @@ from tests.conftest import Server, chat
 
 # For every setting, three valid values other than its default: (file, env, flag).
 VALUES = {
-    "model": ("from-file", "from-env", "from-flag"),
+    "model": (["from-file"], ["from-env", "small=from-env-2"], ["from-flag", "a=b", "c"]),
+    "keep_loaded": (["f"], ["e1", "e2"], ["x"]),
     "host": ("127.0.0.2", "127.0.0.3", "localhost"),
     "port": (8101, 8102, 8103),
     "cache_dir": ("/tmp/am-file", "/tmp/am-env", "/tmp/am-flag"),
@@ -43,6 +44,11 @@ VALUES = {
 
 def _toml(value) -> str:
     return str(value).lower() if isinstance(value, bool) else repr(value) if isinstance(value, str) else str(value)
+
+
+def _env(value) -> str:
+    """As the environment gives it: a list comma-separated."""
+    return ",".join(value) if isinstance(value, list) else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _plain(value):
@@ -79,7 +85,7 @@ def test_flag_beats_env_beats_file_beats_default(name, tmp_path, monkeypatch):
     assert _plain(getattr(load_settings(), name)) == default
     config.write_text(f"{name} = {_toml(file_value)}\n")
     assert _plain(getattr(load_settings(), name)) == file_value
-    monkeypatch.setenv(f"AGENT_MEMORY_{name.upper()}", str(env_value).lower() if isinstance(env_value, bool) else str(env_value))
+    monkeypatch.setenv(f"AGENT_MEMORY_{name.upper()}", _env(env_value))
     assert _plain(getattr(load_settings(), name)) == env_value
     assert _plain(getattr(load_settings(**{name: flag_value}), name)) == flag_value
 

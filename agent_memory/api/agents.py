@@ -16,10 +16,11 @@ from agent_memory.engine.protocol import AgentInfo, EngineClient
 router = APIRouter()
 
 
-def agent_dict(info: AgentInfo) -> dict:
+def agent_dict(info: AgentInfo, model: str) -> dict:
     return {
         "id": info.id,
         "object": "agent",
+        "model": model,  # the served model whose memory it is: an agent of two models is two
         "tokens": info.tokens,
         "blocks": info.blocks,
         "snapshots": info.snapshots,
@@ -38,21 +39,27 @@ def agent_dict(info: AgentInfo) -> dict:
 async def list_agents(request: Request, state: ServerState = Depends(ready_state)) -> dict:
     """The caller's tenant's agents (with one key or none: every agent)."""
     own = tenant(request)
-    engines = _engines(state)
-    agents = [info for engine in engines for info in await asyncio.to_thread(engine.agents, own)]
-    # The server's totals are the shared namespace's to see, not a tenant's.
-    totals = await asyncio.to_thread(_totals, engines) if not own else {}
-    return {"object": "list", "data": [agent_dict(a) for a in agents], **totals}
+    data = [
+        agent_dict(info, model.id)
+        for model in state.models.values()
+        for info in await asyncio.to_thread(model.engine.agents, own)
+    ]
+    if own:  # the server's totals are the shared namespace's to see, not a tenant's
+        return {"object": "list", "data": data}
+    per_model = {model.id: await asyncio.to_thread(model.engine.totals) for model in state.models.values()}
+    loaded = {model.id: model.engine.health().loaded for model in state.models.values()}
+    models = [{"id": model_id, "loaded": loaded[model_id], **totals} for model_id, totals in per_model.items()]
+    return {"object": "list", "data": data, **_added(per_model.values()), "models": models}
 
 
 @router.get("/v1/agents/{agent_id:path}")
 async def get_agent(agent_id: str, request: Request, state: ServerState = Depends(ready_state)) -> dict:
     key = AgentKey(agent_id, tenant(request))
-    found = [await asyncio.to_thread(engine.agent, key) for engine in _engines(state)]
-    info = next((i for i in found if i is not None), None)
-    if info is None:
-        raise APIError(404, f"no agent '{agent_id}'", param="agent_id", code="agent_not_found")
-    return agent_dict(info)
+    for model in state.models.values():
+        info = await asyncio.to_thread(model.engine.agent, key)
+        if info is not None:
+            return agent_dict(info, model.id)
+    raise APIError(404, f"no agent '{agent_id}'", param="agent_id", code="agent_not_found")
 
 
 @router.delete("/v1/agents/{agent_id:path}")
@@ -69,10 +76,10 @@ def _engines(state: ServerState) -> list[EngineClient]:
     return [model.engine for model in state.models.values()]
 
 
-def _totals(engines: list[EngineClient]) -> dict[str, int]:
-    """The memory's figures, added up over the engines."""
+def _added(per_model) -> dict[str, int]:
+    """The memory's figures, added up over the models."""
     totals: dict[str, int] = {}
-    for engine in engines:
-        for name, value in engine.totals().items():
+    for figures in per_model:
+        for name, value in figures.items():
             totals[name] = totals.get(name, 0) + value
     return totals

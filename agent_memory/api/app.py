@@ -18,6 +18,7 @@ from agent_memory.api import agents, dashboard, errors
 from agent_memory.api.access_log import AccessLogMiddleware
 from agent_memory.api.anthropic import routes as anthropic
 from agent_memory.api.errors import ErrorShapes
+from agent_memory.api.exported import exported
 from agent_memory.api.middleware import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware, RequestIdMiddleware
 from agent_memory.api.openai import routes as openai
 from agent_memory.api.responses import routes as responses_api
@@ -76,16 +77,23 @@ def create_app(
     app.include_router(agents.router)
     app.include_router(dashboard.router)
 
+    registry = exported(engines)
+
     @app.get("/health")
     async def health():
-        """The first engine not ok answers (503); else the first's kv and warm tier."""
-        answers = [engine.health() for engine in engines.values()]
-        return _health_response(next((h for h in answers if not h.ok), answers[0]))
+        """The first engine not ok answers (503); else the first's kv and warm tier, and which
+        models are loaded now."""
+        answers = {model_id: engine.health() for model_id, engine in engines.items()}
+        failed = next((h for h in answers.values() if not h.ok), None)
+        if failed is not None:
+            return _health_response(failed)
+        first = next(iter(answers.values()))
+        models = [{"id": model_id, "loaded": h.loaded} for model_id, h in answers.items()]
+        return {"status": "ok", "kv": first.kv, "warm_tier": first.warm_tier, "models": models}
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        exported = b"".join(generate_latest(engine.metrics) for engine in engines.values())
-        return Response(exported, media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     # Added last runs first: request id, access log, Host, key, body size.
     app.add_middleware(BodyLimitMiddleware, shapes=shapes)
@@ -97,9 +105,7 @@ def create_app(
     return app
 
 
-def _health_response(health: Health) -> JSONResponse | dict:
-    if health.ok:
-        return {"status": "ok", "kv": health.kv, "warm_tier": health.warm_tier}
+def _health_response(health: Health) -> JSONResponse:
     body = {"status": health.status} if health.message is None else {"status": health.status, "message": health.message}
     return JSONResponse(body, status_code=503)
 

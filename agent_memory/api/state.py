@@ -94,10 +94,20 @@ class ServerState:
     started: int = field(default_factory=lambda: int(time.time()))
 
     def model_for(self, requested: str | None) -> ServedModel:
-        """The model a request's `model` names: the one answering to it, else the first (a
-        name no model answers to is not an error)."""
+        """The model a request's `model` names. A server of one model answers every name with
+        it (clients send their own names: Claude Code's, Codex's); with several, a request
+        without a name gets the first and an unknown name is a 404 that lists the served ones."""
         models = list(self.models.values())
-        return next((m for m in models if requested in m.ids), models[0])
+        found = next((m for m in models if requested in m.ids), None)
+        if found is not None or len(models) == 1 or not requested:
+            return found or models[0]
+        served = ", ".join(i for m in models for i in m.ids)
+        raise APIError(
+            404,
+            f"The model '{requested}' does not exist; this server serves {served}",
+            param="model",
+            code="model_not_found",
+        )
 
     @property
     def loaded(self) -> bool:

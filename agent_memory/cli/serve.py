@@ -23,7 +23,7 @@ from agent_memory.config import ENV_PREFIX, ConfigError, Settings, config_file_p
 
 # `serve --help` shows the flags in these groups, in this order; every setting is in one.
 HELP_GROUPS = {
-    "Model": ("model", "model_defaults"),
+    "Model": ("model", "keep_loaded", "model_defaults"),
     "Network": ("host", "port", "api_key", "api_keys_file"),
     "Requests": ("max_batch", "max_waiting"),
     "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized"),
@@ -63,13 +63,15 @@ def settings_options(command: Callable[[Settings], None]) -> Callable[..., None]
     params = []
     for name, field in Settings.model_fields.items():
         default = field.get_default(call_default_factory=True)
-        shown = "none" if default is None else ("set" if isinstance(default, SecretStr) else default)
+        shown = "none" if default in (None, []) else ("set" if isinstance(default, SecretStr) else default)
+        shown = ", ".join(shown) if isinstance(shown, list) else shown
         flag = f"--{name.replace('_', '-')}"
         kind = _cli_type(field.annotation)
         option = typer.Option(
-            f"{flag}/--no-{flag[2:]}" if kind is bool else flag,
+            f"{flag}/--no-{flag[2:]}" if kind is bool else flag,  # a list: the flag given again
             help=field.description if "(default" in field.description else f"{field.description} (default {shown})",
             show_default=False,
+            metavar="<str>" if typing.get_origin(kind) is list else None,  # typer would say <list[str]>
         )
         params.append(
             inspect.Parameter(
@@ -117,37 +119,16 @@ def _serve(settings: Settings) -> int:
 
     from agent_memory.api.app import create_app
     from agent_memory.api.responses.store import ResponseStore
-    from agent_memory.engine.config import EngineConfig
-    from agent_memory.engine.engine import BatchEngine
-    from agent_memory.models.demo import aliases
+    from agent_memory.engine.residency import Residency
     from agent_memory.models.folders import ModelError
-    from agent_memory.models.registry import served_name
-    from agent_memory.precision import Precisions
 
     try:
-        model_path = resolve_model_with_progress(settings.model, settings.models_dir)
-    except ModelError as e:
+        served = _served_models(settings)
+    except (ModelError, ConfigError) as e:
         error(e)
         return 1
-    model_id = served_name(settings.model, model_path)
-    engine = BatchEngine(
-        EngineConfig(
-            model_path=model_path,
-            model_name=model_id,
-            model_aliases=tuple(aliases(model_id)),
-            max_batch=settings.max_batch,
-            hot_budget_bytes=settings.hot_budget_mb << 20,
-            precisions=Precisions.of(
-                settings.kv_bits, settings.kv_group_size, settings.disk_kv_bits, settings.decode_quantized
-            ),
-            cache_dir=settings.cache_dir,
-            warm_store=settings.warm_store,
-            disk_budget_bytes=settings.disk_budget_mb << 20,
-            memory_limit_bytes=settings.memory_limit_bytes,
-            model_defaults=settings.model_defaults,
-            trace_path=settings.trace_file,
-        )
-    )
+    residency = Residency(settings.memory_limit_bytes, settings.hot_budget_mb << 20)
+    engines = {model_id: _engine(settings, config, residency) for model_id, config in served.items()}
     config = uvicorn.Config(
         None,
         host=settings.host,
@@ -165,8 +146,12 @@ def _serve(settings: Settings) -> int:
         load_failed = True
         server.should_exit = True
 
+    def end_agent(key):  # a stored response's KV, in whichever model made it
+        for engine in engines.values():
+            engine.end_agent(key)
+
     config.app = create_app(
-        {model_id: engine},  # the engines by the model id each serves
+        engines,  # by the model id each serves; the first answers requests that name none
         host=settings.host,
         port=settings.port,
         api_keys=settings.tenant_keys(),
@@ -175,12 +160,71 @@ def _serve(settings: Settings) -> int:
         responses=ResponseStore(
             settings.cache_dir / "responses" if settings.disk_budget_mb else None,
             max(settings.disk_budget_mb << 20, 160 << 20) // 10,
-            engine.end_agent,
+            end_agent,
         ),
         on_load_failure=on_load_failure,
     )
     server.run()
     return 1 if load_failed else 0
+
+
+def _served_models(settings: Settings) -> dict:
+    """Each --model's engine config by the id it is served under, in the order given: the
+    first loads at start (and any --keep-loaded), the others on their first request. Ids,
+    aliases and --keep-loaded names are checked here, before anything loads."""
+    from agent_memory.engine.config import EngineConfig
+    from agent_memory.models.demo import aliases
+    from agent_memory.models.registry import ModelSpec, served_name
+
+    configs: dict[str, EngineConfig] = {}
+    taken: dict[str, str] = {}  # every name a request may give -> the model id it picks
+    pinned = set(settings.keep_loaded)
+    for n, text in enumerate(settings.model):
+        spec = ModelSpec.parse(text)
+        path = resolve_model_with_progress(spec.spec, settings.models_dir)
+        model_id = served_name(spec.spec, path)
+        names = (model_id, *aliases(model_id), *([spec.alias] if spec.alias else []))
+        for name in names:
+            if name in taken:
+                raise ConfigError(f"--model {text}: the name '{name}' is already {taken[name]}'s")
+            taken[name] = model_id
+        keep = bool(pinned.intersection(names))
+        configs[model_id] = EngineConfig(
+            model_path=path,
+            model_name=model_id,
+            model_aliases=names[1:],
+            load_at_start=n == 0 or keep,
+            pinned=keep,
+        )
+    if unknown := sorted(pinned - set(taken)):
+        raise ConfigError(f"--keep-loaded {', '.join(unknown)}: not a served model's name ({', '.join(taken)})")
+    return configs
+
+
+def _engine(settings: Settings, config, residency):
+    """A served model's engine, with the settings every model shares."""
+    from dataclasses import replace
+
+    from agent_memory.engine.engine import BatchEngine
+    from agent_memory.precision import Precisions
+
+    return BatchEngine(
+        replace(
+            config,
+            max_batch=settings.max_batch,
+            hot_budget_bytes=settings.hot_budget_mb << 20,
+            precisions=Precisions.of(
+                settings.kv_bits, settings.kv_group_size, settings.disk_kv_bits, settings.decode_quantized
+            ),
+            cache_dir=settings.cache_dir,
+            warm_store=settings.warm_store,
+            disk_budget_bytes=settings.disk_budget_mb << 20,
+            memory_limit_bytes=settings.memory_limit_bytes,
+            model_defaults=settings.model_defaults,
+            trace_path=settings.trace_file,
+        ),
+        residency,
+    )
 
 
 def _configure_logging(level: str, fmt: str) -> None:

@@ -1,5 +1,6 @@
-"""The memory limit, split: the model's weights, the hot tier's budget, and what is left for
-running requests' working caches. MLX is told the limit and keeps no freed buffers for reuse:
+"""The memory limit as MLX sees it, and as the log says it is split (engine/residency.py
+shares it among the loaded models: weights, the hot tier's budget, what is left for running
+requests' working caches). MLX is told the limit and keeps no freed buffers for reuse:
 at its default (a tenth of the limit) four agents left ~1.4 GB of idle buffers in the
 process, and even 128 MiB raised the peak of eight agents by ~150 MB with no speed to show
 for it (docs/benchmarks.md). When the engine goes idle it asks glibc to hand free pages back
@@ -39,21 +40,24 @@ def weights_bytes(model) -> int:
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
 
 
-def working_budget(limit: int | None, model, hot_budget: int) -> int | None:
-    """Bytes running requests may hold (None: unlimited), after telling MLX the limit."""
+def tell_mlx(limit: int | None) -> None:
+    """MLX keeps no freed buffers, and allocates within the limit (the same for every model)."""
     mx.set_cache_limit(0)
+    if limit is not None:
+        mx.set_memory_limit(limit)
+
+
+def describe_split(name: str, limit: int | None, weights: int, hot: int, working: int | None) -> None:
+    """Say how the limit is spent, once a model has loaded (engine/residency.py shares it)."""
     if limit is None:
-        return None
-    mx.set_memory_limit(limit)
-    weights = weights_bytes(model)
-    working = limit - weights - hot_budget
+        return
     log.info(
-        "memory limit %d MiB: weights %d MiB, hot KV budget %d MiB, running requests %d MiB",
+        "memory limit %d MiB: %s's weights %d MiB, its hot KV budget %d MiB, its running requests %d MiB",
         limit // MIB,
+        name,
         weights // MIB,
-        hot_budget // MIB,
-        max(working, 0) // MIB,
+        hot // MIB,
+        (working or 0) // MIB,
     )
-    if working <= 0:
+    if not working:
         log.warning("the memory limit leaves nothing for running requests: they will run one at a time")
-    return max(working, 0)

@@ -1,4 +1,5 @@
-"""What the engine is told at start: the model, the batch limit, budgets and precisions."""
+"""What the engine is told at start: the model, when it loads, the batch limit, budgets and
+precisions."""
 
 from __future__ import annotations
 
@@ -24,3 +25,5 @@ class EngineConfig:
     memory_limit_bytes: int | None = None
     model_defaults: bool = True  # requests' omitted sampling fields from generation_config.json
     trace_path: Path | None = None  # --trace-file: where the engine's time goes (trace.py)
+    load_at_start: bool = True  # else on its first request (a second served model: engine/residency.py)
+    pinned: bool = False  # --keep-loaded: never unloaded to make room for another model

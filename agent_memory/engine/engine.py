@@ -21,25 +21,30 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 from prometheus_client import CollectorRegistry
 
-from agent_memory import blas
 from agent_memory.agent_key import AgentKey
-from agent_memory.engine.budget import give_back_memory
+from agent_memory.engine.budget import describe_split, give_back_memory, tell_mlx, weights_bytes
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.core import EngineCore
-from agent_memory.engine.loader import UnsupportedModelError
+from agent_memory.engine.loader import ModelText, UnsupportedModelError, describe_model, weights_file_bytes
 from agent_memory.engine.metrics import Metrics
-from agent_memory.engine.parts import Parts, build
+from agent_memory.engine.parts import Parts, build, reload_weights, unload_weights
 from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
-from agent_memory.engine.requests import GenerationRequest, Sink
+from agent_memory.engine.report import parts_health, summary
+from agent_memory.engine.requests import Failed, GenerationRequest, Sink
+from agent_memory.engine.residency import NoRoom, Residency
 from agent_memory.engine.trace import NO_TRACE, Trace
-from agent_memory.memory.warm.health import warm_health
 
 log = logging.getLogger(__name__)
 
 
 class BatchEngine(EngineClient):
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, residency: Residency | None = None) -> None:
+        """`residency`: the memory limit this engine shares with other served models' engines
+        (None: its own, for a server of one model)."""
         self.config = config
+        self.name = config.model_name or config.model_path.name
+        self.pinned = config.pinned
+        self.residency = residency or Residency(config.memory_limit_bytes, config.hot_budget_bytes)
         self._metrics = Metrics()
         self._trace = Trace(config.trace_path) if config.trace_path else NO_TRACE
         self._loaded = threading.Event()
@@ -47,6 +52,12 @@ class BatchEngine(EngineClient):
         self._parts: Parts | None = None
         self._facts: ModelFacts | None = None
         self._core: EngineCore | None = None
+        self._described: ModelText | None = None
+        self._weights_in = False  # whether the weights are loaded now (the engine thread's to change)
+        self._arriving = 0  # requests submitted and not yet admitted by the engine thread
+        self._arriving_lock = threading.Lock()
+        self._last_used = time.monotonic()
+        self._url: str | None = None
         self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -61,6 +72,7 @@ class BatchEngine(EngineClient):
         return self._load_error
 
     def announce(self, url: str) -> None:
+        self._url = url  # a model loaded on demand announces itself when it loads
         warm = self._parts.warm if self._parts is not None else None
         if warm is not None and warm.folder is not None:  # a shared store records no server
             try:
@@ -95,11 +107,13 @@ class BatchEngine(EngineClient):
     def submit(self, request: GenerationRequest, sink: Sink) -> int:
         seq_id = next(self._ids)
         submitted = time.perf_counter()
-        self._inbox.put(lambda: self._core.admit(seq_id, request, sink, submitted))
+        with self._arriving_lock:
+            self._arriving += 1
+        self._inbox.put(lambda: self._admit(seq_id, request, sink, submitted))
         return seq_id
 
     def cancel(self, request_id: int) -> None:
-        self._inbox.put(lambda: self._core.cancel(request_id))
+        self._inbox.put(lambda: self._core is not None and self._core.cancel(request_id))
 
     def call(self, fn: Callable[[], Any]) -> Future:
         """Run fn on the engine thread (anything that frees or makes MLX arrays)."""
@@ -117,18 +131,21 @@ class BatchEngine(EngineClient):
     # -- agents -------------------------------------------------------------------------
 
     def agents(self, tenant: str | None) -> list[AgentInfo]:
-        return self._parts.store.all_agents(tenant)
+        return self._parts.store.all_agents(tenant) if self._parts is not None else []
 
     def agent(self, key: AgentKey) -> AgentInfo | None:
-        return self._parts.store.agent_info(key)
+        return self._parts.store.agent_info(key) if self._parts is not None else None
 
     def totals(self) -> dict[str, int]:
-        return self._parts.store.totals()
+        return self._parts.store.totals() if self._parts is not None else {}
 
     def end_agent(self, key: AgentKey) -> Future:
         """Its running requests finish for their clients but no longer join its memory: a
         delete wins over a turn in flight. With a shared warm tier, the tier's answer counts."""
         ended: Future = Future()
+        if self._parts is None:  # never loaded here: its memory is not open (the `cache` commands reach it)
+            ended.set_result(False)
+            return ended
 
         def settle(step: Future) -> None:
             if step.exception() is not None:
@@ -150,30 +167,12 @@ class BatchEngine(EngineClient):
             return Health("error", self._load_error)
         if not self._thread.is_alive():
             return Health("error", "the engine thread has stopped")
-        p = self._parts
-        if p.warm is not None and not p.warm.alive:
-            return Health("error", "the warm tier's writer thread has stopped")
-        kv = {"hot": p.precisions.hot.tag, "working": p.precisions.working.tag, "disk": p.precisions.disk.tag}
-        return Health("ok", kv=kv, warm_tier=warm_health(p.warm, p.warm_error, p.store.disk_budget_bytes))
+        if self._parts is None:
+            return Health("ok", loaded=False)
+        return parts_health(self._parts, self._weights_in)
 
     def summary(self) -> str:
-        p = self._parts
-        loaded, precisions, store = p.loaded, p.precisions, p.store
-        hot = precisions.hot.tag
-        kv = f"KV exact while hot, {hot} once cooled" if precisions.exact_while_hot else f"KV {hot}"
-        counts = store.counts()
-        held = f"{counts['agents']} agents, {counts['stored_responses']} stored responses"
-        warm = (
-            f"warm tier {p.warm.location} ({held}, {store.pool.disk_bytes >> 20} MiB "
-            f"of {store.disk_budget_bytes >> 20} MiB at {precisions.disk.tag})"
-            if p.warm is not None
-            else f"no warm tier ({p.warm_error or 'disk budget 0'})"
-        )
-        return (
-            f"model {loaded.name} ({loaded.num_layers} layers, context {loaded.context_length}); {kv}; "
-            f"hot budget {store.hot_budget_bytes >> 20} MiB; {warm}; batch up to {self.config.max_batch}; "
-            f"BLAS {'OpenBLAS' if blas.OPENBLAS_LOADED else 'MLX reference (slow on CPU)'}"
-        )
+        return summary(self._parts, self._facts, self.config.max_batch)
 
     @property
     def metrics(self) -> CollectorRegistry:
@@ -183,8 +182,10 @@ class BatchEngine(EngineClient):
 
     def _run(self) -> None:
         try:
-            self._load()
-        except UnsupportedModelError as e:  # said in one line by whoever waits for the load
+            self._described = describe_model(self.config.model_path, self.name, self.config.model_defaults)
+            if self.config.load_at_start:
+                self._load()
+        except (UnsupportedModelError, NoRoom) as e:  # said in one line by whoever waits for the load
             self._load_error = str(e)
             self._loaded.set()
             return
@@ -193,12 +194,14 @@ class BatchEngine(EngineClient):
             self._load_error = str(e)
             self._loaded.set()
             return
+        self._facts = self._described.facts(self.config.model_aliases)
         self._loaded.set()
-        core = self._core
-        while self._drain(block=not core.busy()):
-            core.step()
-        core.shutdown()
-        if self._parts.warm is not None:
+        while self._drain(block=not self._busy()):
+            if self._busy():  # the inbox may have unloaded the weights
+                self._core.step()
+        if self._core is not None:
+            self._core.shutdown()
+        if self._parts is not None and self._parts.warm is not None:
             log.info("flushing the warm tier")
             self._parts.warm.close()
         # MLX's per-thread streams must be cleared by the thread that used them, or the
@@ -206,29 +209,105 @@ class BatchEngine(EngineClient):
         mx.synchronize()
         mx.clear_streams()
 
+    def _busy(self) -> bool:
+        return self._weights_in and self._core.busy()
+
+    # -- loading and unloading (on the engine thread) -------------------------------------
+
+    def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
+        with self._arriving_lock:
+            self._arriving -= 1
+        self._last_used = time.monotonic()
+        if not self._weights_in and (why := self._load_on_demand()):
+            sink(Failed(f"the model {self.name} could not be loaded: {why}", 503, "model_not_loaded"))
+            return
+        self._core.admit(seq_id, request, sink, submitted)
+
+    def _load_on_demand(self) -> str | None:
+        """Load for a request that asks for this model (others wait in the inbox meanwhile):
+        None, or why it could not be loaded."""
+        t0 = time.perf_counter()
+        log.info("loading %s for a request", self.name)
+        try:
+            self._load()
+        except NoRoom as e:
+            log.warning("could not load %s: %s", self.name, e)
+            return str(e)
+        except Exception as e:
+            log.exception("could not load %s", self.name)
+            return str(e)
+        log.info("loaded %s on demand in %.1f s", self.name, time.perf_counter() - t0)
+        return None
+
     def _load(self) -> None:
-        parts = self._parts = build(self.config, self._trace)
+        """The weights, within the memory limit shared with the other served models (which
+        may unload one of them first): built whole the first time, the weights alone after."""
+        self.residency.make_room(self, weights_file_bytes(self._described.path))
+        try:
+            tell_mlx(self.config.memory_limit_bytes)
+            hot, working = self.residency.share()
+            if self._parts is None:
+                self._build(hot, working)
+            else:
+                reload_weights(self._parts, self._described, working)
+                self._parts.store.set_hot_budget(hot)
+        except BaseException:
+            self.residency.unloaded(self)
+            raise
+        self._weights_in = True
+        weights = weights_bytes(self._parts.loaded.model)
+        self.residency.loaded_as(self, weights)
+        describe_split(self.name, self.config.memory_limit_bytes, weights, *self.residency.share())
+        self._metrics.loaded.set(1)
+        self._metrics.loads.inc()
+        if self._url is not None:
+            self.announce(self._url)
+
+    def _build(self, hot: int, working: int | None) -> None:
+        parts = self._parts = build(self.config, self._described, self._trace, hot, working)
         if parts.warm is not None:
             parts.warm.on_written = self._trace.job
         self._core = EngineCore(parts, self.config, self._metrics, self._trace, self._ids, self._inbox.put)
         self._metrics.watch(parts.store, self._core.count, warm_on=parts.warm is not None)
-        loaded = parts.loaded
-        self._facts = ModelFacts(
-            name=loaded.name,
-            ids=(loaded.name, *self.config.model_aliases),
-            tokenizer=loaded.tokenizer,
-            context_length=loaded.context_length,
-            vocab_size=loaded.vocab_size,
-            max_token_chars=loaded.max_token_chars,
-            reply_format=loaded.reply_format,
-            sampling_defaults=loaded.sampling_defaults,
-        )
+
+    def idle_since(self) -> float | None:
+        """When it last took a request, if none is running or arriving (residency.Resident)."""
+        if not self._weights_in or self._arriving or (self._core is not None and self._core.seqs):
+            return None
+        return self._last_used
+
+    def unload(self) -> Future:
+        """Unload the weights if still idle when the engine thread gets to it: its hot KV cools
+        first (written through to the warm tier as it was made), so its agents return warm."""
+        return self.call(self._unload)
+
+    def _unload(self) -> bool:
+        if not self._weights_in or self._arriving or self._core.seqs:
+            return False
+        self._parts.store.set_hot_budget(0)
+        unload_weights(self._parts)
+        self._weights_in = False
+        self._metrics.loaded.set(0)
+        self._metrics.unloads.inc()
+        mx.clear_cache()
+        give_back_memory()
+        return True
+
+    def set_budgets(self, hot_bytes: int, working_bytes: int | None) -> None:
+        """This model's share of the memory limit, applied on the engine thread."""
+
+        def apply() -> None:
+            if self._weights_in:
+                self._parts.store.set_hot_budget(hot_bytes)
+                self._parts.working_budget = working_bytes
+
+        self._inbox.put(apply)
 
     def _drain(self, block: bool) -> bool:
         """Run queued calls; False once stop was asked. Before waiting with no sequence left,
         the memory of a burst goes back to the system (not while a sequence only waits for its
         disk reads: each read wakes the loop)."""
-        if block and not self._core.seqs:
+        if block and not (self._core is not None and self._core.seqs):
             give_back_memory()
         try:
             item = self._inbox.get(block=block)

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import agent_memory.blas  # noqa: F401
-from mlx_lm import load as mlx_load
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model as load_weights
+from mlx_lm.utils import load_tokenizer
 from tokenizers import Tokenizer
 
 from agent_memory.chat.formats.reply import reply_format
 from agent_memory.engine.kinds import layers
+from agent_memory.engine.protocol import ModelFacts
 
 log = logging.getLogger(__name__)
 
@@ -102,17 +103,70 @@ def served(path: Path) -> str | None:
     return refusal(model)
 
 
-def load_model(path: Path, name: str | None = None, model_defaults: bool = True) -> LoadedModel:
-    """`name`: what it is served as (default: its folder's name); `model_defaults`: whether
-    requests that omit sampling fields take generation_config.json's."""
+def weights_file_bytes(path: Path) -> int:
+    """What the model's weights take once loaded: MLX maps its safetensors as they are."""
+    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
+@dataclass
+class ModelText:
+    """A model's side that needs no weights: its tokenizer, reply format and limits. Read once;
+    a model loaded on demand (cli/serve.py) is described before its weights load."""
+
+    name: str
+    path: Path
+    tokenizer: Any
+    reply_format: Any
+    hidden_tokens: frozenset[int]
+    context_length: int
+    vocab_size: int
+    max_token_chars: int
+    sampling_defaults: dict[str, float | int]
+    config: dict  # config.json's text model part (a multimodal config's text_config merged in)
+
+    def facts(self, aliases: tuple[str, ...]) -> ModelFacts:
+        """What the API knows of the model (engine/protocol.py), served also as `aliases`."""
+        return ModelFacts(
+            name=self.name,
+            ids=(self.name, *aliases),
+            tokenizer=self.tokenizer,
+            context_length=self.context_length,
+            vocab_size=self.vocab_size,
+            max_token_chars=self.max_token_chars,
+            reply_format=self.reply_format,
+            sampling_defaults=self.sampling_defaults,
+        )
+
+
+def describe_model(path: Path, name: str | None = None, model_defaults: bool = True) -> ModelText:
+    """A model folder's tokenizer, reply format and limits; refused here already when this
+    server cannot keep its caches (`served`)."""
     if not (path / "config.json").is_file():
         raise UnsupportedModelError(f"{path} is not a model folder (no config.json)")
-    model, tokenizer = mlx_load(str(path))
-    if why := refusal(model):
-        raise UnsupportedModelError(f"{name or path.name}: {why}")
     config = json.loads((path / "config.json").read_text())
+    if why := served(path):
+        raise UnsupportedModelError(f"{name or path.name}: {why}")
     text = {**config, **(config.get("text_config") or {})}  # multimodal configs nest the text model's
-    context = text.get("max_position_embeddings") or text.get("max_seq_len") or 4096
+    tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    reply = reply_format(tokenizer)
+    return ModelText(
+        name=name or path.name,
+        path=path,
+        tokenizer=tokenizer,
+        reply_format=reply,
+        hidden_tokens=hidden_tokens(tokenizer, reply),
+        context_length=int(text.get("max_position_embeddings") or text.get("max_seq_len") or 4096),
+        vocab_size=int(text["vocab_size"]),
+        max_token_chars=max(len(t) for t in tokenizer.get_vocab()),
+        sampling_defaults=sampling_defaults(path) if model_defaults else {},
+        config=text,
+    )
+
+
+def load_model(described: ModelText) -> LoadedModel:
+    """The described model's weights, loaded (on the engine thread)."""
+    path, text = described.path, described.config
+    model, _ = load_weights(path)
     num_layers = len(model.layers)
     # Names differ by family (Mamba's num_heads, d_model); the estimate below only needs sizes.
     hidden = text.get("hidden_size") or text.get("d_model") or 1024
@@ -121,23 +175,21 @@ def load_model(path: Path, name: str | None = None, model_defaults: bool = True)
     head_dim = text.get("head_dim") or hidden // heads
     ffn = text.get("intermediate_size") or 4 * hidden
     matmul_params = num_layers * (2 * hidden * (heads + kv_heads) * head_dim + 3 * hidden * ffn)
-    reply = reply_format(tokenizer)
     return LoadedModel(
-        name=name or path.name,
+        name=described.name,
         path=path,
         model=model,
-        tokenizer=tokenizer,
-        decoder=Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()),
-        reply_format=reply,
-        hidden_tokens=hidden_tokens(tokenizer, reply),
-        context_length=int(context),
-        vocab_size=int(text["vocab_size"]),
-        max_token_chars=max(len(t) for t in tokenizer.get_vocab()),
+        tokenizer=described.tokenizer,
+        decoder=Tokenizer.from_str(described.tokenizer.backend_tokenizer.to_str()),
+        reply_format=described.reply_format,
+        hidden_tokens=described.hidden_tokens,
+        context_length=described.context_length,
+        vocab_size=described.vocab_size,
+        max_token_chars=described.max_token_chars,
         num_layers=num_layers,
         fingerprint=fingerprint(path),
         # Matmuls cost ~2 FLOP per weight per token; attention ~4 per query head dim per
         # layer per earlier token.
         attention_tokens=2 * matmul_params / (4 * num_layers * heads * head_dim),
-        sampling_defaults=sampling_defaults(path) if model_defaults else {},
+        sampling_defaults=described.sampling_defaults,
     )
-

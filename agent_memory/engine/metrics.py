@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 SECONDS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -19,9 +19,10 @@ TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 class BlockMoves:
-    """The store's count of blocks that cooled or left, as one counter family at scrape time."""
+    """The store's count of blocks that cooled or left, as one counter family at scrape time
+    (none while the model is not loaded)."""
 
-    def __init__(self, store) -> None:
+    def __init__(self, store: Callable[[], object | None]) -> None:
         self.store = store
 
     def describe(self):
@@ -33,10 +34,11 @@ class BlockMoves:
             "KV blocks that cooled (hot_exact -> hot_quantized) or left a tier, by reason",
             labels=["from_tier", "to_tier", "reason"],
         )
-        with self.store.lock:
-            moves = dict(self.store.moves)
-        for (src, dst, reason), n in sorted(moves.items()):
-            family.add_metric([src, dst, reason], n)
+        if (store := self.store()) is not None:
+            with store.lock:
+                moves = dict(store.moves)
+            for (src, dst, reason), n in sorted(moves.items()):
+                family.add_metric([src, dst, reason], n)
         yield family
 
 
@@ -44,7 +46,7 @@ class BlockCounts:
     """KV blocks by tier, counted in one walk of the pool per scrape (under the store's lock,
     which the engine also takes: one walk, not one per tier)."""
 
-    def __init__(self, store) -> None:
+    def __init__(self, store: Callable[[], object | None]) -> None:
         self.store = store
 
     def describe(self):
@@ -52,16 +54,19 @@ class BlockCounts:
 
     def collect(self):
         family = GaugeMetricFamily("agent_memory_blocks", "KV blocks, by tier", labels=["tier"])
-        totals = self.store.totals()
+        store = self.store()
+        totals = store.totals() if store is not None else {}
         for tier in ("hot", "warm", "cold"):
-            family.add_metric([tier], totals[f"{tier}_blocks"])
+            family.add_metric([tier], totals.get(f"{tier}_blocks", 0))
         yield family
 
 
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        ProcessCollector(registry=r)  # process_resident_memory_bytes and friends
+        self._store = None  # the loaded model's store; None while it is not loaded
+        self._count: Callable[[str], int] = lambda state: 0
+        self._warm_on = False
         self.finished = Counter("agent_memory_requests_finished", "Requests ended, by reason", ["reason"], registry=r)
         self.prompt_tokens = Counter("agent_memory_prompt_tokens", "Prompt tokens received", registry=r)
         self.cached_tokens = Counter(
@@ -103,27 +108,47 @@ class Metrics:
             self.disk_loads.labels(outcome)
         self.sequences = Gauge("agent_memory_sequences", "Sequences in the engine, by state", ["state"], registry=r)
         self.cache_bytes = Gauge("agent_memory_cache_bytes", "Bytes of cached KV, by tier", ["tier"], registry=r)
-        self.budget_bytes = Gauge("agent_memory_cache_budget_bytes", "The budget of a tier, in bytes", ["tier"], registry=r)
+        self.budget_bytes = Gauge(
+            "agent_memory_cache_budget_bytes", "The budget of a tier, in bytes", ["tier"], registry=r
+        )
         self.agents = Gauge("agent_memory_agents", "Agents with cached KV (every tenant's)", registry=r)
         self.stored_responses = Gauge(
             "agent_memory_stored_responses", "Stored Responses-API responses with cached KV", registry=r
         )
 
+        self.loaded = Gauge("agent_memory_model_loaded", "1 while the model's weights are loaded", registry=r)
+        self.loads = Counter("agent_memory_model_loads", "Times the model was loaded", registry=r)
+        self.unloads = Counter("agent_memory_model_unloads", "Times the model was unloaded to make room", registry=r)
+        self._read_at_scrape()
+        r.register(BlockMoves(lambda: self._store))
+        r.register(BlockCounts(lambda: self._store))
+
     def watch(self, store, count: Callable[[str], int], warm_on: bool) -> None:
         """Read the engine's and the store's state at scrape time rather than tracking every
-        change. `count`: sequences in a state."""
-        pool = store.pool
+        change, from the store of the model as loaded now. `count`: sequences in a state."""
+        self._store, self._count, self._warm_on = store, count, warm_on
+        self.loaded.set(1)
+        self.loads.inc()
+
+    def unwatch(self) -> None:
+        """The model is unloaded: its store's figures read as zero, and the store can go."""
+        self._store, self._count, self._warm_on = None, lambda state: 0, False
+        self.loaded.set(0)
+        self.unloads.inc()
+
+    def _read_at_scrape(self) -> None:
+        def of_store(read: Callable[[object], int]) -> Callable[[], int]:
+            return lambda: read(self._store) if self._store is not None else 0
+
         for state in ("waiting", "prefilling", "decoding"):
-            self.sequences.labels(state).set_function(lambda state=state: count(state))
-        self.cache_bytes.labels("hot_exact").set_function(lambda: pool.exact_bytes)
+            self.sequences.labels(state).set_function(lambda state=state: self._count(state))
+        self.cache_bytes.labels("hot_exact").set_function(of_store(lambda s: s.pool.exact_bytes))
         self.cache_bytes.labels("hot_quantized").set_function(
-            lambda: pool.hot_bytes - pool.exact_bytes - pool.snapshot_bytes
+            of_store(lambda s: s.pool.hot_bytes - s.pool.exact_bytes - s.pool.snapshot_bytes)
         )
-        self.cache_bytes.labels("hot_snapshots").set_function(lambda: pool.snapshot_bytes)
-        self.cache_bytes.labels("warm").set_function(lambda: pool.disk_bytes)
-        self.budget_bytes.labels("hot").set_function(lambda: store.hot_budget_bytes)
-        self.budget_bytes.labels("warm").set_function(lambda: store.disk_budget_bytes if warm_on else 0)
-        self.agents.set_function(lambda: store.counts()["agents"])
-        self.stored_responses.set_function(lambda: store.counts()["stored_responses"])
-        self.registry.register(BlockMoves(store))
-        self.registry.register(BlockCounts(store))
+        self.cache_bytes.labels("hot_snapshots").set_function(of_store(lambda s: s.pool.snapshot_bytes))
+        self.cache_bytes.labels("warm").set_function(of_store(lambda s: s.pool.disk_bytes))
+        self.budget_bytes.labels("hot").set_function(of_store(lambda s: s.hot_budget_bytes))
+        self.budget_bytes.labels("warm").set_function(of_store(lambda s: s.disk_budget_bytes if self._warm_on else 0))
+        self.agents.set_function(of_store(lambda s: s.counts()["agents"]))
+        self.stored_responses.set_function(of_store(lambda s: s.counts()["stored_responses"]))

@@ -1,4 +1,4 @@
-"""Everything the engine thread works with, built once at start from its config: the model,
+"""Everything the engine thread works with, built each time the model loads: the model,
 the warm tier, the store (restored from the cache folder; a shared tier's agents are probed
 later), the decode batch, the prefiller, the committer and the memory left for running
 requests."""
@@ -8,13 +8,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from agent_memory.engine.budget import working_budget
 from agent_memory.engine.commit import Committer
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.decode_batch import DecodeBatch
 from agent_memory.engine.kinds import attention
 from agent_memory.engine.kinds.layers import ModelLayers
-from agent_memory.engine.loader import LoadedModel, UnsupportedModelError, load_model
+from agent_memory.engine.loader import LoadedModel, ModelText, UnsupportedModelError, load_model
 from agent_memory.engine.prefill import Prefiller
 from agent_memory.engine.trace import NoTrace
 from agent_memory.engine.warm import open_warm_tier
@@ -34,8 +33,8 @@ class Parts:
     store: AgentCacheStore
     warm: WarmTier | None
     warm_error: str | None  # why there is no warm tier, when one was asked for
-    batch: DecodeBatch
-    prefiller: Prefiller
+    batch: DecodeBatch | None  # None while the weights are unloaded (and the prefiller too)
+    prefiller: Prefiller | None
     committer: Committer
     working_budget: int | None  # bytes running requests' working caches may hold
     bytes_per_token: int  # of a working cache's attention layers
@@ -77,10 +76,11 @@ def fitted_groups(p: Precisions, layers: ModelLayers, name: str) -> Precisions:
     return Precisions(hot=regroup(p.hot), working=regroup(p.working), disk=regroup(p.disk))
 
 
-def build(cfg: EngineConfig, trace: NoTrace) -> Parts:
-    """Load the model and open the tiers (on the engine thread: it makes MLX arrays)."""
+def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: int, working: int | None) -> Parts:
+    """Load the model's weights and open the tiers (on the engine thread: it makes MLX arrays),
+    with its share of the memory limit (engine/residency.py)."""
     p = cfg.precisions
-    loaded = load_model(cfg.model_path, cfg.model_name, cfg.model_defaults)
+    loaded = load_model(described)
     layers = ModelLayers(loaded.model)
     p = fitted_groups(p, layers, loaded.name)
     if p.working.quantized and (why := layers.quantized_refusal(p.working)):
@@ -89,7 +89,7 @@ def build(cfg: EngineConfig, trace: NoTrace) -> Parts:
     store = AgentCacheStore(
         block_tokens=BLOCK_TOKENS,
         salt=loaded.fingerprint,
-        hot_budget_bytes=cfg.hot_budget_bytes,
+        hot_budget_bytes=hot_budget,
         attention_tokens=loaded.attention_tokens,
         warm=warm,
         disk_budget_bytes=cfg.disk_budget_bytes,
@@ -126,7 +126,24 @@ def build(cfg: EngineConfig, trace: NoTrace) -> Parts:
         batch=DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids),
         prefiller=Prefiller(loaded.model, layers, p, store, committer),
         committer=committer,
-        working_budget=working_budget(cfg.memory_limit_bytes, loaded.model, cfg.hot_budget_bytes),
+        working_budget=working,
         bytes_per_token=layers.bytes_per_token(p.working),
         state_bytes=layers.state_bytes(),
     )
+
+
+def unload_weights(parts: Parts) -> None:
+    """Drop the weights and what computes with them; the store and the warm tier stay, so the
+    model's agents stay listed, deletable and warm (its hot KV cooled first: engine.py)."""
+    parts.batch = parts.prefiller = None
+    parts.layers.detach()
+    parts.loaded = replace(parts.loaded, model=None)
+
+
+def reload_weights(parts: Parts, described: ModelText, working: int | None) -> None:
+    """The weights again, into the memory kept since `unload_weights`."""
+    loaded = parts.loaded = load_model(described)
+    parts.layers.attach(loaded.model)
+    parts.batch = DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids)
+    parts.prefiller = Prefiller(loaded.model, parts.layers, parts.precisions, parts.store, parts.committer)
+    parts.working_budget = working

@@ -42,10 +42,12 @@ class ModelFacts:
 
 @dataclass(frozen=True)
 class Health:
-    """/health's answer: `loading`, `ok` or `error` (with why), and what is in force once ok."""
+    """/health's answer: `loading`, `ok` or `error` (with why), and what is in force once ok.
+    A model loaded on demand is ok before its first request, with `loaded` False."""
 
     status: str
     message: str | None = None
+    loaded: bool = True  # whether its weights are in memory now
     kv: dict[str, str] | None = None  # precision tags: hot, working, disk
     warm_tier: dict | None = None  # on, degraded (why) or off (why)
 

@@ -9,6 +9,7 @@ try to download it.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +29,25 @@ class ModelInfo:
     model_type: str
     num_layers: int
     weights: str  # "float", or the quantization ("4-bit")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One `--model`: what names the model, and the extra name it is served as (`NAME=MODEL`)."""
+
+    spec: str
+    alias: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ModelSpec:
+        """`small=./qwen3-0.6b` → alias `small`; a folder whose own name holds `=` is taken whole."""
+        name, sep, spec = text.partition("=")
+        if sep and ALIAS.match(name) and spec and not Path(text).expanduser().exists():
+            return cls(spec, name)
+        return cls(text)
+
+
+ALIAS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
 
 def resolve_model(spec: str, models_dir: Path, progress: Progress | None = None) -> Path:

@@ -111,6 +111,15 @@ class ModelLayers:
         self.has_state = bool(self.states)
         self.kinds = sorted({type(c).__name__ for _, c in _slots(probe)})
 
+    def attach(self, model) -> None:
+        """The model's weights, loaded again after `detach` (the same model: the same kinds)."""
+        self.model = model
+
+    def detach(self) -> None:
+        """The weights are unloaded (engine/parts.py): the kinds and shapes stay known, so the
+        warm tier keeps reading and deleting this model's files."""
+        self.model = None
+
     # -- working caches -----------------------------------------------------------------
 
     def new_cache(self, working: KVPrecision) -> list:

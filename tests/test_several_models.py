@@ -1,0 +1,155 @@
+"""Several models in one server: the request's `model` picks one, each loads on demand, its
+agents and blocks are its own, and one memory limit holds them all (an idle model unloads for
+another, and its agents come back warm). Two tiny models of different families, through the
+real server and SDKs."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import anthropic
+import httpx
+import pytest
+
+from agent_memory.models.tiny import build_tiny
+from tests.conftest import Server
+from tests.test_observability import metric
+
+SYSTEM = "You are a careful assistant who answers in one short sentence. " * 6
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A second model of another family (qwen3; the session's tiny model is llama)."""
+    return build_tiny(tmp_path_factory.mktemp("models") / "qwen3", arch="qwen3")
+
+
+def turn(client, model: str, agent: str, question: str, history: list | None = None, system: str = SYSTEM):
+    messages = [{"role": "system", "content": system}, *(history or []), {"role": "user", "content": question}]
+    return client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8, temperature=0, extra_body={"prompt_cache_key": agent}
+    )
+
+
+def follow(first, question: str) -> list:
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": first.choices[0].message.content}]
+
+
+def loaded(server) -> dict[str, bool]:
+    return {m["id"]: m["loaded"] for m in httpx.get(server.base_url + "/health").json()["models"]}
+
+
+def test_two_models_each_with_its_own_agents(tiny_model, small, tmp_path):
+    with Server(tiny_model, tmp_path / "cache", "--model", f"small={small}") as s:
+        client = s.client()
+        assert loaded(s) == {"tiny": True, "qwen3": False}  # the second loads on its first request
+        listed = {m["id"]: (m["root"], m["max_model_len"]) for m in client.models.list().model_dump()["data"]}
+        assert listed == {"tiny": ("tiny", 4096), "qwen3": ("qwen3", 4096), "small": ("qwen3", 4096)}
+
+        # The same agent id on both models, interleaved: two agents, each reusing its own turn.
+        first = {m: turn(client, m, "alice", "Where is Paris?") for m in ("tiny", "small")}
+        assert loaded(s) == {"tiny": True, "qwen3": True} and "loading qwen3 for a request" in s.log()
+        assert {m: r.model for m, r in first.items()} == {"tiny": "tiny", "small": "small"}
+        assert all(r.usage.prompt_tokens_details.cached_tokens == 0 for r in first.values())
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both engines at once
+            second = dict(
+                zip(
+                    ("tiny", "small"),
+                    pool.map(
+                        lambda m: turn(client, m, "alice", "And Oslo?", follow(first[m], "Where is Paris?")),
+                        ("tiny", "small"),
+                    ),
+                )
+            )
+        for model, reply in second.items():
+            assert reply.usage.prompt_tokens_details.cached_tokens >= first[model].usage.prompt_tokens, model
+            alone = turn(client, model, None, "And Oslo?", follow(first[model], "Where is Paris?"))
+            assert reply.choices[0].message.content == alone.choices[0].message.content  # exact, cached or not
+
+        # No match across models: a prompt the first model holds is new to the second, but for
+        # the template's opening that the second's own agents sent before.
+        other = "You answer questions about cities of the southern hemisphere. " * 6
+        turn(client, "tiny", "bob", "What is Lima?", system=other)
+        reused = {
+            m: turn(client, m, agent, "What is Lima?", system=other).usage.prompt_tokens_details.cached_tokens
+            for m, agent in (("tiny", "dave"), ("small", "carol"))
+        }
+        assert reused["tiny"] > 128 and reused["small"] < 16, reused
+
+        agents = httpx.get(s.base_url + "/v1/agents").json()
+        assert sorted((a["id"], a["model"]) for a in agents["data"] if a["id"] == "alice") == [
+            ("alice", "qwen3"),
+            ("alice", "tiny"),
+        ]
+        assert [(m["id"], m["loaded"], m["agents"]) for m in agents["models"]] == [
+            ("tiny", True, 3),
+            ("qwen3", True, 2),
+        ]
+        assert metric(s, "agent_memory_model_loaded", model="qwen3") == 1
+        assert metric(s, "agent_memory_generated_tokens_total", model="tiny") > 0
+        assert metric(s, "process_resident_memory_bytes") > 0
+
+        # An unknown name is a 404 in each API's shape, naming what is served.
+        r = httpx.post(
+            s.base_url + "/v1/chat/completions",
+            json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        )
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        assert "tiny, qwen3, small" in r.json()["error"]["message"]
+        messages = anthropic.Anthropic(base_url=s.base_url, api_key="unused", max_retries=0).messages
+        with pytest.raises(anthropic.NotFoundError) as e:
+            messages.create(model="claude-haiku-4-5", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+        assert e.value.body["error"]["type"] == "not_found_error"
+        reply = messages.create(model="small", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+        assert reply.model == "small"
+
+
+def test_an_idle_model_unloads_for_another_and_its_agents_return_warm(tiny_model, small, tmp_path):
+    # 240 MiB of hot budget leaves room for one model's weights at a time under 256 MiB.
+    limit = ("--memory-limit-mb", "256", "--hot-budget-mb", "240")
+    with Server(tiny_model, tmp_path / "cache", "--model", f"small={small}", *limit) as s:
+        client = s.client()
+        first = turn(client, "tiny", "alice", "Where is Paris?")
+        turn(client, "small", "bob", "Where is Oslo?")
+        assert loaded(s) == {"tiny": False, "qwen3": True} and "unloaded tiny to make room for qwen3" in s.log()
+        # Unloaded, its memory is still listed (nothing hot) and its agents can still be ended.
+        agents = {(a["id"], a["model"]): a for a in httpx.get(s.base_url + "/v1/agents").json()["data"]}
+        assert agents["alice", "tiny"]["bytes"]["hot"] == 0 and agents["alice", "tiny"]["bytes"]["disk"] > 0
+        turn(client, "tiny", "dave", "Where is Lima?", system="Be brief.")  # tiny again, so small unloads
+        assert loaded(s) == {"tiny": True, "qwen3": False}
+        assert httpx.delete(s.base_url + "/v1/agents/bob").json()["deleted"] is True  # bob is small's
+
+        second = turn(client, "tiny", "alice", "And Oslo?", follow(first, "Where is Paris?"))
+        details = second.usage.prompt_tokens_details.model_dump()
+        assert details["warm_tokens"] >= first.usage.prompt_tokens and details["hot_tokens"] == 0
+        alone = turn(client, "tiny", None, "And Oslo?", follow(first, "Where is Paris?"))
+        assert second.choices[0].message.content == alone.choices[0].message.content
+        assert metric(s, "agent_memory_model_unloads_total", model="qwen3") == 1
+
+
+def test_a_pinned_model_keeps_its_place(tiny_model, small, tmp_path):
+    limit = ("--memory-limit-mb", "256", "--hot-budget-mb", "240")
+    with Server(tiny_model, tmp_path / "cache", "--model", f"small={small}", "--keep-loaded", "small", *limit) as s:
+        assert loaded(s) == {"tiny": False, "qwen3": True}  # both load at start; the pinned one stays
+        r = httpx.post(
+            s.base_url + "/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            timeout=60,
+        )
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded"
+        assert "qwen3 (4 MiB, pinned)" in r.json()["error"]["message"]
+        assert turn(s.client(), "small", "alice", "Where is Paris?").usage.completion_tokens > 0
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (("--model", "tiny2=tiny"), "the name 'tiny' is already tiny's"),
+        (("--keep-loaded", "nope"), "--keep-loaded nope: not a served model's name"),
+    ],
+)
+def test_names_are_checked_at_start(tiny_model, tmp_path, flags, said):
+    s = Server(tiny_model, tmp_path / "cache", *[f.replace("=tiny", f"={tiny_model}") for f in flags])
+    with pytest.raises(RuntimeError, match="server exited with 1"):
+        s.start()
+    assert said in s.log()
