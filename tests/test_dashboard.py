@@ -216,19 +216,47 @@ def test_with_an_api_key_the_page_needs_it(browser, keyed):
     assert no_page_errors(browser) == []
 
 
-def test_a_hybrid_models_snapshots_have_their_own_part_of_the_memory_bar(browser, tmp_path):
-    """A model with recurrent layers keeps snapshots beside its blocks: the hot bar draws them
-    as their own segment and the legend names them (for other models it stays hidden)."""
+@pytest.fixture(scope="module")
+def two_models(tiny_model, tmp_path_factory):
+    """A hybrid model (qwen3_5: recurrent layers, snapshots) served first, the tiny llama beside it."""
     from agent_memory.models.tiny import build_tiny
 
-    with Server(build_tiny(tmp_path / "qwen3_5", arch="qwen3_5"), tmp_path / "cache") as s:
-        messages = [{"role": "user", "content": "Plan a three day trip to the mountains."}]
-        s.client().chat.completions.create(
-            model="qwen3_5", messages=messages, max_tokens=8, temperature=0, extra_body={"prompt_cache_key": "hiker"}
-        )
-        browser.get(s.base_url + "/dashboard")
-        until(browser, lambda d: visible(d, "hot-snapshots-key"), message="the snapshots' legend never appeared")
-        assert re.search(r"\d (KiB|MiB)$", browser.find_element("id", "hot-snapshots").text)
-        width = browser.execute_script("return document.querySelector('#hot-bar .seg.snapshots').style.width")
-        assert width.endswith("%") and float(width[:-1]) > 0
-        assert no_page_errors(browser) == []
+    root = tmp_path_factory.mktemp("dash-two")
+    with Server(build_tiny(root / "qwen3_5", arch="qwen3_5"), root / "cache", "--model", str(tiny_model)) as s:
+        yield s
+
+
+def plan(server: Server, model: str, agent: str) -> None:
+    messages = [{"role": "user", "content": "Plan a three day trip to the mountains."}]
+    server.client().chat.completions.create(
+        model=model, messages=messages, max_tokens=8, temperature=0, extra_body={"prompt_cache_key": agent}
+    )
+
+
+def test_a_hybrid_models_snapshots_have_their_own_part_of_the_memory_bar(browser, two_models):
+    """A model with recurrent layers keeps snapshots beside its blocks: the hot bar draws them
+    as their own segment and the legend names them (for other models it stays hidden)."""
+    s = two_models
+    plan(s, "qwen3_5", "hiker")
+    browser.get(s.base_url + "/dashboard")
+    until(browser, lambda d: visible(d, "hot-snapshots-key"), message="the snapshots' legend never appeared")
+    assert re.search(r"\d (KiB|MiB)$", browser.find_element("id", "hot-snapshots").text)
+    width = browser.execute_script("return document.querySelector('#hot-bar .seg.snapshots').style.width")
+    assert width.endswith("%") and float(width[:-1]) > 0
+    assert no_page_errors(browser) == []
+
+
+def test_with_several_models_each_agent_row_names_its_model(browser, two_models):
+    """Which models are loaded now, and an agent of two models as two rows."""
+    from selenium.webdriver.common.by import By
+
+    s = two_models
+    plan(s, "qwen3_5", "walker")
+    browser.get(s.base_url + "/dashboard")
+    model_line = lambda d: d.find_element("id", "model").text  # noqa: E731
+    until(browser, lambda d: model_line(d) == "qwen3_5 (loaded), tiny (not loaded)", message="no model line")
+    plan(s, "tiny", "walker")
+    until(browser, lambda d: model_line(d) == "qwen3_5 (loaded), tiny (loaded)", message="tiny never loaded")
+    names = lambda d: sorted(e.text for e in d.find_elements(By.CSS_SELECTOR, "#agents tbody th.id"))  # noqa: E731
+    until(browser, lambda d: {"walker · qwen3_5", "walker · tiny"} <= set(names(d)), message=str(names(browser)))
+    assert no_page_errors(browser) == []

@@ -6,6 +6,10 @@ real server and SDKs."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import os
+import subprocess
+import sys
 
 import anthropic
 import httpx
@@ -33,6 +37,16 @@ def turn(client, model: str, agent: str, question: str, history: list | None = N
 
 def follow(first, question: str) -> list:
     return [{"role": "user", "content": question}, {"role": "assistant", "content": first.choices[0].message.content}]
+
+
+def cache(server, *args: str) -> dict:
+    """`agent-memory cache ...` on the server's cache folder, its JSON output."""
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_memory", "cache", *args, "--cache-dir", str(server.cache_dir)],
+        capture_output=True, text=True, env={**os.environ, "AGENT_MEMORY_CONFIG": "/nonexistent"},
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def loaded(server) -> dict[str, bool]:
@@ -85,6 +99,12 @@ def test_two_models_each_with_its_own_agents(tiny_model, small, tmp_path):
             ("tiny", True, 3),
             ("qwen3", True, 2),
         ]
+        # The cache commands see each model's folder, and end an agent in its own model only.
+        listed = cache(s, "ls", "--format", "json")["agents"]
+        assert sorted((a["id"], a["model"]) for a in listed if a["id"] == "alice") == [("alice", "qwen3"), ("alice", "tiny")]
+        cache(s, "rm", "alice", "--model", "qwen3", "--yes", "--format", "json")
+        held = [(a["id"], a["model"]) for a in httpx.get(s.base_url + "/v1/agents").json()["data"]]
+        assert ("alice", "tiny") in held and ("alice", "qwen3") not in held
         assert metric(s, "agent_memory_model_loaded", model="qwen3") == 1
         assert metric(s, "agent_memory_generated_tokens_total", model="tiny") > 0
         assert metric(s, "process_resident_memory_bytes") > 0

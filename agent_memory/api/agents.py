@@ -10,8 +10,8 @@ from fastapi import APIRouter, Depends, Request
 from agent_memory.agent_key import AgentKey
 from agent_memory.api.errors import APIError
 from agent_memory.api.pipeline import tenant
-from agent_memory.api.state import ServerState, ready_state
-from agent_memory.engine.protocol import AgentInfo, EngineClient
+from agent_memory.api.state import ServedModel, ServerState, ready_state
+from agent_memory.engine.protocol import AgentInfo
 
 router = APIRouter()
 
@@ -53,9 +53,12 @@ async def list_agents(request: Request, state: ServerState = Depends(ready_state
 
 
 @router.get("/v1/agents/{agent_id:path}")
-async def get_agent(agent_id: str, request: Request, state: ServerState = Depends(ready_state)) -> dict:
+async def get_agent(
+    agent_id: str, request: Request, model: str | None = None, state: ServerState = Depends(ready_state)
+) -> dict:
+    """`?model=`: the agent of that model (an agent of two models is two); else the first found."""
     key = AgentKey(agent_id, tenant(request))
-    for model in state.models.values():
+    for model in _models(state, model):
         info = await asyncio.to_thread(model.engine.agent, key)
         if info is not None:
             return agent_dict(info, model.id)
@@ -63,17 +66,26 @@ async def get_agent(agent_id: str, request: Request, state: ServerState = Depend
 
 
 @router.delete("/v1/agents/{agent_id:path}")
-async def delete_agent(agent_id: str, request: Request, state: ServerState = Depends(ready_state)) -> dict:
+async def delete_agent(
+    agent_id: str, request: Request, model: str | None = None, state: ServerState = Depends(ready_state)
+) -> dict:
+    """Ends the agent in every model, or in the one `?model=` names."""
     # Freeing KV arrays is MLX work: each engine does it on its own thread.
     key = AgentKey(agent_id, tenant(request))
-    ended = [await asyncio.wrap_future(engine.end_agent(key)) for engine in _engines(state)]
+    ended = [await asyncio.wrap_future(m.engine.end_agent(key)) for m in _models(state, model)]
     if not any(ended):
         raise APIError(404, f"no agent '{agent_id}'", param="agent_id", code="agent_not_found")
     return {"id": agent_id, "object": "agent.deleted", "deleted": True}
 
 
-def _engines(state: ServerState) -> list[EngineClient]:
-    return [model.engine for model in state.models.values()]
+def _models(state: ServerState, named: str | None) -> list[ServedModel]:
+    """Every served model, or the one a `model` query names (a 404 for a name none answers to)."""
+    if named is None:
+        return list(state.models.values())
+    found = [m for m in state.models.values() if named in m.ids]
+    if not found:
+        raise APIError(404, f"The model '{named}' does not exist", param="model", code="model_not_found")
+    return found
 
 
 def _added(per_model) -> dict[str, int]:

@@ -212,6 +212,8 @@ def generation_request(
     )
     state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
     trace = {"agent": shown_agent(agent, state.log_agent_ids), "prompt_tokens": len(prompt)}
+    if len(state.models) > 1:  # which model served it, where there is a choice
+        trace = {"model": model.id, **trace}
     request.scope.setdefault("state", {})["trace"] = state.traces[generation] = trace
     return generation
 

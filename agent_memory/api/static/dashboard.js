@@ -17,6 +17,7 @@
   let samples = []; // successive /metrics scrapes, oldest first, within WINDOW_S
   let agents = [];
   let modelName = null;
+  let several = false; // several models served: an agent row names its model
   let timer = null;
   let generation = 0; // bumped on restart: answers to an older round are dropped
   let pendingDelete = null;
@@ -337,15 +338,24 @@
     sparkline($("batch-spark"), batchPoints, { label: "Sequences decoding", fmt: fmtInt });
   }
 
-  const rows = new Map(); // agent id -> {tr, cells}
+  const rows = new Map(); // rowKey(agent) -> {tr, cells}
 
-  function makeRow(id) {
+  /** An agent of two models is two agents: a row each. */
+  const rowKey = (a) => `${a.model}\u0000${a.id}`;
+
+  function makeRow(id, model) {
     const tr = document.createElement("tr");
     tr.dataset.agentId = id;
     const name = document.createElement("th");
     name.scope = "row";
     name.className = "id";
     name.textContent = id;
+    if (several) {
+      const of = document.createElement("span");
+      of.className = "of-model";
+      of.textContent = ` · ${model}`;
+      name.appendChild(of);
+    }
     tr.appendChild(name);
     const cells = {};
     for (const k of ["tokens", "hot", "warm", "cold", "exact", "quantized", "disk"]) {
@@ -404,16 +414,16 @@
     const tbody = $("agents").tBodies[0];
     const focused = document.activeElement;
 
-    const keep = new Set(shown.map((a) => a.id));
-    for (const [id, row] of rows) {
-      if (!keep.has(id)) {
+    const keep = new Set(shown.map(rowKey));
+    for (const [key, row] of rows) {
+      if (!keep.has(key)) {
         row.tr.remove();
-        rows.delete(id);
+        rows.delete(key);
       }
     }
     shown.forEach((a, i) => {
-      let row = rows.get(a.id);
-      if (!row) rows.set(a.id, (row = makeRow(a.id)));
+      let row = rows.get(rowKey(a));
+      if (!row) rows.set(rowKey(a), (row = makeRow(a.id, a.model)));
       updateRow(row, a, now);
       if (tbody.children[i] !== row.tr) tbody.insertBefore(row.tr, tbody.children[i] || null);
     });
@@ -434,6 +444,12 @@
     health.textContent = h.status === "ok" ? "ok" : `${h.status}${h.message ? ": " + h.message : ""}`;
     health.className = h.status === "ok" ? "ok" : "bad";
     if (h.kv) setText($("kv"), kvText(h.kv));
+    several = Boolean(h.models && h.models.length > 1);
+    if (several) {
+      // Several models load on demand: which are in memory now.
+      modelName = h.models.map((m) => `${m.id} (${m.loaded ? "loaded" : "not loaded"})`).join(", ");
+      setText($("model"), modelName);
+    }
   }
 
   /** The precisions as the memory bar counts them: exact while hot, quantized once cooled. */
@@ -494,7 +510,7 @@
         addSample(sampleOf(parseMetrics(await metricsR.text()), Date.now() / 1000));
         renderRates();
       }
-      if (modelName === null) {
+      if (modelName === null && !several) {
         const m = await api("/v1/models");
         if (m.ok) modelName = ((await m.json()).data || []).map((x) => x.id).join(", ");
         setText($("model"), modelName || "—");

@@ -31,7 +31,7 @@ def remove_agent(
     private = folder.private_blocks(manifest)
     record = folder.layout.read_server_json()
     if record is not None:
-        server = LiveServer(record, key_of)
+        server = LiveServer(record, key_of, folder.name)
         if server.end_agent(manifest.key):
             return *removed_by_server(folder, [manifest], private), server.url
     removed = delete_agents(folder, [manifest], private)
@@ -123,7 +123,7 @@ class PruneRun:
         deleted anywhere, so that a server that does not answer stops the whole prune."""
         record = self.plan.folder.layout.read_server_json() if self.plan.agents else None
         if record is not None:
-            self.server = LiveServer(record, key_of)
+            self.server = LiveServer(record, key_of, self.plan.folder.name)
             for tenant in sorted({m.key.tenant for m in self.plan.agents}):
                 self.held.update({AgentKey(a, tenant): t for a, t in self.server.agents(tenant).items()})
 

@@ -140,7 +140,7 @@ def agent_rows(folder: ModelFolder, key_of: Callable[[str], str | None]) -> list
     record = folder.layout.read_server_json()
     if record is None:
         return rows
-    held = {a["id"]: a for a in LiveServer(record, key_of).agent_list()}
+    held = {a["id"]: a for a in LiveServer(record, key_of, folder.name).agent_list()}
     for row in rows:
         if row.tenant == "" and row.id in held:
             row.where = "disk+server"

@@ -27,10 +27,12 @@ TIMEOUT_S = 30.0
 
 
 class LiveServer:
-    def __init__(self, record: ServerRecord, key_of: Callable[[str], str | None]) -> None:
-        """key_of(tenant): the API key to speak for a tenant (the settings' keys)."""
+    def __init__(self, record: ServerRecord, key_of: Callable[[str], str | None], model: str) -> None:
+        """key_of(tenant): the API key to speak for a tenant (the settings' keys); model: the
+        served model the folder is of (a server may serve several)."""
         self.record = record
         self.key_of = key_of
+        self.model = model
 
     @property
     def url(self) -> str:
@@ -42,10 +44,11 @@ class LiveServer:
         return {a["id"]: float(a["last_used"]) for a in self.agent_list(tenant)}
 
     def agent_list(self, tenant: str = "") -> list[dict]:
-        """The server's /v1/agents entries for a tenant (id, tokens, blocks by tier, last_used)."""
+        """The server's /v1/agents entries for a tenant (id, tokens, blocks by tier, last_used),
+        of this folder's model."""
         response = self._request("GET", "/v1/agents", tenant)
         try:
-            agents = response.json()["data"]
+            agents = [a for a in response.json()["data"] if a.get("model", self.model) == self.model]
             for a in agents:
                 a["last_used"], a["tokens"] = float(a["last_used"]), int(a["tokens"])
             return agents
@@ -59,6 +62,8 @@ class LiveServer:
         try:
             # Dots too: a client would resolve an id of ".." as a path segment.
             path = route + quote(agent.id, safe="").replace(".", "%2E")
+            if agent.kind != RESPONSE:  # an agent of the folder's model; another model's is another agent
+                path += "?model=" + quote(self.model, safe="")
         except UnicodeEncodeError:
             return False  # not valid Unicode: no request could have made this agent
         return self._request("DELETE", path, agent.tenant, missing_ok=True).status_code != 404
