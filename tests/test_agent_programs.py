@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -131,6 +132,33 @@ def test_claude_code_turns_reuse_the_previous_one(models, tmp_path, release):
     assert int(two["cached_tokens"]) >= int(one["prompt_tokens"]) - 64
     if release == "2.1.197":  # its task tools describe `metadata` with propertyNames: constrained without it
         assert "tool 'TaskCreate': its calls are constrained without propertyNames" in log
+
+
+def test_claude_code_with_a_main_and_a_small_model(models, tmp_path):
+    """docs/usage.md's two-model set-up: Claude Code's main model and its small fast one
+    (`haiku`) are two models of one server; the small one loads on its first request."""
+    claude = program("claude-latest", "claude")
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    small = tmp_path / "fast"
+    shutil.copytree(models["answers"], small)
+    with Server(f"main={models['answers']}", tmp_path / "cache", "--model", f"small={small}") as server:
+        env = {
+            **claude_env(server, home, CONTEXT),
+            "ANTHROPIC_MODEL": "main",
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": "main",
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": "small",
+            "ANTHROPIC_SMALL_FAST_MODEL": "small",
+        }
+        main_turn = run([str(claude), "-p", "Say hello."], work, env)
+        small_turn = run([str(claude), "-p", "--model", "haiku", "Say hello."], work, env)
+        requests = logged_requests(server, "/v1/messages")
+        log = server.log()
+
+    assert main_turn.stdout.strip() == ANSWER and small_turn.stdout.strip() == ANSWER
+    assert [(r["status"], r["model"]) for r in requests] == [("200", "scripted-answer"), ("200", "fast")]
+    assert "loading fast for a request" in log
 
 
 def test_claude_code_compacts_on_prompt_too_long(tmp_path):
