@@ -183,7 +183,7 @@ def _served_models(settings: Settings) -> dict:
         spec = ModelSpec.parse(text)
         path = resolve_model_with_progress(spec.spec, settings.models_dir)
         model_id = served_name(spec.spec, path)
-        names = (model_id, *aliases(model_id), *([spec.alias] if spec.alias else []))
+        names = tuple(dict.fromkeys((model_id, *aliases(model_id), *([spec.alias] if spec.alias else []))))
         for name in names:
             if name in taken:
                 raise ConfigError(f"--model {text}: the name '{name}' is already {taken[name]}'s")

@@ -51,11 +51,6 @@ class Residency:
         self._lock = threading.Lock()
         self._weights: dict[Resident, int] = {}  # loaded or loading, with their weights' bytes
 
-    @property
-    def loaded(self) -> list[str]:
-        with self._lock:
-            return [engine.name for engine in self._weights]
-
     def share(self) -> tuple[int, int | None]:
         """(hot budget, bytes for running requests) of each loaded model now."""
         with self._lock:
