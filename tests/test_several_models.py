@@ -130,7 +130,17 @@ def test_an_idle_model_unloads_for_another_and_its_agents_return_warm(tiny_model
     with Server(tiny_model, tmp_path / "cache", "--model", f"small={small}", *limit) as s:
         client = s.client()
         first = turn(client, "tiny", "alice", "Where is Paris?")
-        turn(client, "small", "bob", "Where is Oslo?")
+        # A stream to a model not loaded yet: it waits for the load, then streams as any other.
+        stream = client.chat.completions.create(
+            model="small",
+            messages=[{"role": "user", "content": "Where is Oslo?"}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            extra_body={"prompt_cache_key": "bob"},
+        )
+        chunks = list(stream)
+        assert chunks[-1].choices[0].finish_reason == "length" and "".join(c.choices[0].delta.content or "" for c in chunks)
         assert loaded(s) == {"tiny": False, "qwen3": True} and "unloaded tiny to make room for qwen3" in s.log()
         # Unloaded, its memory is still listed (nothing hot) and its agents can still be ended.
         agents = {(a["id"], a["model"]): a for a in httpx.get(s.base_url + "/v1/agents").json()["data"]}
