@@ -4,7 +4,11 @@ last token) and answers token for token as the same messages do with nothing cac
 restart the agent comes back from disk the same way. Sliding-window and recurrent layers cannot
 be cut at any token as KV can, so the families that have them are held to it where it is
 hardest: histories far past the window (32 tokens), hybrids over many turns, and a hybrid under
-a hot budget too small to keep it (reuse may shrink, the answer may not change)."""
+a hot budget too small to keep it (reuse may shrink, the answer may not change).
+
+The families are served together, as several models of one server (`--model` once per family,
+each loaded on its first request): every family then also shows that it keeps its own memory
+beside the others'."""
 
 from __future__ import annotations
 
@@ -87,22 +91,57 @@ def next_turn(client, arch: str, agent: str, messages: list[dict], at_least: int
     return mine
 
 
+class Families:
+    """One server serving several families, then the same server again on its cache folder."""
+
+    def __init__(self, models, archs, folder, *flags: str) -> None:
+        self.args = [models(a) for a in archs]
+        self.folder, self.flags = folder, flags
+        self.server = Server(self.args[0], folder, *self._more(), *flags).start()
+        self.restarted = False
+
+    def _more(self) -> list[str]:
+        return [arg for model in self.args[1:] for arg in ("--model", str(model))]
+
+    def restart(self) -> Server:
+        """Once: SIGTERM flushes every write; the new server has the agents on disk only."""
+        if not self.restarted:
+            self.server.stop()
+            self.server = Server(self.args[0], self.folder, *self._more(), *self.flags).start()
+            self.restarted = True
+        return self.server
+
+
+@pytest.fixture(scope="module")
+def every_family(models, tmp_path_factory):
+    families = Families(models, list(ARCHS), tmp_path_factory.mktemp("every-family"))
+    yield families
+    families.server.stop()
+
+
+TURNS: dict[str, tuple[list[dict], object]] = {}  # arch -> its agent's messages and second reply
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_family_is_served_and_remembers_its_agent_across_a_restart(models, tmp_path, arch):
-    model = models(arch)
+def test_family_is_served_and_remembers_its_agent(every_family, arch):
+    assert not every_family.restarted, "the restart test ran first"
+    client = every_family.server.client()
     messages = opening()
-    with Server(model, tmp_path) as s:
-        client = s.client()
-        first = chat(client, arch, messages, AGENT)
-        assert first.choices[0].finish_reason in ("stop", "length") and first.usage.completion_tokens > 0, first
-        assert tiers(first) == (0, 0), f"{arch}: a new server's first request reused {tiers(first)}"
-        messages = follow(messages, first, QUESTIONS[1])
-        second = next_turn(client, arch, AGENT, messages, first.usage.prompt_tokens - 1)
-        messages = follow(messages, second, QUESTIONS[2])
-    # SIGTERM flushed every write: the new server has the agent on disk, nothing in memory.
-    with Server(model, tmp_path) as s:
-        third = next_turn(s.client(), arch, AGENT, messages, second.usage.prompt_tokens - 1)
-        assert tiers(third)[1] > 0, f"{arch}: after a restart the agent reused {tiers(third)} (hot, warm)"
+    first = chat(client, arch, messages, AGENT)
+    assert first.choices[0].finish_reason in ("stop", "length") and first.usage.completion_tokens > 0, first
+    assert tiers(first) == (0, 0), f"{arch}: a new server's first request reused {tiers(first)}"
+    messages = follow(messages, first, QUESTIONS[1])
+    second = next_turn(client, arch, AGENT, messages, first.usage.prompt_tokens - 1)
+    TURNS[arch] = (follow(messages, second, QUESTIONS[2]), second)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_family_remembers_its_agent_across_a_restart(every_family, arch):
+    if arch not in TURNS:
+        pytest.skip(f"{arch}: its first turns failed")
+    messages, second = TURNS[arch]
+    third = next_turn(every_family.restart().client(), arch, AGENT, messages, second.usage.prompt_tokens - 1)
+    assert tiers(third)[1] > 0, f"{arch}: after a restart the agent reused {tiers(third)} (hot, warm)"
 
 
 # Sliding-window families (gemma3_text, gpt_oss) many windows past their window, recurrent
@@ -110,37 +149,51 @@ def test_family_is_served_and_remembers_its_agent_across_a_restart(models, tmp_p
 LONG = {"gemma3_text": 6, "gpt_oss": 6, "qwen3_next": 4, "granitemoehybrid": 4, "llama": 4}
 
 
+@pytest.fixture(scope="module")
+def long_histories(models, tmp_path_factory):
+    families = Families(models, list(LONG), tmp_path_factory.mktemp("long"), "--disk-budget-mb", "0")
+    yield families.server
+    families.server.stop()
+
+
 @pytest.mark.parametrize("arch", list(LONG))
-def test_a_long_history_is_reused_on_every_turn(models, tmp_path, arch):
-    with Server(models(arch), tmp_path, "--disk-budget-mb", "0") as s:
-        client = s.client()
-        messages = opening()
-        reply = chat(client, arch, messages, AGENT)
-        assert reply.usage.prompt_tokens > WINDOW  # the window has wrapped from the first turn
-        for question in QUESTIONS[1 : LONG[arch]]:
-            messages = follow(messages, reply, question)
-            reply = next_turn(client, arch, AGENT, messages, reply.usage.prompt_tokens - 1)
-        assert reply.usage.prompt_tokens > 200, f"{arch}: the history is only {reply.usage.prompt_tokens} tokens"
+def test_a_long_history_is_reused_on_every_turn(long_histories, arch):
+    client = long_histories.client()
+    messages = opening()
+    reply = chat(client, arch, messages, AGENT)
+    assert reply.usage.prompt_tokens > WINDOW  # the window has wrapped from the first turn
+    for question in QUESTIONS[1 : LONG[arch]]:
+        messages = follow(messages, reply, question)
+        reply = next_turn(client, arch, AGENT, messages, reply.usage.prompt_tokens - 1)
+    assert reply.usage.prompt_tokens > 200, f"{arch}: the history is only {reply.usage.prompt_tokens} tokens"
 
 
 BUDGETS = {
-    "hot-1MiB-no-disk": ("--hot-budget-mb", "1", "--disk-budget-mb", "0"),  # agents push each other out
+    # 1 MiB for each of the two models: agents push each other out
+    "hot-1MiB-each-no-disk": ("--hot-budget-mb", "2", "--disk-budget-mb", "0"),
     "hot-0MiB-disk": ("--hot-budget-mb", "0"),  # nothing stays in memory; the disk keeps it all
 }
 
 
-@pytest.mark.parametrize("budget", list(BUDGETS))
+@pytest.fixture(scope="module", params=list(BUDGETS))
+def tight(request, models, tmp_path_factory):
+    """Both archs on one server under a budget; the hot budget is shared out between them."""
+    families = Families(models, ["qwen3_5", "llama"], tmp_path_factory.mktemp(request.param), *BUDGETS[request.param])
+    yield request.param, families.server
+    families.server.stop()
+
+
 @pytest.mark.parametrize("arch", ["qwen3_5", "llama"])
-def test_a_hybrid_under_a_tiny_hot_budget_answers_as_uncached(models, tmp_path, arch, budget):
-    with Server(models(arch), tmp_path, *BUDGETS[budget]) as s:
-        client = s.client()
-        agents = {f"agent-{i}": opening(f"Logbook {i}. " + SYSTEM) for i in range(3)}
-        reuse = []
-        for question in QUESTIONS[1:4]:  # the agents take turns, each turn evicting the others'
-            for agent, messages in agents.items():
-                mine = next_turn(client, arch, agent, messages, 0)
-                reuse.append(tiers(mine))
-                agents[agent] = follow(messages, mine, question)
-        assert any(sum(t) for t in reuse), f"{arch}: no turn reused anything, the cached path was never taken"
-        hot = httpx.get(s.base_url + "/v1/agents").json()["hot_bytes"]
-        assert hot <= int(BUDGETS[budget][1]) << 20, f"{arch}: {hot} hot bytes over a {budget} budget"
+def test_a_hybrid_under_a_tiny_hot_budget_answers_as_uncached(tight, arch):
+    budget, s = tight
+    client = s.client()
+    agents = {f"agent-{i}": opening(f"Logbook {i}. " + SYSTEM) for i in range(3)}
+    reuse = []
+    for question in QUESTIONS[1:4]:  # the agents take turns, each turn evicting the others'
+        for agent, messages in agents.items():
+            mine = next_turn(client, arch, agent, messages, 0)
+            reuse.append(tiers(mine))
+            agents[agent] = follow(messages, mine, question)
+    assert any(sum(t) for t in reuse), f"{arch}: no turn reused anything, the cached path was never taken"
+    hot = httpx.get(s.base_url + "/v1/agents").json()["hot_bytes"]
+    assert hot <= int(BUDGETS[budget][1]) << 20, f"{arch}: {hot} hot bytes over a {budget} budget"
