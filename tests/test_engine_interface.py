@@ -114,7 +114,13 @@ def facts(tiny_model) -> ModelFacts:
 
     tokenizer = load_tokenizer(tiny_model)
     return ModelFacts(
-        "fake", ("fake", "fake-alias"), tokenizer, 2048, len(tokenizer), max_token_chars=16, reply_format=reply_format(tokenizer)
+        "fake",
+        ("fake", "fake-alias"),
+        tokenizer,
+        2048,
+        len(tokenizer),
+        max_token_chars=16,
+        reply_format=reply_format(tokenizer),
     )
 
 

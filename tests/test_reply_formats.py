@@ -72,12 +72,31 @@ MESSAGES = [
 ]
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family_server(request, tmp_path_factory):
-    model = templated_model(tmp_path_factory.getbasetemp() / "templated", request.param)
-    with Server(model, tmp_path_factory.mktemp(f"cache-{request.param}")) as server:
-        server.tokenizer = load_tokenizer(model)
-        yield request.param, server
+@pytest.fixture(scope="module")
+def every_format(tmp_path_factory):
+    """One server serving every family's templated model (several models, each loaded on its
+    first request), and each model's tokenizer by family."""
+    models = {f: templated_model(tmp_path_factory.getbasetemp() / "templated", f) for f in sorted(FAMILIES)}
+    first, *rest = models.values()
+    more = [arg for model in rest for arg in ("--model", str(model))]
+    with Server(first, tmp_path_factory.mktemp("cache-formats"), *more) as server:
+        yield server, {f: (model.name, load_tokenizer(model)) for f, model in models.items()}
+
+
+class FamilyServer:
+    """The shared server as one family's test sees it: its model's id and tokenizer."""
+
+    def __init__(self, server: Server, model_id: str, tokenizer) -> None:
+        self.server, self.model_id, self.tokenizer = server, model_id, tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self.server, name)
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family_server(request, every_format):
+    server, models = every_format
+    return request.param, FamilyServer(server, *models[request.param])
 
 
 def whole_turn(server, family: str, messages: list[dict]) -> int:
@@ -123,7 +142,7 @@ def test_chat_completions_round_trip(family_server):
     family, server = family_server
     assert reply_format(server.tokenizer).name == FAMILIES[family][0]
     client = server.client()
-    ask = dict(model="m", tools=TOOLS, tool_choice="required", max_tokens=96, temperature=0)
+    ask = dict(model=server.model_id, tools=TOOLS, tool_choice="required", max_tokens=96, temperature=0)
     if family in THINKING_OFF:
         ask["reasoning_effort"] = "none"
     first = client.chat.completions.create(messages=MESSAGES, prompt_cache_key=f"{family}-chat", **ask)
@@ -174,7 +193,11 @@ def test_messages_round_trip(family_server):
     client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
     tools = [{"name": "get_weather", "description": "The forecast.", "input_schema": WEATHER_SCHEMA}]
     ask = dict(
-        model="m", max_tokens=96, extra_body={"temperature": 0}, tools=tools, metadata={"user_id": f"{family}-messages"}
+        model=server.model_id,
+        max_tokens=96,
+        extra_body={"temperature": 0},
+        tools=tools,
+        metadata={"user_id": f"{family}-messages"},
     )
     if family in THINKING_OFF:
         ask["thinking"] = {"type": "disabled"}
@@ -219,7 +242,7 @@ def test_responses_round_trip(family_server):
     family, server = family_server
     client = server.client()
     tools = [{"type": "function", **TOOLS[0]["function"]}]
-    ask = dict(model="m", tools=tools, max_output_tokens=96, temperature=0)
+    ask = dict(model=server.model_id, tools=tools, max_output_tokens=96, temperature=0)
     if family in THINKING_OFF:
         ask["reasoning"] = {"effort": "none"}
     first = client.responses.create(
@@ -258,7 +281,7 @@ def test_constrained_output_ends_well_in_every_format(family_server, budget):
     model opens it) closed in time; streamed like not."""
     family, server = family_server
     client = server.client()
-    base = dict(model="m", messages=MESSAGES, max_tokens=budget, temperature=0.9, seed=budget)
+    base = dict(model=server.model_id, messages=MESSAGES, max_tokens=budget, temperature=0.9, seed=budget)
     if family in THINKING_OFF:
         base["reasoning_effort"] = "none"
     named = {"type": "function", "function": {"name": "get_weather"}}

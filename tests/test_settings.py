@@ -52,7 +52,13 @@ def _env(value) -> str:
 
 
 def _plain(value):
-    return value.get_secret_value() if hasattr(value, "get_secret_value") else str(value) if isinstance(value, Path) else value
+    return (
+        value.get_secret_value()
+        if hasattr(value, "get_secret_value")
+        else str(value)
+        if isinstance(value, Path)
+        else value
+    )
 
 
 def test_every_setting_is_covered():
@@ -64,7 +70,10 @@ def test_every_setting_is_covered():
 def test_serve_help_fits_80_columns():
     out = subprocess.run(
         [sys.executable, "-m", "agent_memory", "serve", "--help"],
-        capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"}, check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+        check=True,
     ).stdout
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "…" not in out

@@ -43,7 +43,9 @@ def cache(server, *args: str) -> dict:
     """`agent-memory cache ...` on the server's cache folder, its JSON output."""
     done = subprocess.run(
         [sys.executable, "-m", "agent_memory", "cache", *args, "--cache-dir", str(server.cache_dir)],
-        capture_output=True, text=True, env={**os.environ, "AGENT_MEMORY_CONFIG": "/nonexistent"},
+        capture_output=True,
+        text=True,
+        env={**os.environ, "AGENT_MEMORY_CONFIG": "/nonexistent"},
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -101,7 +103,10 @@ def test_two_models_each_with_its_own_agents(tiny_model, small, tmp_path):
         ]
         # The cache commands see each model's folder, and end an agent in its own model only.
         listed = cache(s, "ls", "--format", "json")["agents"]
-        assert sorted((a["id"], a["model"]) for a in listed if a["id"] == "alice") == [("alice", "qwen3"), ("alice", "tiny")]
+        assert sorted((a["id"], a["model"]) for a in listed if a["id"] == "alice") == [
+            ("alice", "qwen3"),
+            ("alice", "tiny"),
+        ]
         cache(s, "rm", "alice", "--model", "qwen3", "--yes", "--format", "json")
         held = [(a["id"], a["model"]) for a in httpx.get(s.base_url + "/v1/agents").json()["data"]]
         assert ("alice", "tiny") in held and ("alice", "qwen3") not in held
@@ -140,7 +145,9 @@ def test_an_idle_model_unloads_for_another_and_its_agents_return_warm(tiny_model
             extra_body={"prompt_cache_key": "bob"},
         )
         chunks = list(stream)
-        assert chunks[-1].choices[0].finish_reason == "length" and "".join(c.choices[0].delta.content or "" for c in chunks)
+        assert chunks[-1].choices[0].finish_reason == "length" and "".join(
+            c.choices[0].delta.content or "" for c in chunks
+        )
         assert loaded(s) == {"tiny": False, "qwen3": True} and "unloaded tiny to make room for qwen3" in s.log()
         # Unloaded, its memory is still listed (nothing hot) and its agents can still be ended.
         agents = {(a["id"], a["model"]): a for a in httpx.get(s.base_url + "/v1/agents").json()["data"]}
