@@ -287,3 +287,41 @@ def test_responses_cut_off_call(cut):
     assert "".join(texts) == "I will add. "
     [done] = [e for e in events if e["type"] == "response.function_call_arguments.done"]
     assert done["arguments"] == "{}" and done["name"] == "add"
+
+
+def test_two_engines_one_api(facts):
+    """The API over two models: each picks its requests by name, an unknown name is a 404
+    naming both, and the views list each model's agents and metrics apart."""
+    from dataclasses import replace
+
+    first = FakeEngine(facts, ["one"])
+    second = FakeEngine(replace(facts, name="other", ids=("other",)), ["two"])
+    app = create_app(
+        {"fake": first, "other": second},
+        host="127.0.0.1",
+        port=8000,
+        api_keys={},
+        max_waiting=8,
+        responses=ResponseStore(None, 1 << 20, first.end_agent),
+        on_load_failure=lambda: None,
+    )
+    with TestClient(app, base_url="http://127.0.0.1:8000") as client:
+        for name, text in (("other", "two"), ("fake-alias", "one"), (None, "one")):
+            body = chat_body(model=name) if name else {k: v for k, v in chat_body().items() if k != "model"}
+            assert client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"] == text
+        r = client.post("/v1/chat/completions", json=chat_body(model="gpt-4o"))
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        assert "fake, fake-alias, other" in r.json()["error"]["message"]
+        listing = client.get("/v1/agents").json()
+        assert sorted((a["id"], a["model"]) for a in listing["data"]) == [("alice", "fake"), ("alice", "other")]
+        assert [(m["id"], m["hot_bytes"]) for m in listing["models"]] == [("fake", 4096), ("other", 4096)]
+        assert listing["hot_bytes"] == 8192
+        assert client.delete("/v1/agents/alice?model=other").status_code == 200
+        assert AgentKey("alice") in first.known and AgentKey("alice") not in second.known
+        assert client.get("/v1/agents/alice?model=nope").status_code == 404
+        metrics = client.get("/metrics").text
+        assert (
+            'fake_requests_total{model="fake"} 0.0' in metrics and 'fake_requests_total{model="other"} 0.0' in metrics
+        )
+        assert metrics.count("# TYPE fake_requests_total counter") == 1
+        assert metrics.count("# TYPE process_cpu_seconds_total counter") == 1  # the process once, unlabelled
