@@ -163,8 +163,9 @@ def describe_model(path: Path, name: str | None = None, model_defaults: bool = T
     )
 
 
-def load_model(described: ModelText) -> LoadedModel:
-    """The described model's weights, loaded (on the engine thread)."""
+def load_model(described: ModelText, fingerprint_known: str | None = None) -> LoadedModel:
+    """The described model's weights, loaded (on the engine thread). `fingerprint_known`: the
+    digest of its files from an earlier load, not hashed again (a reload after an unload)."""
     path, text = described.path, described.config
     model, _ = load_weights(path)
     num_layers = len(model.layers)
@@ -187,7 +188,7 @@ def load_model(described: ModelText) -> LoadedModel:
         vocab_size=described.vocab_size,
         max_token_chars=described.max_token_chars,
         num_layers=num_layers,
-        fingerprint=fingerprint(path),
+        fingerprint=fingerprint_known or fingerprint(path),
         # Matmuls cost ~2 FLOP per weight per token; attention ~4 per query head dim per
         # layer per earlier token.
         attention_tokens=2 * matmul_params / (4 * num_layers * heads * head_dim),

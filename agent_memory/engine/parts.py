@@ -1,7 +1,7 @@
-"""Everything the engine thread works with, built each time the model loads: the model,
+"""Everything the engine thread works with, built when the model first loads: the model,
 the warm tier, the store (restored from the cache folder; a shared tier's agents are probed
 later), the decode batch, the prefiller, the committer and the memory left for running
-requests."""
+requests. After that the weights alone go and come back (`unload_weights`, `reload_weights`)."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def unload_weights(parts: Parts) -> None:
 
 def reload_weights(parts: Parts, described: ModelText, working: int | None) -> None:
     """The weights again, into the memory kept since `unload_weights`."""
-    loaded = parts.loaded = load_model(described)
+    loaded = parts.loaded = load_model(described, parts.loaded.fingerprint)
     parts.layers.attach(loaded.model)
     parts.batch = DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids)
     parts.prefiller = Prefiller(loaded.model, parts.layers, parts.precisions, parts.store, parts.committer)
