@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     decode_quantized: bool = Field(
         False, description="Running requests attend to quantized KV too (least memory; lower quality, slower on CPU)."
     )
+    unload_idle_s: int | None = Field(
+        None,
+        ge=1,
+        description="Unload a model idle this many seconds, its agents kept warm (default: only to make room "
+        "for another; --keep-loaded models never).",
+    )
     model_defaults: bool = Field(
         True,
         description="Sampling fields a request omits (temperature, top_p, top_k) come from the model's "

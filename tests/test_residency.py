@@ -86,3 +86,15 @@ def test_one_model_alone_loads_even_over_the_limit():
     only = Engine("only")
     loaded(res, only)
     assert only.budgets[-1] == (600 * MIB, 0)
+
+
+def test_with_unload_idle_s_a_model_idle_that_long_leaves_but_a_pinned_one():
+    res = Residency(limit_bytes=None, hot_budget_bytes=600 * MIB, unload_idle_s=0.4)
+    now = time.monotonic()
+    idle, pinned, busy = Engine("idle", idle=now), Engine("pinned", idle=now, pinned=True), Engine("busy", idle=None)
+    loaded(res, idle, pinned, busy)
+    deadline = time.monotonic() + 10
+    while not idle.unloaded and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert idle.unloaded and not pinned.unloaded and not busy.unloaded
+    assert pinned.budgets[-1] == (300 * MIB, None)  # two loaded now: the hot budget in halves

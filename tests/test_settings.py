@@ -19,6 +19,7 @@ from tests.conftest import Server, chat
 VALUES = {
     "model": (["from-file"], ["from-env", "small=from-env-2"], ["from-flag", "a=b", "c"]),
     "keep_loaded": (["f"], ["e1", "e2"], ["x"]),
+    "unload_idle_s": (30, 60, 90),
     "host": ("127.0.0.2", "127.0.0.3", "localhost"),
     "port": (8101, 8102, 8103),
     "cache_dir": ("/tmp/am-file", "/tmp/am-env", "/tmp/am-flag"),

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import anthropic
 import httpx
@@ -176,6 +177,19 @@ def test_a_pinned_model_keeps_its_place(tiny_model, small, tmp_path):
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded"
         assert "qwen3 (4 MiB, pinned)" in r.json()["error"]["message"]
         assert turn(s.client(), "small", "alice", "Where is Paris?").usage.completion_tokens > 0
+
+
+def test_with_unload_idle_s_an_idle_model_unloads_and_its_agent_returns_warm(tiny_model, small, tmp_path):
+    with Server(tiny_model, tmp_path / "cache", "--model", f"small={small}", "--unload-idle-s", "1") as s:
+        client = s.client()
+        first = turn(client, "small", "alice", "Where is Paris?")
+        deadline = time.monotonic() + 30
+        while loaded(s) != {"tiny": False, "qwen3": False} and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert loaded(s) == {"tiny": False, "qwen3": False} and "unloaded qwen3 after" in s.log()
+        second = turn(client, "small", "alice", "And Oslo?", follow(first, "Where is Paris?"))
+        details = second.usage.prompt_tokens_details.model_dump()
+        assert details["warm_tokens"] >= first.usage.prompt_tokens and details["hot_tokens"] == 0
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from agent_memory.config import ENV_PREFIX, ConfigError, Settings, config_file_p
 
 # `serve --help` shows the flags in these groups, in this order; every setting is in one.
 HELP_GROUPS = {
-    "Model": ("model", "keep_loaded", "model_defaults"),
+    "Model": ("model", "keep_loaded", "unload_idle_s", "model_defaults"),
     "Network": ("host", "port", "api_key", "api_keys_file"),
     "Requests": ("max_batch", "max_waiting"),
     "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized"),
@@ -127,7 +127,7 @@ def _serve(settings: Settings) -> int:
     except (ModelError, ConfigError) as e:
         error(e)
         return 1
-    residency = Residency(settings.memory_limit_bytes, settings.hot_budget_mb << 20)
+    residency = Residency(settings.memory_limit_bytes, settings.hot_budget_mb << 20, settings.unload_idle_s)
     engines = {model_id: _engine(settings, config, residency) for model_id, config in served.items()}
     config = uvicorn.Config(
         None,

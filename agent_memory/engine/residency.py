@@ -45,11 +45,26 @@ class Resident(Protocol):
 
 
 class Residency:
-    def __init__(self, limit_bytes: int | None, hot_budget_bytes: int) -> None:
+    def __init__(self, limit_bytes: int | None, hot_budget_bytes: int, unload_idle_s: float | None = None) -> None:
+        """`unload_idle_s`: a loaded model idle this long is unloaded even with room to spare
+        (--unload-idle-s; None: only to make room)."""
         self.limit = limit_bytes
         self.hot_budget = hot_budget_bytes
         self._lock = threading.Lock()
         self._weights: dict[Resident, int] = {}  # loaded or loading, with their weights' bytes
+        if unload_idle_s is not None:
+            threading.Thread(target=self._unload_idle, args=(unload_idle_s,), name="residency", daemon=True).start()
+
+    def _unload_idle(self, idle_s: float) -> None:
+        while True:
+            time.sleep(min(idle_s / 4, 5.0))
+            now = time.monotonic()
+            with self._lock:
+                idle = {e: now - since for e in self._weights if not e.pinned and (since := e.idle_since()) is not None}
+            for engine, seconds in idle.items():
+                if seconds > idle_s and engine.unload().result():
+                    log.info("unloaded %s after %.0f s idle", engine.name, seconds)
+                    self.unloaded(engine)
 
     def share(self) -> tuple[int, int | None]:
         """(hot budget, bytes for running requests) of each loaded model now."""
