@@ -4,6 +4,11 @@ It owns the engine thread, the only one that touches MLX: work arrives on an inb
 cancel, end an agent, any call) and between two steps the thread drains it, so a new request
 joins at once; the steps themselves are EngineCore's (core.py). Everything here may be called
 from any thread; reads of the store take its lock.
+
+The thread first reads the model's tokenizer and layers (what the API needs), then loads the
+weights at start or when a request first asks for the model; with other models served it may
+later unload them when idle (residency.py), keeping the store and warm tier, and load them
+again for the next request.
 """
 
 from __future__ import annotations
