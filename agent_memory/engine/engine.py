@@ -189,7 +189,7 @@ class BatchEngine(EngineClient):
         try:
             self._described = describe_model(self.config.model_path, self.name, self.config.model_defaults)
             if self.config.load_at_start:
-                self._load()
+                self._load_at_start()
         except (UnsupportedModelError, NoRoom) as e:  # said in one line by whoever waits for the load
             self._load_error = str(e)
             self._loaded.set()
@@ -227,6 +227,16 @@ class BatchEngine(EngineClient):
             sink(Failed(f"the model {self.name} could not be loaded: {why}", 503, "model_not_loaded"))
             return
         self._core.admit(seq_id, request, sink, submitted)
+
+    def _load_at_start(self) -> None:
+        """A pinned model must fit; the first model, beside pinned ones that fill the limit,
+        waits for a request instead (its load then says why it cannot)."""
+        try:
+            self._load()
+        except NoRoom as e:
+            if self.pinned:
+                raise
+            log.warning("%s is not loaded at start: %s", self.name, e)
 
     def _load_on_demand(self) -> str | None:
         """Load for a request that asks for this model (others wait in the inbox meanwhile):
