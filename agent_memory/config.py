@@ -65,7 +65,9 @@ class Settings(BaseSettings):
         "(default: the cache folder). Its maxmemory bounds it; see docs/scale-out.md.",
     )
     kv_bits: KVBits = Field(4, description="Precision cached KV cools to (exact while hot): 4, 8 or 16 (unquantized).")
-    kv_group_size: Annotated[int, one_of(32, 64, 128)] = Field(64, description="Quantization group size for KV: 32, 64 or 128.")
+    kv_group_size: Annotated[int, one_of(32, 64, 128)] = Field(
+        64, description="Quantization group size for KV: 32, 64 or 128."
+    )
     disk_kv_bits: KVBits | None = Field(None, description="KV precision on disk (default: --kv-bits).")
     decode_quantized: bool = Field(
         False, description="Running requests attend to quantized KV too (least memory; lower quality, slower on CPU)."
@@ -74,6 +76,11 @@ class Settings(BaseSettings):
         True,
         description="Sampling fields a request omits (temperature, top_p, top_k) come from the model's "
         "generation_config.json; off: temperature 1, top_p 1, no top_k.",
+    )
+    speculation: Annotated[str, one_of("off", "lookup")] = Field(
+        "lookup",
+        description="Speculative decoding: 'lookup' proposes tokens from each request's own prompt and output "
+        "and verifies them in the batch's forward pass (models with only plain attention layers), or 'off'.",
     )
     max_batch: int = Field(32, ge=1, description="Most sequences decoded together (more wait to start).")
     max_waiting: int = Field(

@@ -24,3 +24,4 @@ class EngineConfig:
     memory_limit_bytes: int | None = None
     model_defaults: bool = True  # requests' omitted sampling fields from generation_config.json
     trace_path: Path | None = None  # --trace-file: where the engine's time goes (trace.py)
+    speculation: str = "lookup"  # --speculation: "lookup" (prompt lookup where the model allows it) or "off"

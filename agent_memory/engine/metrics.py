@@ -92,6 +92,22 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
+        self.proposed_tokens = Counter(
+            "agent_memory_speculation_proposed_tokens",
+            "Tokens proposed for verification (speculative decoding)",
+            registry=r,
+        )
+        self.accepted_tokens = Counter(
+            "agent_memory_speculation_accepted_tokens",
+            "Proposed tokens the model accepted: each a decode step its sequence saved",
+            registry=r,
+        )
+        self.accepted_per_step = Histogram(
+            "agent_memory_speculation_accepted_per_step",
+            "Proposed tokens accepted per sequence in a step that verified proposals",
+            buckets=(0, 1, 2, 4, 8, 16),
+            registry=r,
+        )
         self.disk_loads = Histogram(
             "agent_memory_disk_load_seconds",
             "Reading one warm block back (file read and checks), by outcome",
@@ -103,7 +119,9 @@ class Metrics:
             self.disk_loads.labels(outcome)
         self.sequences = Gauge("agent_memory_sequences", "Sequences in the engine, by state", ["state"], registry=r)
         self.cache_bytes = Gauge("agent_memory_cache_bytes", "Bytes of cached KV, by tier", ["tier"], registry=r)
-        self.budget_bytes = Gauge("agent_memory_cache_budget_bytes", "The budget of a tier, in bytes", ["tier"], registry=r)
+        self.budget_bytes = Gauge(
+            "agent_memory_cache_budget_bytes", "The budget of a tier, in bytes", ["tier"], registry=r
+        )
         self.agents = Gauge("agent_memory_agents", "Agents with cached KV (every tenant's)", registry=r)
         self.stored_responses = Gauge(
             "agent_memory_stored_responses", "Stored Responses-API responses with cached KV", registry=r

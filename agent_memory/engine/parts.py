@@ -16,6 +16,7 @@ from agent_memory.engine.kinds import attention
 from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.loader import LoadedModel, UnsupportedModelError, load_model
 from agent_memory.engine.prefill import Prefiller
+from agent_memory.engine.speculative_batch import SpeculativeBatch
 from agent_memory.engine.trace import NoTrace
 from agent_memory.engine.warm import open_warm_tier
 from agent_memory.memory.index.store import AgentCacheStore
@@ -34,7 +35,7 @@ class Parts:
     store: AgentCacheStore
     warm: WarmTier | None
     warm_error: str | None  # why there is no warm tier, when one was asked for
-    batch: DecodeBatch
+    batch: DecodeBatch | SpeculativeBatch
     prefiller: Prefiller
     committer: Committer
     working_budget: int | None  # bytes running requests' working caches may hold
@@ -75,6 +76,20 @@ def fitted_groups(p: Precisions, layers: ModelLayers, name: str) -> Precisions:
         return replace(precision, group_size=group) if precision.quantized else precision
 
     return Precisions(hot=regroup(p.hot), working=regroup(p.working), disk=regroup(p.disk))
+
+
+def decode_batch(speculation: str, loaded: LoadedModel, layers: ModelLayers, p: Precisions):
+    """The decode batch: speculative where asked and where every layer keeps a plain KV cache,
+    whose rejected positions a trim takes out (a window or recurrent layer's cannot be cut back
+    without a snapshot per proposal; quantized KV has no trim), else one token per step."""
+    eos = loaded.tokenizer.eos_token_ids
+    if speculation == "off":
+        return DecodeBatch(loaded.model, eos)
+    if layers.kinds != ["KVCache"] or p.working.quantized:
+        kept = "quantized KV" if p.working.quantized else ", ".join(layers.kinds)
+        log.info("speculation off: %s keeps %s, which cannot drop rejected proposals", loaded.name, kept)
+        return DecodeBatch(loaded.model, eos)
+    return SpeculativeBatch(loaded.model, eos)
 
 
 def build(cfg: EngineConfig, trace: NoTrace) -> Parts:
@@ -123,7 +138,7 @@ def build(cfg: EngineConfig, trace: NoTrace) -> Parts:
         store=store,
         warm=warm,
         warm_error=warm_error,
-        batch=DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids),
+        batch=decode_batch(cfg.speculation, loaded, layers, p),
         prefiller=Prefiller(loaded.model, layers, p, store, committer),
         committer=committer,
         working_budget=working_budget(cfg.memory_limit_bytes, loaded.model, cfg.hot_budget_bytes),

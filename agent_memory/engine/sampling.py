@@ -30,8 +30,48 @@ class SeededSampler:
         self.key, step_key = mx.random.split(self.key)
         return mx.random.categorical(logits, key=step_key)
 
+    def verify(self, logprobs: mx.array, proposed: list[int]) -> list[int]:
+        """The rejection rule (see `verify`) with this request's key."""
+        logits = logprobs * self.inv_temperature
+        if 0 < self.top_k < logits.shape[-1]:
+            logits = apply_top_k(logits, self.top_k)
+        if 0.0 < self.top_p < 1.0:
+            logits = apply_top_p(logits - mx.logsumexp(logits, axis=-1, keepdims=True), self.top_p)
+        k = len(proposed)
+        probs = mx.softmax(logits[:k], axis=-1)
+        chance = mx.take_along_axis(probs, mx.array(proposed)[:, None], axis=-1)[:, 0]
+        self.key, accept_key, step_key = mx.random.split(self.key, 3)
+        accepted = (mx.random.uniform(shape=(k,), key=accept_key) < chance).tolist()
+        n = accepted.index(False) if False in accepted else k
+        last = logits[n : n + 1]
+        if n < k:  # the refused proposal's probability goes to the others
+            last = mx.where(mx.arange(last.shape[-1]) == proposed[n], -mx.inf, last)
+        return proposed[:n] + [mx.random.categorical(last, key=step_key).item()]
+
 
 def make_sampler(temperature: float, top_p: float, seed: int | None, top_k: int = 0):
     if temperature <= 0.0 or top_k == 1:
         return greedy_sampler
     return SeededSampler(temperature, top_p, seed, top_k)
+
+
+def verify(sampler, logprobs: mx.array, proposed: list[int]) -> list[int]:
+    """Check proposed tokens against the model's distributions after each of them: the
+    proposals it accepts, then the token it samples where the first was refused (or after the
+    last). `logprobs` (len(proposed) + 1, V): the distribution for each proposal's position,
+    then the next. Greedy: a proposal is accepted where it is the argmax. Sampling: the standard
+    rejection rule for a proposal drawn from a point mass, accepted with its probability and
+    otherwise replaced by a sample with it excluded, so the tokens are distributed exactly as
+    without proposals; with none, one plain sample from the request's own key."""
+    if not isinstance(sampler, SeededSampler):
+        return accept_greedy(sampler(logprobs).tolist(), proposed)
+    if not proposed:
+        return [sampler(logprobs).item()]
+    return sampler.verify(logprobs, proposed)
+
+
+def accept_greedy(best: list[int], proposed: list[int]) -> list[int]:
+    """Greedy verification from the argmax at each position (`best`): the proposals equal to
+    it, then the argmax after them."""
+    n = next((i for i, (p, b) in enumerate(zip(proposed, best)) if p != b), len(proposed))
+    return best[: n + 1]
