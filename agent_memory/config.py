@@ -65,9 +65,7 @@ class Settings(BaseSettings):
         "(default: the cache folder). Its maxmemory bounds it; see docs/scale-out.md.",
     )
     kv_bits: KVBits = Field(4, description="Precision cached KV cools to (exact while hot): 4, 8 or 16 (unquantized).")
-    kv_group_size: Annotated[int, one_of(32, 64, 128)] = Field(
-        64, description="Quantization group size for KV: 32, 64 or 128."
-    )
+    kv_group_size: Annotated[int, one_of(32, 64, 128)] = Field(64, description="Quantization group size for KV: 32, 64 or 128.")
     disk_kv_bits: KVBits | None = Field(None, description="KV precision on disk (default: --kv-bits).")
     decode_quantized: bool = Field(
         False, description="Running requests attend to quantized KV too (least memory; lower quality, slower on CPU)."
