@@ -174,9 +174,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, default=default_cache_dir() / "models" / "smollm2-135m-instruct")
     p.add_argument("--agents", type=int, default=8, help="agents together in the batched runs")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--edit-tokens", type=int, default=450)
-    p.add_argument("--free-tokens", type=int, default=200)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--edit-tokens", type=int, default=400, help="max_tokens of an edit, one agent")
+    p.add_argument("--free-tokens", type=int, default=150, help="max_tokens of a story, one agent")
+    p.add_argument("--batch-edit-tokens", type=int, default=120, help="max_tokens of an edit, N agents")
+    p.add_argument("--batch-free-tokens", type=int, default=60, help="max_tokens of a story, N agents")
     p.add_argument("--draft-layers", type=int, default=4)
     p.add_argument("--num-draft-tokens", type=int, default=3, help="mlx-lm's default")
     p.add_argument("--servers", default=",".join(SERVERS), help=f"some of {', '.join(SERVERS)}")
@@ -196,9 +198,9 @@ def main() -> None:
     servers = [Server(k, args.model, draft, work, args) for k in kinds]
     workloads = {
         "edit x1": ([edit_prompt(0)], args.edit_tokens),
-        f"edit x{args.agents}": ([edit_prompt(i) for i in range(args.agents)], args.edit_tokens),
+        f"edit x{args.agents}": ([edit_prompt(i) for i in range(args.agents)], args.batch_edit_tokens),
         "free x1": ([free_prompt(0)], args.free_tokens),
-        f"free x{args.agents}": ([free_prompt(i) for i in range(args.agents)], args.free_tokens),
+        f"free x{args.agents}": ([free_prompt(i) for i in range(args.agents)], args.batch_free_tokens),
     }
     results: dict = {w: {k: [] for k in kinds} for w in workloads}
     texts: dict = {}
