@@ -182,6 +182,7 @@ def main() -> None:
     p.add_argument("--draft-layers", type=int, default=4)
     p.add_argument("--num-draft-tokens", type=int, default=3, help="mlx-lm's default")
     p.add_argument("--servers", default=",".join(SERVERS), help=f"some of {', '.join(SERVERS)}")
+    p.add_argument("--workloads", default="edit x1,edit xN,free x1,free xN", help="some of these (N: --agents)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
 
@@ -202,6 +203,8 @@ def main() -> None:
         "free x1": ([free_prompt(0)], args.free_tokens),
         f"free x{args.agents}": ([free_prompt(i) for i in range(args.agents)], args.batch_free_tokens),
     }
+    chosen = [w.replace("xN", f"x{args.agents}") for w in args.workloads.split(",")]
+    workloads = {name: workloads[name] for name in chosen}
     results: dict = {w: {k: [] for k in kinds} for w in workloads}
     texts: dict = {}
     try:

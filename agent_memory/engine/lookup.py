@@ -26,7 +26,13 @@ class Lookup:
         self.misses = 0
         self.pause = 0  # steps left without proposing
         self.pause_length = 4
+        self.accepted, self.refused = 1.0, 1.0  # recent proposals' tokens accepted, refusals (a prior of 1/2)
         self.extend(history)
+
+    @property
+    def rate(self) -> float:
+        """How likely its next proposed token is accepted, from its recent proposals."""
+        return self.accepted / (self.accepted + self.refused)
 
     def extend(self, tokens: list[int]) -> None:
         """The history grows by `tokens`; index the n-grams ending before its last token."""
@@ -53,6 +59,8 @@ class Lookup:
         """Adapt to how much of a proposal the model accepted."""
         if proposed == 0:
             return
+        self.accepted = 0.9 * self.accepted + accepted
+        self.refused = 0.9 * self.refused + (accepted < proposed)
         if accepted == proposed:
             self.length = min(2 * self.length, MOST)
         else:

@@ -22,31 +22,28 @@ class SeededSampler:
         self.key = mx.random.key(secrets.randbits(64) if seed is None or seed < 0 else seed % 2**64)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        logits = logprobs * self.inv_temperature
-        if 0 < self.top_k < logits.shape[-1]:
-            logits = apply_top_k(logits, self.top_k)
-        if 0.0 < self.top_p < 1.0:
-            logits = apply_top_p(logits - mx.logsumexp(logits, axis=-1, keepdims=True), self.top_p)
         self.key, step_key = mx.random.split(self.key)
-        return mx.random.categorical(logits, key=step_key)
+        return mx.random.categorical(self._logits(logprobs), key=step_key)
 
     def verify(self, logprobs: mx.array, proposed: list[int]) -> list[int]:
-        """The rejection rule (see `verify`) with this request's key."""
+        """Each position sampled as `__call__` would sample it, with the key it would have had
+        without proposals, until a sample differs from the proposal there (see `verify`)."""
+        logits = self._logits(logprobs)
+        out: list[int] = []
+        for j in range(len(proposed) + 1):
+            self.key, step_key = mx.random.split(self.key)
+            out.append(mx.random.categorical(logits[j : j + 1], key=step_key).item())
+            if j == len(proposed) or out[-1] != proposed[j]:
+                return out
+        return out
+
+    def _logits(self, logprobs: mx.array) -> mx.array:
         logits = logprobs * self.inv_temperature
         if 0 < self.top_k < logits.shape[-1]:
             logits = apply_top_k(logits, self.top_k)
         if 0.0 < self.top_p < 1.0:
             logits = apply_top_p(logits - mx.logsumexp(logits, axis=-1, keepdims=True), self.top_p)
-        k = len(proposed)
-        probs = mx.softmax(logits[:k], axis=-1)
-        chance = mx.take_along_axis(probs, mx.array(proposed)[:, None], axis=-1)[:, 0]
-        self.key, accept_key, step_key = mx.random.split(self.key, 3)
-        accepted = (mx.random.uniform(shape=(k,), key=accept_key) < chance).tolist()
-        n = accepted.index(False) if False in accepted else k
-        last = logits[n : n + 1]
-        if n < k:  # the refused proposal's probability goes to the others
-            last = mx.where(mx.arange(last.shape[-1]) == proposed[n], -mx.inf, last)
-        return proposed[:n] + [mx.random.categorical(last, key=step_key).item()]
+        return logits
 
 
 def make_sampler(temperature: float, top_p: float, seed: int | None, top_k: int = 0):
@@ -59,14 +56,14 @@ def verify(sampler, logprobs: mx.array, proposed: list[int]) -> list[int]:
     """Check proposed tokens against the model's distributions after each of them: the
     proposals it accepts, then the token it samples where the first was refused (or after the
     last). `logprobs` (len(proposed) + 1, V): the distribution for each proposal's position,
-    then the next. Greedy: a proposal is accepted where it is the argmax. Sampling: the standard
-    rejection rule for a proposal drawn from a point mass, accepted with its probability and
-    otherwise replaced by a sample with it excluded, so the tokens are distributed exactly as
-    without proposals; with none, one plain sample from the request's own key."""
+    then the next. Greedy: a proposal is accepted where it is the argmax. Sampling: a proposal is
+    accepted where the request's own sample at that position, drawn with the key it would have
+    had without speculation, is that token. That is the standard rejection rule for a proposal
+    from a point mass (accepted with its probability; otherwise the sample, which then excludes
+    it), coupled to the sampler's keys: a seeded request's output is the one it has without
+    speculation, whatever was proposed and whoever shares the batch."""
     if not isinstance(sampler, SeededSampler):
         return accept_greedy(sampler(logprobs).tolist(), proposed)
-    if not proposed:
-        return [sampler(logprobs).item()]
     return sampler.verify(logprobs, proposed)
 
 

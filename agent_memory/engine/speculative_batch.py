@@ -2,7 +2,8 @@
 
 Each step, every running sequence feeds the token it sampled last and the tokens its own
 history proposes after it (lookup.py; a constrained sequence only those its grammar accepts),
-right-padded to the longest proposal: one forward pass of the batch verifies them all. Each
+right-padded to a common width (verify_width.py: as many as pay on this machine): one forward
+pass of the batch verifies them all. Each
 sequence keeps the proposals its model accepts (sampling.verify: exact at temperature 0, the
 rejection rule otherwise) and samples the token after them; its rejected positions leave its
 KV (`trim` where every row rejects as many, mlx-lm's right-padding `prepare`/`finalize`
@@ -16,6 +17,7 @@ layer cannot drop rejected positions without a snapshot per proposal.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,7 @@ from agent_memory.engine.constraint import GrammarProcessor
 from agent_memory.engine.decode_batch import Token, _batched
 from agent_memory.engine.lookup import Lookup
 from agent_memory.engine.sampling import SeededSampler, accept_greedy, verify
+from agent_memory.engine.verify_width import VerifyWidth
 
 
 @dataclass(eq=False)
@@ -61,6 +64,7 @@ class SpeculativeBatch:
         self.rows: list[Row] = []
         self.cache: list = []  # one batched cache per layer, its rows in `rows`' order
         self.verified: list[Verified] = []  # the last step's proposals
+        self.width = VerifyWidth()
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -83,8 +87,10 @@ class SpeculativeBatch:
     def step(self) -> list[Token]:
         """Verify every sequence's proposals in one forward pass; each sequence's new tokens, in
         order (finished ones leave the batch with their KV)."""
+        t0 = time.perf_counter()
         proposals = [self._propose(r) for r in self.rows]
-        width = 1 + max(len(p) for p in proposals)
+        width = self.width.choose([len(p) for p in proposals], [r.lookup.rate for r in self.rows])
+        proposals = [p[: width - 1] for p in proposals]
         inputs = [[r.fed, *p] + [r.fed] * (width - 1 - len(p)) for r, p in zip(self.rows, proposals)]
         logits = self.model(mx.array(inputs), cache=self.cache)
         saved = [self._constrain(r, inputs[i][: len(proposals[i]) + 1], logits, i) for i, r in enumerate(self.rows)]
@@ -117,6 +123,7 @@ class SpeculativeBatch:
                 r.fed, r.output = out[-1], True
                 r.lookup.extend(out)
         self._drop(width, kept)
+        self.width.observe(width * len(self.rows), time.perf_counter() - t0)
         for i, token in finished:
             token.cache, token.tokens = self._extract(i), self.rows[i].tokens
         if finished:
