@@ -13,8 +13,8 @@ Workloads (greedy, streamed; each agent's prompt its own):
 
 Decode tok/s counts from a request's first streamed text to its last (prefill left out): one
 agent, its own rate; N agents, all their tokens over the span from the first one's first text to
-the last one's last. Every prompt is new to every server (a run number first), so none is read
-from a cache. Tokens are the output text's tokens (the model's tokenizer), the same count
+the last one's last. Every prompt is new to every server (the repetition's number first), so
+none is read from a cache; all servers get the same prompts. Tokens are the output text's tokens (the model's tokenizer), the same count
 for every server where the text is the same. Every server runs in its own process and all are up
 at once; each repetition runs every server in turn (its order rotating), and the table shows
 medians, so the ratios hold on a noisy machine.
@@ -149,13 +149,10 @@ async def one(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens
     return text, first, last
 
 
-RUNS = iter(range(10**9))
-
-
-def run(server: Server, prompts: list[str], max_tokens: int, count) -> dict:
-    """One run of a workload. Every prompt is new (a run number first): mlx-lm's server with
-    --draft-model answers a prompt it has cached with no text (0.32.2)."""
-    n = next(RUNS)
+def run(server: Server, prompts: list[str], max_tokens: int, count, n: int | str) -> dict:
+    """One run of a workload, its prompts new to the server (run `n` first; every server gets
+    the same): mlx-lm's server with --draft-model answers a prompt it has cached with no text
+    (0.32.2)."""
 
     async def together():
         async with httpx.AsyncClient() as client:
@@ -212,10 +209,10 @@ def main() -> None:
             s.ready()
         for name, (prompts, max_tokens) in workloads.items():
             for s in servers:  # a warm-up: each server compiles its shapes and caches the prompts
-                run(s, prompts[:1], 8, count)
+                run(s, prompts[:1], 8, count, "warm-up")
             for rep in range(args.reps):
                 for s in servers[rep % len(servers) :] + servers[: rep % len(servers)]:
-                    r = run(s, prompts, max_tokens, count)
+                    r = run(s, prompts, max_tokens, count, rep)
                     results[name][s.kind].append(r["tok_s"])
                     texts.setdefault(name, {})[s.kind] = r["texts"]
                     print(f"{name:10} {s.kind:13} {r['tok_s']:7.1f} tok/s  tokens {r['tokens']}", flush=True)
