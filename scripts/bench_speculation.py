@@ -14,8 +14,8 @@ Workloads (greedy, streamed; each agent's prompt its own):
 Decode tok/s counts from a request's first streamed text to its last (prefill left out): one
 agent, its own rate; N agents, all their tokens over the span from the first one's first text to
 the last one's last. Every prompt is new to every server (the repetition's number first), so
-none is read from a cache; all servers get the same prompts. Tokens are the output text's tokens (the model's tokenizer), the same count
-for every server where the text is the same. Every server runs in its own process and all are up
+none is read from a cache; all servers get the same prompts. Tokens are the output text's tokens
+(the model's tokenizer), the same count for every server where the text is the same. Every server runs in its own process and all are up
 at once; each repetition runs every server in turn (its order rotating), and the table shows
 medians, so the ratios hold on a noisy machine.
 
