@@ -110,6 +110,11 @@ class Settings(BaseSettings):
         description="Sampling fields a request omits (temperature, top_p, top_k) come from the model's "
         "generation_config.json; off: temperature 1, top_p 1, no top_k.",
     )
+    speculation: Annotated[str, one_of("off", "lookup")] = Field(
+        "lookup",
+        description="Speculative decoding: 'lookup' proposes tokens from each request's own prompt and output "
+        "and verifies them in the batch's forward pass (models with only plain attention layers), or 'off'.",
+    )
     max_batch: int = Field(32, ge=1, description="Most sequences decoded together (more wait to start).")
     max_waiting: int = Field(
         128, ge=1, description="Most requests waiting for their first token; more are answered 503 with Retry-After."

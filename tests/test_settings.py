@@ -31,6 +31,7 @@ VALUES = {
     "disk_kv_bits": (8, 16, 4),
     "decode_quantized": (True, False, True),
     "model_defaults": (False, True, False),
+    "speculation": ("off", "lookup", "off"),
     "max_batch": (3, 4, 5),
     "max_waiting": (6, 7, 8),
     "memory_limit_mb": (1000, 2000, 3000),

@@ -246,6 +246,10 @@ async def events(state: ServerState, model: ServedModel, generation: GenerationR
                 u = event.usage
                 trace.update(cached_tokens=u.cached_tokens, hot_tokens=u.hot_tokens, warm_tokens=u.warm_tokens)
                 trace.update(completion_tokens=u.completion_tokens, finish=event.reason)
+                if u.accepted_prediction_tokens or u.rejected_prediction_tokens:
+                    trace["accepted"] = (
+                        f"{u.accepted_prediction_tokens}/{u.accepted_prediction_tokens + u.rejected_prediction_tokens}"
+                    )
                 if u.completion_tokens > 1 and now > first:
                     trace["tok_s"] = round((u.completion_tokens - 1) / (now - first), 1)
             elif isinstance(event, Failed):

@@ -25,7 +25,7 @@ from agent_memory.config import ENV_PREFIX, ConfigError, Settings, config_file_p
 HELP_GROUPS = {
     "Model": ("model", "keep_loaded", "unload_idle_s", "model_defaults"),
     "Network": ("host", "port", "api_key", "api_keys_file"),
-    "Requests": ("max_batch", "max_waiting"),
+    "Requests": ("max_batch", "max_waiting", "speculation"),
     "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized"),
     "Warm tier": ("cache_dir", "disk_budget_mb", "disk_kv_bits", "warm_store"),
     "Logging": ("log_level", "log_format", "log_agent_ids", "trace_file"),
@@ -222,6 +222,7 @@ def _engine(settings: Settings, config, residency):
             memory_limit_bytes=settings.memory_limit_bytes,
             model_defaults=settings.model_defaults,
             trace_path=settings.trace_file,
+            speculation=settings.speculation,
         ),
         residency,
     )

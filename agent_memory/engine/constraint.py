@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 FINISH_LOOKAHEAD = 64  # tokens before max_tokens, besides the shortest output's, from which a finish is planned
 FINISH_MARGIN = 16  # tokens kept in hand: a token the model writes may lengthen the finish (a new object)
 
+
 def apply_bitmask(words: mx.array, logits: mx.array) -> mx.array:
     """logits (1, V) with the ids whose bit is 0 in `words` (1, ceil(V/32) packed int32) at -inf."""
     # Made here, not at import: MLX arrays belong to the stream of the thread that made them.
@@ -58,6 +59,7 @@ class GrammarProcessor:
         self.eos_only = np.packbits(flat, bitorder="little").view(np.int32).reshape(1, -1)
         self.first = True
         self.error: str | None = None
+        self.consumed = 0  # tokens the matcher took: how far to roll it back to a saved state
 
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
         mx.async_eval(logits)  # the forward pass runs while the mask is computed
@@ -65,7 +67,9 @@ class GrammarProcessor:
             self.first = False  # the context is the prompt: nothing generated to consume yet
         elif self.error is None:
             token = context[-1].item()
-            if not self.matcher.consume_token(token):
+            if self.matcher.consume_token(token):
+                self.consumed += 1
+            else:
                 self.error = self.matcher.get_error() or f"token {token} rejected"
                 log.error("grammar refused a token its own mask allowed: %s", self.error)
             if self.call_tokens is not None:
@@ -88,6 +92,27 @@ class GrammarProcessor:
                 else:
                     self._disallow(self.finisher.openers(self.tail))  # a call opened now could not end
         return apply_bitmask(mx.array(self.bitmask), logits)
+
+    def allows(self, fed: int, proposed: list[int]) -> int:
+        """How many of the proposed tokens the grammar accepts after `fed`, the token the next
+        call consumes (speculation checks proposals before verifying them); none while the
+        output is being finished."""
+        if self.error is not None or self.finish is not None or not proposed:
+            return 0
+        ahead = [] if self.first else [fed]
+        return max(0, self.matcher.validate_tokens(ahead + proposed) - len(ahead))
+
+    def save(self) -> tuple:
+        """Where the processor is, to come back to once the proposals it saw are refused."""
+        finish = None if self.finish is None else list(self.finish)
+        return self.first, self.error, self.tail, self.calling, self.left, finish, self.consumed
+
+    def restore(self, saved: tuple) -> None:
+        self.first, self.error, self.tail, self.calling, self.left, finish, consumed = saved
+        self.finish = None if finish is None else list(finish)
+        if self.consumed > consumed:
+            self.matcher.rollback(self.consumed - consumed)
+        self.consumed = consumed
 
     def _disallow(self, tokens: np.ndarray) -> None:
         bits = self.bitmask.view(np.uint32)

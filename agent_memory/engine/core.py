@@ -25,6 +25,7 @@ from agent_memory.engine.planner import Planner
 from agent_memory.engine.requests import Failed, GenerationRequest, SamplingParams, Sink
 from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status, new_sequence
+from agent_memory.engine.speculative_batch import Verified
 from agent_memory.engine.trace import NoTrace
 from agent_memory.memory.warm.records import BLOCK_TOKENS
 
@@ -42,9 +43,11 @@ class Work:
 
 @dataclass
 class Outcome:
-    """What a step gave: each decoding sequence's token; whether the prefill's plan is all in."""
+    """What a step gave: each decoding sequence's new tokens (one, or with speculation any
+    number); whether the prefill's plan is all in."""
 
     tokens: list[Token] = field(default_factory=list)
+    verified: list[Verified] = field(default_factory=list)  # speculation: each sequence's proposals
     prefilled: bool = False
 
 
@@ -101,6 +104,7 @@ class EngineCore:
             self.metrics.batch_size.observe(n)
             batch = [self.seqs[i] for i in self.parts.batch.seq_ids]
             outcome.tokens = self._guard(self.parts.batch.step, batch) or []
+            outcome.verified = self.parts.batch.verified
             self.trace.decoded(t0, n)
         if work.prefill is not None:
             seq, t0, pos = work.prefill, time.perf_counter(), work.prefill.pos
@@ -110,6 +114,7 @@ class EngineCore:
         return outcome
 
     def _apply(self, work: Work, outcome: Outcome) -> None:
+        self._count_proposals(outcome.verified)
         if outcome.tokens:
             self._apply_tokens(outcome.tokens)
         if outcome.prefilled:
@@ -148,10 +153,21 @@ class EngineCore:
 
     # -- applying results -------------------------------------------------------------------
 
+    def _count_proposals(self, verified: list[Verified]) -> None:
+        for v in verified:
+            seq = self.seqs[v.seq_id]
+            seq.usage.accepted_prediction_tokens += v.accepted
+            seq.usage.rejected_prediction_tokens += v.proposed - v.accepted
+            self.metrics.proposed_tokens.inc(v.proposed)
+            self.metrics.accepted_tokens.inc(v.accepted)
+            self.metrics.accepted_per_step.observe(v.accepted)
+
     def _apply_tokens(self, tokens: list[Token]) -> None:
-        stopped = []
+        stopped: dict[int, Sequence] = {}
         for t in tokens:
             seq = self.seqs[t.seq_id]
+            if seq.id in stopped:  # its run went on past a stop string: the rest is not output
+                continue
             seq.usage.completion_tokens += 1
             hit = seq.output.take(t.token, t.finish)
             now = time.perf_counter()
@@ -163,12 +179,12 @@ class EngineCore:
                 self.metrics.inter_token.observe(now - seq.last_token)
             seq.last_token = now
             if hit and t.finish is None:
-                stopped.append(seq)  # a stop string: it leaves the batch below
+                stopped[seq.id] = seq  # a stop string: it leaves the batch below
             elif hit or t.finish is not None:
                 self._end(seq, "stop" if hit else t.finish, t.cache, t.tokens)
         if stopped:
-            taken = self.parts.batch.remove([s.id for s in stopped])
-            for seq in stopped:
+            taken = self.parts.batch.remove(list(stopped))
+            for seq in stopped.values():
                 self._end(seq, "stop", *taken[seq.id])
 
     def _prefill_done(self, seq: Sequence) -> None:

@@ -33,6 +33,8 @@ class Token:
 
 
 class DecodeBatch:
+    verified: tuple = ()  # it proposes no tokens (speculative_batch.py does)
+
     def __init__(self, model: Any, eos_token_ids: list[int]) -> None:
         self.model = model
         self._eos = StopSequences([(t,) for t in eos_token_ids])
@@ -64,9 +66,7 @@ class DecodeBatch:
 
     def step(self) -> list[Token]:
         """One token for every sequence; finished ones leave the batch with their KV."""
-        return [
-            Token(r.uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens) for r in self._batch.next()
-        ]
+        return [Token(r.uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens) for r in self._batch.next()]
 
     def remove(self, seq_ids: list[int]) -> dict[int, tuple[list, list[int]]]:
         """Take sequences out before they finish: seq id -> (its caches, the tokens they hold)."""

@@ -264,7 +264,7 @@ class BatchEngine(EngineClient):
             if self._parts is None:
                 self._build(hot, working)
             else:
-                reload_weights(self._parts, self._described, working)
+                reload_weights(self._parts, self.config, self._described, working)
                 self._parts.store.set_hot_budget(hot)
         except BaseException:
             self.residency.unloaded(self)

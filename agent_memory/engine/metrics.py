@@ -97,6 +97,22 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
+        self.proposed_tokens = Counter(
+            "agent_memory_speculation_proposed_tokens",
+            "Tokens proposed for verification (speculative decoding)",
+            registry=r,
+        )
+        self.accepted_tokens = Counter(
+            "agent_memory_speculation_accepted_tokens",
+            "Proposed tokens the model accepted: each a decode step its sequence saved",
+            registry=r,
+        )
+        self.accepted_per_step = Histogram(
+            "agent_memory_speculation_accepted_per_step",
+            "Proposed tokens accepted per sequence in a step that verified proposals",
+            buckets=(0, 1, 2, 4, 8, 16),
+            registry=r,
+        )
         self.disk_loads = Histogram(
             "agent_memory_disk_load_seconds",
             "Reading one warm block back (file read and checks), by outcome",

@@ -15,6 +15,7 @@ from agent_memory.engine.kinds import attention
 from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.loader import LoadedModel, ModelText, UnsupportedModelError, load_model
 from agent_memory.engine.prefill import Prefiller
+from agent_memory.engine.speculative_batch import SpeculativeBatch
 from agent_memory.engine.trace import NoTrace
 from agent_memory.engine.warm import open_warm_tier
 from agent_memory.memory.index.store import AgentCacheStore
@@ -33,7 +34,7 @@ class Parts:
     store: AgentCacheStore
     warm: WarmTier | None
     warm_error: str | None  # why there is no warm tier, when one was asked for
-    batch: DecodeBatch | None  # None while the weights are unloaded (and the prefiller too)
+    batch: DecodeBatch | SpeculativeBatch | None  # None while the weights are unloaded (and the prefiller too)
     prefiller: Prefiller | None
     committer: Committer
     working_budget: int | None  # bytes running requests' working caches may hold
@@ -74,6 +75,20 @@ def fitted_groups(p: Precisions, layers: ModelLayers, name: str) -> Precisions:
         return replace(precision, group_size=group) if precision.quantized else precision
 
     return Precisions(hot=regroup(p.hot), working=regroup(p.working), disk=regroup(p.disk))
+
+
+def decode_batch(speculation: str, loaded: LoadedModel, layers: ModelLayers, p: Precisions):
+    """The decode batch: speculative where asked and where every layer keeps a plain KV cache,
+    whose rejected positions a trim takes out (a window or recurrent layer's cannot be cut back
+    without a snapshot per proposal; quantized KV has no trim), else one token per step."""
+    eos = loaded.tokenizer.eos_token_ids
+    if speculation == "off":
+        return DecodeBatch(loaded.model, eos)
+    if layers.kinds != ["KVCache"] or p.working.quantized:
+        kept = "quantized KV" if p.working.quantized else ", ".join(layers.kinds)
+        log.info("speculation off: %s keeps %s, which cannot drop rejected proposals", loaded.name, kept)
+        return DecodeBatch(loaded.model, eos)
+    return SpeculativeBatch(loaded.model, eos)
 
 
 def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: int, working: int | None) -> Parts:
@@ -123,7 +138,7 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
         store=store,
         warm=warm,
         warm_error=warm_error,
-        batch=DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids),
+        batch=decode_batch(cfg.speculation, loaded, layers, p),
         prefiller=Prefiller(loaded.model, layers, p, store, committer),
         committer=committer,
         working_budget=working,
@@ -140,10 +155,10 @@ def unload_weights(parts: Parts) -> None:
     parts.loaded = replace(parts.loaded, model=None)
 
 
-def reload_weights(parts: Parts, described: ModelText, working: int | None) -> None:
+def reload_weights(parts: Parts, cfg: EngineConfig, described: ModelText, working: int | None) -> None:
     """The weights again, into the memory kept since `unload_weights`."""
     loaded = parts.loaded = load_model(described, parts.loaded.fingerprint)
     parts.layers.attach(loaded.model)
-    parts.batch = DecodeBatch(loaded.model, loaded.tokenizer.eos_token_ids)
+    parts.batch = decode_batch(cfg.speculation, loaded, parts.layers, parts.precisions)
     parts.prefiller = Prefiller(loaded.model, parts.layers, parts.precisions, parts.store, parts.committer)
     parts.working_budget = working

@@ -38,6 +38,9 @@ class Usage:
     completion_tokens: int = 0
     hot_tokens: int = 0  # prompt tokens whose KV came from memory
     warm_tokens: int = 0  # prompt tokens whose KV came from disk
+    # Speculative decoding: proposed tokens the model accepted (each a decode step saved), and refused.
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def cached_tokens(self) -> int:

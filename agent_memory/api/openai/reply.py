@@ -15,7 +15,8 @@ from agent_memory.engine.requests import Finished, TextDelta, Usage
 
 def usage_dict(usage: Usage, reasoning_tokens: int | None = None) -> dict:
     """OpenAI's usage; `reasoning_tokens` (chat): how many of the completion's tokens were
-    reasoning (its text as the tokenizer writes it, at most the completion's)."""
+    reasoning (its text as the tokenizer writes it, at most the completion's). Speculative
+    decoding's proposed tokens, accepted and rejected, as OpenAI and vLLM report predictions."""
     out = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -26,8 +27,13 @@ def usage_dict(usage: Usage, reasoning_tokens: int | None = None) -> dict:
             "warm_tokens": usage.warm_tokens,
         },
     }
+    details = {
+        "accepted_prediction_tokens": usage.accepted_prediction_tokens,
+        "rejected_prediction_tokens": usage.rejected_prediction_tokens,
+    }
     if reasoning_tokens is not None:
-        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+        details["reasoning_tokens"] = reasoning_tokens
+    out["completion_tokens_details"] = details
     return out
 
 

@@ -137,6 +137,7 @@
       hot: sum("agent_memory_cached_tokens_total", { tier: "hot" }),
       warm: sum("agent_memory_cached_tokens_total", { tier: "warm" }),
       generated: sum("agent_memory_generated_tokens_total"),
+      accepted: sum("agent_memory_speculation_accepted_tokens_total"),
       ttftSum: sum(ttft + "_sum"),
       ttftCount: sum(ttft + "_count"),
       buckets,
@@ -328,7 +329,10 @@
     const genNow = genPoints[genPoints.length - 1].v;
     const fmtRate = (v) => v.toFixed(v < 10 ? 1 : 0);
     $("gen-value").textContent = genNow === null ? "—" : fmtRate(genNow);
-    $("gen-detail").textContent = `in the last ${SMOOTH_S} s; ${fmtRate(rate(first, last))} on average ${span}`;
+    // Speculative decoding: the share of tokens that were accepted proposals (each a step saved).
+    const made = last.generated - first.generated;
+    const saved = made > 0 && last.accepted > first.accepted ? `; ${Math.round((100 * (last.accepted - first.accepted)) / made)} % accepted proposals` : "";
+    $("gen-detail").textContent = `in the last ${SMOOTH_S} s; ${fmtRate(rate(first, last))} on average ${span}${saved}`;
     sparkline($("gen-spark"), genPoints, { label: "Generated tokens per second", fmt: fmtRate });
 
     $("batch-value").textContent = `${fmtInt(last.decoding)} decoding`;

@@ -1,0 +1,204 @@
+"""SpeculativeBatch: the decode batch with prompt-lookup speculation (--speculation lookup).
+
+Each step, every running sequence feeds the token it sampled last and the tokens its own
+history proposes after it (lookup.py; a constrained sequence only those its grammar accepts),
+right-padded to a common width (verify_width.py: as many as pay on this machine): one forward
+pass of the batch verifies them all. Each
+sequence keeps the proposals its model accepts (sampling.verify: exact at temperature 0, the
+rejection rule otherwise) and samples the token after them; its rejected positions leave its
+KV (`trim` where every row rejects as many, mlx-lm's right-padding `prepare`/`finalize`
+otherwise), so the KV a sequence leaves with holds exactly its tokens. A token is emitted once
+it is in the KV, as in mlx-lm's `GenerationBatch`, whose interface (`DecodeBatch`) this keeps:
+a step gives each sequence its list of new tokens instead of one.
+
+Only for models whose every layer keeps a plain `KVCache` (parts.py): a window or recurrent
+layer cannot drop rejected positions without a snapshot per proposal.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import agent_memory.blas  # noqa: F401
+import mlx.core as mx
+
+from agent_memory.engine.constraint import GrammarProcessor
+from agent_memory.engine.decode_batch import Token, _batched
+from agent_memory.engine.lookup import Lookup
+from agent_memory.engine.sampling import SeededSampler, accept_greedy, verify
+from agent_memory.engine.verify_width import VerifyWidth
+
+
+@dataclass(eq=False)
+class Row:
+    seq_id: int
+    tokens: list[int]  # the tokens its KV holds
+    fed: int  # the token the next step feeds: the prompt's last, then each one sampled
+    output: bool  # whether `fed` is output (not the prompt's last token)
+    sampler: Any
+    processors: list
+    max_tokens: int
+    lookup: Lookup
+    emitted: int = 0
+
+    @property
+    def grammar(self) -> GrammarProcessor | None:
+        return next((p for p in self.processors if isinstance(p, GrammarProcessor)), None)
+
+
+@dataclass
+class Verified:
+    """One sequence's proposals in a step: how many, and how many the model accepted."""
+
+    seq_id: int
+    proposed: int
+    accepted: int
+
+
+class SpeculativeBatch:
+    def __init__(self, model: Any, eos_token_ids: list[int]) -> None:
+        self.model = model
+        self.eos = set(eos_token_ids)
+        self.rows: list[Row] = []
+        self.cache: list = []  # one batched cache per layer, its rows in `rows`' order
+        self.verified: list[Verified] = []  # the last step's proposals
+        self.width = VerifyWidth()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return [r.seq_id for r in self.rows]
+
+    def add(self, seq_id: int, prompt: list[int], cache: list, sampler, processors: list, max_tokens: int) -> None:
+        """Join with a prefilled cache holding every prompt token but the last (fed first)."""
+        joining = [_batched(c) for c in cache]
+        if self.cache:
+            for mine, theirs in zip(self.cache, joining):
+                mine.extend(theirs)
+        else:
+            self.cache = joining
+        lookup = Lookup(prompt)
+        self.rows.append(Row(seq_id, list(prompt[:-1]), prompt[-1], False, sampler, processors, max_tokens, lookup))
+
+    def step(self) -> list[Token]:
+        """Verify every sequence's proposals in one forward pass; each sequence's new tokens, in
+        order (finished ones leave the batch with their KV)."""
+        t0 = time.perf_counter()
+        proposals = [self._propose(r) for r in self.rows]
+        width = self.width.choose([len(p) for p in proposals], [r.lookup.rate for r in self.rows])
+        proposals = [p[: width - 1] for p in proposals]
+        inputs = [[r.fed, *p] + [r.fed] * (width - 1 - len(p)) for r, p in zip(self.rows, proposals)]
+        logits = self.model(mx.array(inputs), cache=self.cache)
+        saved = [self._constrain(r, inputs[i][: len(proposals[i]) + 1], logits, i) for i, r in enumerate(self.rows)]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        plain = [not r.processors and not isinstance(r.sampler, SeededSampler) for r in self.rows]
+        best = mx.argmax(logprobs, axis=-1).tolist() if any(plain) else None  # one evaluation for them all
+
+        tokens: list[Token] = []
+        kept, finished, self.verified = [], [], []
+        for i, (r, p) in enumerate(zip(self.rows, proposals)):
+            if plain[i]:
+                out = accept_greedy(best[i], p)
+            else:
+                out = verify(r.sampler, logprobs[i, : len(p) + 1], p)
+            a = len(out) - 1
+            if p:
+                self.verified.append(Verified(r.seq_id, len(p), a))
+                r.lookup.verified(len(p), a)
+            if saved[i] is not None and a < len(p):
+                r.grammar.restore(saved[i][a])
+            fed = inputs[i][: a + 1]
+            news, n, finish = self._emit(r, fed)
+            tokens.extend(Token(r.seq_id, t, None, None, None) for t in news)
+            kept.append(n)
+            r.tokens.extend(fed[:n])
+            if finish is not None:
+                tokens[-1].finish = finish
+                finished.append((i, tokens[-1]))
+            else:
+                r.fed, r.output = out[-1], True
+                r.lookup.extend(out)
+        self._drop(width, kept)
+        self.width.observe(width * len(self.rows), time.perf_counter() - t0)
+        for i, token in finished:
+            token.cache, token.tokens = self._extract(i), self.rows[i].tokens
+        if finished:
+            self._keep([i for i in range(len(self.rows)) if i not in {i for i, _ in finished}])
+        return tokens
+
+    def _propose(self, r: Row) -> list[int]:
+        left = r.max_tokens - r.emitted - (1 if r.output else 0)  # tokens it may emit after `fed`
+        if left <= 0 or r.fed in self.eos:
+            return []
+        proposed = r.lookup.propose(left)
+        grammar = r.grammar
+        if grammar is not None and proposed:
+            proposed = proposed[: grammar.allows(r.fed, proposed)]
+        return proposed
+
+    def _constrain(self, r: Row, fed: list[int], logits: mx.array, i: int) -> list[tuple] | None:
+        """Run a sequence's logits processors over its fed positions in order, in place in
+        `logits`; its grammar's state after each position, to go back to (None: no grammar)."""
+        if not r.processors:
+            return None
+        grammar, saved = r.grammar, []
+        for j, token in enumerate(fed):
+            row = logits[i : i + 1, j]
+            for processor in r.processors:
+                row = processor(mx.array([token]), row)
+            logits[i, j] = row[0]
+            if grammar is not None:
+                saved.append(grammar.save())
+        return saved if grammar is not None else None
+
+    def _emit(self, r: Row, fed: list[int]) -> tuple[list[int], int, str | None]:
+        """The output among the fed tokens, up to the first that ends the sequence (an
+        end-of-sequence token or max_tokens); how many fed tokens the KV keeps; why it ended."""
+        news = []
+        for n, token in enumerate(fed):
+            if n == 0 and not r.output:
+                continue
+            news.append(token)
+            r.emitted += 1
+            if token in self.eos:
+                return news, n + 1, "stop"
+            if r.emitted >= r.max_tokens:
+                return news, n + 1, "length"
+        return news, len(fed), None
+
+    def _drop(self, width: int, kept: list[int]) -> None:
+        """Take each row's positions past the `kept` first of this step's `width` out of the KV."""
+        extra = [width - n for n in kept]
+        least = min(extra)
+        for c in self.cache:
+            if least:
+                c.trim(least)
+            if max(extra) > least:
+                c.prepare(right_padding=[e - least for e in extra])
+                c.finalize()
+
+    def _extract(self, i: int) -> list:
+        return [c.extract(i) for c in self.cache]
+
+    def _keep(self, keep: list[int]) -> None:
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self.cache = []
+            return
+        for c in self.cache:
+            c.filter(keep)
+
+    def remove(self, seq_ids: list[int]) -> dict[int, tuple[list, list[int]]]:
+        """Take sequences out before they finish: seq id -> (its caches, the tokens they hold)."""
+        index = {r.seq_id: i for i, r in enumerate(self.rows)}
+        taken = {s: (self._extract(index[s]), list(self.rows[index[s]].tokens)) for s in seq_ids}
+        self._keep([i for i, r in enumerate(self.rows) if r.seq_id not in taken])
+        return taken
+
+    def reset(self) -> None:
+        """Start over empty (after a failed step left the batch in an unknown state)."""
+        self.rows, self.cache = [], []

@@ -1,0 +1,48 @@
+"""How many positions per sequence a speculative step verifies: as many as pay, on this machine.
+
+Every sequence in the batch computes as many positions as the longest proposal (plus its own
+token). On a GPU, memory-bound, that costs about one decode step; on a CPU, compute-bound once
+the batch's positions pass a dozen or so, each position costs. So the step time is learnt from
+the steps run, as `fixed + per_position x positions` (least squares, recent steps weighing
+most), and each step verifies the width that maximizes expected tokens per second: each
+sequence's expected accepted run given its acceptance rate, over the predicted step time.
+"""
+
+from __future__ import annotations
+
+DECAY = 0.97  # weight of the past per observed step
+
+
+class VerifyWidth:
+    def __init__(self) -> None:
+        self.sums = [0.0] * 5  # weighted n, P, P^2, t, P*t over recent steps
+
+    def observe(self, positions: int, seconds: float) -> None:
+        p, t = float(positions), seconds
+        for i, v in enumerate((1.0, p, p * p, t, p * t)):
+            self.sums[i] = self.sums[i] * DECAY + v
+
+    def cost(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per position), once the steps seen tell them apart."""
+        n, sp, spp, st, spt = self.sums
+        spread = n * spp - sp * sp
+        if n < 4 or spread < n * n:  # positions hardly varied lately (a variance under 1)
+            return None
+        per = max((n * spt - sp * st) / spread, 0.0)
+        return max((st - per * sp) / n, 1e-6), per
+
+    def choose(self, lengths: list[int], rates: list[float]) -> int:
+        """The width (1 + proposals verified per sequence) for sequences proposing `lengths`
+        tokens, each accepting a proposal with probability `rates[i]` (until one is refused)."""
+        widest = 1 + max(lengths)
+        cost = self.cost()
+        if cost is None or widest == 1:  # nothing learnt yet: try them all, and learn
+            return widest
+        fixed, per = cost
+        rows = len(lengths)
+
+        def rate(width: int) -> float:
+            tokens = sum(1 + sum(r**j for j in range(1, min(width - 1, n) + 1)) for n, r in zip(lengths, rates))
+            return tokens / (fixed + per * rows * width)
+
+        return max(range(1, widest + 1), key=rate)

@@ -1,0 +1,207 @@
+"""Speculative decoding (prompt lookup) through the real server: greedy output is token for token
+what it is without speculation, alone and in a batch of mixed constrained and free requests,
+streamed or not, where stop strings and max_tokens land inside an accepted run; a rejected run
+leaves nothing in the KV a cached follow-up turn reads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tests.conftest import Server
+from tests.test_batching import metric
+
+CODE = "\n".join(f"def handler_{i}(request):\n    return request.get('field_{i}', {i})" for i in range(8))
+PROMPTS = [
+    f"Rewrite this file with one change:\n{CODE}",
+    "Copy this list: " + ", ".join(f"item_{i} = value_{i}" for i in range(16)),
+    "Describe the harbour at dawn.",
+    "List three uses of a lighthouse.",
+]
+ANSWER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    }
+]
+
+
+# A few tokens only: the output repeats itself in part, so proposals are both accepted and rejected.
+FEW = {"logit_bias": {str(t): 30 for t in range(300, 304)}}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """One tiny model served without speculation and with it (the default). Its embeddings
+    are tied, so its greedy output repeats what it has written: proposals that get accepted."""
+    from agent_memory.models.tiny import build_tiny
+
+    model = build_tiny(tmp_path_factory.mktemp("models") / "tied", config={"tie_word_embeddings": True})
+    with Server(model, tmp_path_factory.mktemp("off"), "--speculation", "off") as off:
+        with Server(model, tmp_path_factory.mktemp("lookup")) as on:
+            yield off, on
+
+
+def request(prompt: str, max_tokens: int, **kw) -> dict:
+    return dict(
+        model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0, **kw
+    )
+
+
+def answer(response) -> tuple:
+    """What a reply says: its text, its calls, why it ended."""
+    choice = response.choices[0]
+    calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+    return choice.message.content or None, calls, choice.finish_reason
+
+
+def streamed(client, body: dict) -> tuple:
+    text, calls, finish = "", {}, None
+    for chunk in client.chat.completions.create(**body, stream=True):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        for call in delta.tool_calls or []:
+            name, args = calls.get(call.index, ("", ""))
+            calls[call.index] = (name + (call.function.name or ""), args + (call.function.arguments or ""))
+        finish = chunk.choices[0].finish_reason or finish
+    return text or None, [calls[i] for i in sorted(calls)], finish
+
+
+def predictions(response) -> tuple[int, int]:
+    details = response.usage.completion_tokens_details
+    return details.accepted_prediction_tokens, details.rejected_prediction_tokens
+
+
+def test_greedy_output_equals_output_without_speculation(servers):
+    off, on = servers
+    plain, spec = off.client(), on.client()
+    accepted = rejected = 0
+    for prompt in PROMPTS:
+        for max_tokens, kw in ((7, {}), (29, FEW), (80, {}), (80, FEW)):  # max_tokens may cut an accepted run
+            body = request(prompt, max_tokens, **kw)
+            expected = plain.chat.completions.create(**body)
+            got = spec.chat.completions.create(**body)
+            assert answer(got) == answer(expected)
+            assert got.usage.completion_tokens == expected.usage.completion_tokens
+            assert streamed(spec, body) == answer(expected)
+            accepted, rejected = accepted + predictions(got)[0], rejected + predictions(got)[1]
+            assert predictions(expected) == (0, 0)
+    assert accepted > 0 and rejected > 0  # speculation ran: runs were verified, some refused
+    assert metric(on, "agent_memory_speculation_accepted_tokens_total") >= accepted
+    assert metric(on, "agent_memory_speculation_proposed_tokens_total") >= accepted
+
+
+def test_stop_strings_inside_accepted_runs(servers):
+    off, on = servers
+    plain, spec = off.client(), on.client()
+    for prompt in PROMPTS[:2]:
+        text = plain.chat.completions.create(**request(prompt, 80, **FEW)).choices[0].message.content
+        for at in (5, len(text) // 2, len(text) - 6):
+            body = request(prompt, 80, stop=[text[at : at + 4]], **FEW)
+            expected = plain.chat.completions.create(**body)
+            assert answer(spec.chat.completions.create(**body)) == answer(expected)
+            assert streamed(spec, body) == answer(expected)
+
+
+def test_batch_of_eight_mixed_equals_solo_without_speculation(servers):
+    """Free and constrained (JSON schema, a required tool call) requests of different lengths,
+    streamed and not, together in one batch, against each alone without speculation."""
+    off, on = servers
+    plain = off.client()
+    text = plain.chat.completions.create(**request(PROMPTS[0], 60, **FEW)).choices[0].message.content
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+    bodies = [
+        request(PROMPTS[0], 60),
+        request(PROMPTS[0], 60, stop=[text[20:24]], **FEW),
+        request(PROMPTS[1], 45, **FEW),
+        request(PROMPTS[2], 13),
+        request(PROMPTS[1], 50, response_format=schema),
+        request(f"Reply in JSON. {CODE}", 40, response_format={"type": "json_object"}),
+        request(f"Read handler_3's file. {CODE}", 40, tools=TOOLS, tool_choice="required"),
+        request(PROMPTS[3], 70, tools=TOOLS, tool_choice="auto"),
+    ]
+    expected = [answer(plain.chat.completions.create(**b)) for b in bodies]
+
+    async def together():
+        client = on.async_client()
+
+        async def one(i, body):
+            if i % 2 == 0:
+                return answer(await client.chat.completions.create(**body))
+            text, calls, finish = "", {}, None
+            async for chunk in await client.chat.completions.create(**body, stream=True):
+                if chunk.choices:
+                    delta = chunk.choices[0].delta
+                    text += delta.content or ""
+                    for call in delta.tool_calls or []:
+                        name, args = calls.get(call.index, ("", ""))
+                        calls[call.index] = (name + (call.function.name or ""), args + (call.function.arguments or ""))
+                    finish = chunk.choices[0].finish_reason or finish
+            return text or None, [calls[i] for i in sorted(calls)], finish
+
+        return await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
+
+    before = metric(on, "agent_memory_speculation_accepted_tokens_total")
+    assert asyncio.run(together()) == expected
+    assert metric(on, "agent_memory_speculation_accepted_tokens_total") > before
+    json.loads(expected[4][0])  # the constrained ones are what their grammar allows
+    assert expected[6][1] and expected[6][2] == "tool_calls"
+
+
+def test_cached_follow_up_turn_answers_exactly(servers):
+    """A turn's rejected proposals never reach the KV its agent keeps: the next turn, read from
+    the cache, answers as the uncached model does."""
+    off, on = servers
+    plain, spec = off.client(), on.client()
+    rejected = 0
+    for n, prompt in enumerate(PROMPTS):
+        agent = {"prompt_cache_key": f"editor-{n}"}
+        first = spec.chat.completions.create(**request(prompt, 80, **FEW), extra_body=agent)
+        rejected += predictions(first)[1]
+        messages = [
+            {"role": "user", "content": prompt},
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "Now the same again, with handler_2 removed."},
+        ]
+        body = dict(model="tiny", messages=messages, max_tokens=60, temperature=0, **FEW)
+        second = spec.chat.completions.create(**body, extra_body=agent)
+        assert second.usage.prompt_tokens_details.model_extra["hot_tokens"] > first.usage.prompt_tokens
+        assert answer(second) == answer(plain.chat.completions.create(**body))
+    assert rejected > 0
+
+
+def test_seeded_sampling_equals_sampling_without_speculation(servers):
+    """A sampled position is accepted where the request's own sample there, with the key it has
+    without speculation, is the proposed token: a seed gives the output it gives without
+    speculation, whichever requests share the batch."""
+    off, on = servers
+    spec = on.client()
+    accepted = 0
+    for prompt in PROMPTS[:2]:
+        for kw in ({}, FEW):
+            body = request(prompt, 60, seed=11, **kw) | {"temperature": 0.7, "top_p": 0.9}
+            expected = answer(off.client().chat.completions.create(**body))
+            alone = spec.chat.completions.create(**body)
+            accepted += predictions(alone)[0]
+            assert answer(alone) == expected
+
+            async def with_others():
+                client = on.async_client()
+                others = [client.chat.completions.create(**request(p, 40)) for p in PROMPTS]
+                return await asyncio.gather(client.chat.completions.create(**body), *others)
+
+            assert answer(asyncio.run(with_others())[0]) == expected
+    assert accepted > 0
