@@ -27,22 +27,23 @@ import mlx.core as mx
 from prometheus_client import CollectorRegistry
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.engine.budget import describe_split, give_back_memory, tell_mlx, weights_bytes
+from agent_memory.engine.budget import give_back_memory
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.core import EngineCore
-from agent_memory.engine.loader import ModelText, UnsupportedModelError, describe_model, weights_file_bytes
+from agent_memory.engine.loader import ModelText, UnsupportedModelError, describe_model
+from agent_memory.engine.loading import Loading
 from agent_memory.engine.metrics import Metrics
-from agent_memory.engine.parts import Parts, build, reload_weights, unload_weights
+from agent_memory.engine.parts import Parts
 from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
 from agent_memory.engine.report import parts_health, summary
-from agent_memory.engine.requests import Failed, GenerationRequest, Sink
+from agent_memory.engine.requests import GenerationRequest, Sink
 from agent_memory.engine.residency import NoRoom, Residency
 from agent_memory.engine.trace import NO_TRACE, Trace
 
 log = logging.getLogger(__name__)
 
 
-class BatchEngine(EngineClient):
+class BatchEngine(Loading, EngineClient):
     def __init__(self, config: EngineConfig, residency: Residency | None = None) -> None:
         """`residency`: the memory limit this engine shares with other served models' engines
         (None: its own, for a server of one model)."""
@@ -216,107 +217,6 @@ class BatchEngine(EngineClient):
 
     def _busy(self) -> bool:
         return self._weights_in and self._core.busy()
-
-    # -- loading and unloading (on the engine thread) -------------------------------------
-
-    def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
-        with self._arriving_lock:
-            self._arriving -= 1
-        self._last_used = time.monotonic()
-        if not self._weights_in and (why := self._load_on_demand()):
-            sink(Failed(f"the model {self.name} could not be loaded: {why}", 503, "model_not_loaded"))
-            return
-        self._core.admit(seq_id, request, sink, submitted)
-
-    def _load_at_start(self) -> None:
-        """A pinned model must fit; the first model, beside pinned ones that fill the limit,
-        waits for a request instead (its load then says why it cannot)."""
-        try:
-            self._load()
-        except NoRoom as e:
-            if self.pinned:
-                raise
-            log.warning("%s is not loaded at start: %s", self.name, e)
-
-    def _load_on_demand(self) -> str | None:
-        """Load for a request that asks for this model (others wait in the inbox meanwhile):
-        None, or why it could not be loaded."""
-        t0 = time.perf_counter()
-        log.info("loading %s for a request", self.name)
-        try:
-            self._load()
-        except NoRoom as e:
-            log.warning("could not load %s: %s", self.name, e)
-            return str(e)
-        except Exception as e:
-            log.exception("could not load %s", self.name)
-            return str(e)
-        log.info("loaded %s on demand in %.1f s", self.name, time.perf_counter() - t0)
-        return None
-
-    def _load(self) -> None:
-        """The weights, within the memory limit shared with the other served models (which
-        may unload one of them first): built whole the first time, the weights alone after."""
-        self.residency.make_room(self, weights_file_bytes(self._described.path))
-        try:
-            tell_mlx(self.config.memory_limit_bytes)
-            hot, working = self.residency.share()
-            if self._parts is None:
-                self._build(hot, working)
-            else:
-                reload_weights(self._parts, self.config, self._described, working)
-                self._parts.store.set_hot_budget(hot)
-        except BaseException:
-            self.residency.unloaded(self)
-            raise
-        self._weights_in = True
-        weights = weights_bytes(self._parts.loaded.model)
-        self.residency.loaded_as(self, weights)
-        describe_split(self.name, self.config.memory_limit_bytes, weights, *self.residency.share())
-        self._metrics.loaded.set(1)
-        self._metrics.loads.inc()
-        if self._url is not None:
-            self.announce(self._url)
-
-    def _build(self, hot: int, working: int | None) -> None:
-        parts = self._parts = build(self.config, self._described, self._trace, hot, working)
-        if parts.warm is not None:
-            parts.warm.on_written = self._trace.job
-        self._core = EngineCore(parts, self.config, self._metrics, self._trace, self._ids, self._inbox.put)
-        self._metrics.watch(parts.store, self._core.count, warm_on=parts.warm is not None)
-
-    def idle_since(self) -> float | None:
-        """When it last took a request, if none is running or arriving (residency.Resident)."""
-        if not self._weights_in or self._arriving or (self._core is not None and self._core.seqs):
-            return None
-        return self._last_used
-
-    def unload(self) -> Future:
-        """Unload the weights if still idle when the engine thread gets to it: its hot KV cools
-        first (written through to the warm tier as it was made), so its agents return warm."""
-        return self.call(self._unload)
-
-    def _unload(self) -> bool:
-        if not self._weights_in or self._arriving or self._core.seqs:
-            return False
-        self._parts.store.set_hot_budget(0)
-        unload_weights(self._parts)
-        self._weights_in = False
-        self._metrics.loaded.set(0)
-        self._metrics.unloads.inc()
-        mx.clear_cache()
-        give_back_memory()
-        return True
-
-    def set_budgets(self, hot_bytes: int, working_bytes: int | None) -> None:
-        """This model's share of the memory limit, applied on the engine thread."""
-
-        def apply() -> None:
-            if self._weights_in:
-                self._parts.store.set_hot_budget(hot_bytes)
-                self._parts.working_budget = working_bytes
-
-        self._inbox.put(apply)
 
     def _drain(self, block: bool) -> bool:
         """Run queued calls; False once stop was asked. Before waiting with no sequence left,
