@@ -66,9 +66,10 @@ def answer(response) -> tuple:
     return choice.message.content or None, calls, choice.finish_reason
 
 
-def streamed(client, body: dict) -> tuple:
+def joined(chunks) -> tuple:
+    """What a stream's chunks say together, as `answer` says it of a whole reply."""
     text, calls, finish = "", {}, None
-    for chunk in client.chat.completions.create(**body, stream=True):
+    for chunk in chunks:
         if not chunk.choices:
             continue
         delta = chunk.choices[0].delta
@@ -78,6 +79,10 @@ def streamed(client, body: dict) -> tuple:
             calls[call.index] = (name + (call.function.name or ""), args + (call.function.arguments or ""))
         finish = chunk.choices[0].finish_reason or finish
     return text or None, [calls[i] for i in sorted(calls)], finish
+
+
+def streamed(client, body: dict) -> tuple:
+    return joined(client.chat.completions.create(**body, stream=True))
 
 
 def predictions(response) -> tuple[int, int]:
@@ -141,16 +146,7 @@ def test_batch_of_eight_mixed_equals_solo_without_speculation(servers):
         async def one(i, body):
             if i % 2 == 0:
                 return answer(await client.chat.completions.create(**body))
-            text, calls, finish = "", {}, None
-            async for chunk in await client.chat.completions.create(**body, stream=True):
-                if chunk.choices:
-                    delta = chunk.choices[0].delta
-                    text += delta.content or ""
-                    for call in delta.tool_calls or []:
-                        name, args = calls.get(call.index, ("", ""))
-                        calls[call.index] = (name + (call.function.name or ""), args + (call.function.arguments or ""))
-                    finish = chunk.choices[0].finish_reason or finish
-            return text or None, [calls[i] for i in sorted(calls)], finish
+            return joined([chunk async for chunk in await client.chat.completions.create(**body, stream=True)])
 
         return await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
 
