@@ -15,9 +15,15 @@ DISK_RELOAD_COST = 0.05
 
 
 class Eviction:
-    """Needs the store's pool, budgets, `demote`, `moves`, `warm`, `shared` and `_drop_if_unused`."""
+    """Needs the store's pool, budgets, lock, `demote`, `moves`, `warm`, `shared` and `_drop_if_unused`."""
 
     # -- eviction -----------------------------------------------------------------------
+
+    def set_hot_budget(self, nbytes: int) -> None:
+        """A new share of the memory limit (engine/residency.py): over it, blocks cool now."""
+        with self.lock:
+            self.hot_budget_bytes = nbytes
+            self._evict_hot()
 
     def retention_value(self, block: Block, now: float, nbytes: int, on_disk: bool) -> float:
         """What keeping the block saves, per byte per idle second; the lowest leaves first.

@@ -132,12 +132,6 @@ class AgentCacheStore(Eviction, AgentIndex):
                 self._drop_if_unused(block)
             self._evict_hot()
 
-    def set_hot_budget(self, nbytes: int) -> None:
-        """A new share of the memory limit (engine/residency.py): over it, blocks cool now."""
-        with self.lock:
-            self.hot_budget_bytes = nbytes
-            self._evict_hot()
-
     def release(self, lease: Lease) -> None:
         with self.lock:
             for block in lease.blocks:
