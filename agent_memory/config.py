@@ -110,10 +110,16 @@ class Settings(BaseSettings):
         description="Sampling fields a request omits (temperature, top_p, top_k) come from the model's "
         "generation_config.json; off: temperature 1, top_p 1, no top_k.",
     )
-    speculation: Annotated[str, one_of("off", "lookup")] = Field(
+    speculation: Annotated[str, one_of("off", "lookup", "draft")] = Field(
         "lookup",
         description="Speculative decoding: 'lookup' proposes tokens from each request's own prompt and output "
-        "and verifies them in the batch's forward pass (models with only plain attention layers), or 'off'.",
+        "and verifies them in the batch's forward pass (models with only plain attention layers), 'draft' "
+        "has --draft-model propose them, or 'off'.",
+    )
+    draft_model: str | None = Field(
+        None,
+        description="A smaller model with the same tokenizer that proposes tokens for --speculation draft: a "
+        "folder or a hub id (see docs/usage.md, 'Speculative decoding').",
     )
     max_batch: int = Field(32, ge=1, description="Most sequences decoded together (more wait to start).")
     max_waiting: int = Field(
@@ -208,6 +214,10 @@ class Settings(BaseSettings):
         if not is_loopback(self.host) and not (self.api_key or self.api_keys_file):
             raise ConfigError(f"--host {self.host} is reachable from other machines: set --api-key too")
         self.tenant_keys()  # a broken keys file stops the start, with its line named
+        if self.speculation == "draft" and not self.draft_model:
+            raise ConfigError("--speculation draft needs --draft-model, the model that proposes the tokens")
+        if self.draft_model and self.speculation != "draft":
+            raise ConfigError(f"--draft-model is read only with --speculation draft (it is {self.speculation})")
 
 
 def load_settings(**flags) -> Settings:

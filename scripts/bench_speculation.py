@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Speculative decoding: decode tok/s of agent-memory with --speculation lookup against
---speculation off, and of mlx-lm's server without and with a draft model (--draft-model), on
-two workloads, one agent alone and N agents together.
+"""Speculative decoding: decode tok/s of agent-memory with --speculation lookup and with
+--speculation draft against --speculation off, and of mlx-lm's server without and with a draft
+model (--draft-model), on two workloads, one agent alone and N agents together.
 
     .venv/bin/python scripts/bench_speculation.py                  # the demo model
     .venv/bin/python scripts/bench_speculation.py --reps 5 --json out.json
@@ -19,8 +19,8 @@ none is read from a cache; all servers get the same prompts. Tokens are the outp
 at once; each repetition runs every server in turn (its order rotating), and the table shows
 medians, so the ratios hold on a noisy machine.
 
-The draft model for mlx-lm's --draft-model is built here from the model itself: its first
---draft-layers layers, embeddings and final norm saved as a smaller model with the same
+The draft model, for our --draft-model and mlx-lm's, is built here from the model itself: its
+first --draft-layers layers, embeddings and final norm saved as a smaller model with the same
 tokenizer (for the demo model, SmolLM2-135M, 4 of its 30 layers).
 """
 
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_agents import find_openblas, free_port, wait_ready  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-SERVERS = ("lookup", "off", "mlx-lm", "mlx-lm-draft")
+SERVERS = ("lookup", "draft", "off", "mlx-lm", "mlx-lm-draft")
 
 
 def source_file(agent: int) -> str:
@@ -99,9 +99,10 @@ class Server:
         self.kind, self.port = kind, free_port()
         self.log = work / f"{kind}.log"
         env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        if kind in ("lookup", "off"):
+        if kind in ("lookup", "draft", "off"):
             cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", str(model), "--port", str(self.port)]
             cmd += ["--cache-dir", str(work / kind), "--kv-bits", "16", "--speculation", kind]
+            cmd += ["--draft-model", str(draft)] if kind == "draft" else []
             env["PYTHONPATH"] = str(REPO)
             env["AGENT_MEMORY_CONFIG"] = str(work / "no-config.toml")
         else:
@@ -152,11 +153,17 @@ async def one(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens
 def run(server: Server, prompts: list[str], max_tokens: int, count, n: int | str) -> dict:
     """One run of a workload, its prompts new to the server (run `n` first; every server gets
     the same): mlx-lm's server with --draft-model answers a prompt it has cached with no text
-    (0.32.2)."""
+    (0.32.2). Several agents are returning agents: each sends its prompt once with max_tokens 1
+    first (its prefill, kept by the server's cache), so the span counted is their decoding, not
+    one agent's prefill interleaved with the others' decoding. mlx-lm's server with a draft is
+    not primed (its cache would answer with no text)."""
+    prompts = [f"(run {n}) {p}" for p in prompts]
 
     async def together():
         async with httpx.AsyncClient() as client:
-            return await asyncio.gather(*(one(client, server, f"(run {n}) {p}", max_tokens) for p in prompts))
+            if len(prompts) > 1 and server.kind != "mlx-lm-draft":
+                await asyncio.gather(*(one(client, server, p, 1) for p in prompts))
+            return await asyncio.gather(*(one(client, server, p, max_tokens) for p in prompts))
 
     results = asyncio.run(together())
     tokens = [count(text) for text, _, _ in results]

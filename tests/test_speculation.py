@@ -1,16 +1,19 @@
-"""Speculative decoding (prompt lookup) through the real server: greedy output is token for token
-what it is without speculation, alone and in a batch of mixed constrained and free requests,
-streamed or not, where stop strings and max_tokens land inside an accepted run; a rejected run
-leaves nothing in the KV a cached follow-up turn reads."""
+"""Speculative decoding (prompt lookup, and a draft model) through the real server: greedy
+output is token for token what it is without speculation, alone and in a batch of mixed
+constrained and free requests, streamed or not, where stop strings and max_tokens land inside an
+accepted run; a rejected run leaves nothing in the KV a cached follow-up turn reads; a draft model
+that cannot propose for the model stops the start with the reason."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 
 import pytest
 
-from tests.conftest import Server
+from tests.conftest import Server, free_port
 from tests.test_batching import metric
 
 CODE = "\n".join(f"def handler_{i}(request):\n    return request.get('field_{i}', {i})" for i in range(8))
@@ -42,15 +45,34 @@ FEW = {"logit_bias": {str(t): 30 for t in range(300, 304)}}
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """One tiny model served without speculation and with it (the default). Its embeddings
-    are tied, so its greedy output repeats what it has written: proposals that get accepted."""
+def models(tmp_path_factory):
+    """A tiny model whose embeddings are tied, so its greedy output repeats what it has written:
+    proposals that get accepted; and its draft, a model of one layer with the same tokenizer,
+    whose guesses the model accepts in part."""
     from agent_memory.models.tiny import build_tiny
 
-    model = build_tiny(tmp_path_factory.mktemp("models") / "tied", config={"tie_word_embeddings": True})
+    folder = tmp_path_factory.mktemp("models")
+    model = build_tiny(folder / "tied", config={"tie_word_embeddings": True})
+    draft = build_tiny(folder / "draft", config={"tie_word_embeddings": True, "num_hidden_layers": 1})
+    return model, draft
+
+
+@pytest.fixture(scope="module")
+def three(models, tmp_path_factory):
+    """The model served without speculation, with prompt lookup (the default) and with the draft."""
+    model, draft = models
     with Server(model, tmp_path_factory.mktemp("off"), "--speculation", "off") as off:
-        with Server(model, tmp_path_factory.mktemp("lookup")) as on:
-            yield off, on
+        with Server(model, tmp_path_factory.mktemp("lookup")) as lookup:
+            with Server(
+                model, tmp_path_factory.mktemp("draft"), "--speculation", "draft", "--draft-model", str(draft)
+            ) as d:
+                yield {"off": off, "lookup": lookup, "draft": d}
+
+
+@pytest.fixture(params=["lookup", "draft"])
+def servers(request, three):
+    """(the server without speculation, one with it), for each way of proposing."""
+    return three["off"], three[request.param]
 
 
 def request(prompt: str, max_tokens: int, **kw) -> dict:
@@ -201,3 +223,26 @@ def test_seeded_sampling_equals_sampling_without_speculation(servers):
 
             assert answer(asyncio.run(with_others())[0]) == expected
     assert accepted > 0
+
+
+def test_a_draft_that_cannot_propose_for_the_model_stops_the_start(models, tmp_path):
+    """Refused at start with the reason: no draft named, one named for lookup, one whose
+    vocabulary is another, one whose window layers cannot drop rejected drafts."""
+    from agent_memory.models.tiny import build_tiny
+    from tests.templates import chat_template
+
+    model, draft = models
+    other = build_tiny(tmp_path / "other", template=chat_template("qwen3"))
+    window = build_tiny(tmp_path / "window", arch="gemma3_text")
+    cases = [
+        (["--speculation", "draft"], 2, "--speculation draft needs --draft-model"),
+        (["--draft-model", str(draft)], 2, "--draft-model is read only with --speculation draft"),
+        (["--speculation", "draft", "--draft-model", str(other)], 1, "its tokenizer's vocabulary is not tied's"),
+        (["--speculation", "draft", "--draft-model", str(window)], 1, "RotatingKVCache; a draft model must keep"),
+    ]
+    for args, code, said in cases:
+        command = [sys.executable, "-m", "agent_memory", "serve", "--model", str(model), "--port", str(free_port())]
+        command += ["--cache-dir", str(tmp_path / "cache"), *args]
+        started = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert started.returncode == code, started.stderr
+        assert said in started.stderr and "Traceback" not in started.stderr

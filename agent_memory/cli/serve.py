@@ -25,7 +25,7 @@ from agent_memory.config import ENV_PREFIX, ConfigError, Settings, config_file_p
 HELP_GROUPS = {
     "Model": ("model", "keep_loaded", "unload_idle_s", "model_defaults"),
     "Network": ("host", "port", "api_key", "api_keys_file"),
-    "Requests": ("max_batch", "max_waiting", "speculation"),
+    "Requests": ("max_batch", "max_waiting", "speculation", "draft_model"),
     "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized"),
     "Warm tier": ("cache_dir", "disk_budget_mb", "disk_kv_bits", "warm_store"),
     "Logging": ("log_level", "log_format", "log_agent_ids", "trace_file"),
@@ -124,11 +124,12 @@ def _serve(settings: Settings) -> int:
 
     try:
         served = _served_models(settings)
+        draft = resolve_model_with_progress(settings.draft_model, settings.models_dir) if settings.draft_model else None
     except (ModelError, ConfigError) as e:
         error(e)
         return 1
     residency = Residency(settings.memory_limit_bytes, settings.hot_budget_mb << 20, settings.unload_idle_s)
-    engines = {model_id: _engine(settings, config, residency) for model_id, config in served.items()}
+    engines = {model_id: _engine(settings, config, residency, draft) for model_id, config in served.items()}
     config = uvicorn.Config(
         None,
         host=settings.host,
@@ -201,8 +202,8 @@ def _served_models(settings: Settings) -> dict:
     return configs
 
 
-def _engine(settings: Settings, config, residency):
-    """A served model's engine, with the settings every model shares."""
+def _engine(settings: Settings, config, residency, draft: Path | None):
+    """A served model's engine, with the settings every model shares (the draft model too)."""
     from dataclasses import replace
 
     from agent_memory.engine.engine import BatchEngine
@@ -223,6 +224,7 @@ def _engine(settings: Settings, config, residency):
             model_defaults=settings.model_defaults,
             trace_path=settings.trace_file,
             speculation=settings.speculation,
+            draft_path=draft,
         ),
         residency,
     )

@@ -27,4 +27,6 @@ class EngineConfig:
     trace_path: Path | None = None  # --trace-file: where the engine's time goes (trace.py)
     load_at_start: bool = True  # else on its first request (a second served model: engine/residency.py)
     pinned: bool = False  # --keep-loaded: never unloaded to make room for another model
-    speculation: str = "lookup"  # --speculation: "lookup" (prompt lookup where the model allows it) or "off"
+    # --speculation: "lookup" (prompt lookup where the model allows it), "draft" (draft_path proposes) or "off"
+    speculation: str = "lookup"
+    draft_path: Path | None = None  # --draft-model's folder

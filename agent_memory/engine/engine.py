@@ -30,7 +30,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.engine.budget import give_back_memory
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.core import EngineCore
-from agent_memory.engine.loader import ModelText, UnsupportedModelError, describe_model
+from agent_memory.engine.loader import ModelText, UnsupportedModelError, describe_model, draft_refusal
 from agent_memory.engine.loading import Loading
 from agent_memory.engine.metrics import Metrics
 from agent_memory.engine.parts import Parts
@@ -189,6 +189,9 @@ class BatchEngine(Loading, EngineClient):
     def _run(self) -> None:
         try:
             self._described = describe_model(self.config.model_path, self.name, self.config.model_defaults)
+            draft = self.config.draft_path
+            if self.config.speculation == "draft" and (why := draft_refusal(draft, self._described)):
+                raise UnsupportedModelError(f"--draft-model {draft}: {why}")
             if self.config.load_at_start:
                 self._load_at_start()
         except (UnsupportedModelError, NoRoom) as e:  # said in one line by whoever waits for the load

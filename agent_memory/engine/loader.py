@@ -163,6 +163,21 @@ def describe_model(path: Path, name: str | None = None, model_defaults: bool = T
     )
 
 
+def draft_refusal(path: Path, described: ModelText) -> str | None:
+    """Why the draft model cannot propose tokens for the described model, or None: it must be a
+    model folder, keep a plain KV cache in every layer (rejected drafts are trimmed off it) and
+    share the model's vocabulary (its tokens are the model's)."""
+    if not (path / "config.json").is_file():
+        return f"{path} is not a model folder (no config.json)"
+    model, _ = load_weights(path, lazy=True)
+    kinds = sorted({type(c).__name__ for c in make_prompt_cache(model)})
+    if kinds != ["KVCache"]:
+        return f"it keeps {', '.join(kinds)}; a draft model must keep plain KV caches, which drop rejected drafts"
+    if load_tokenizer(path).get_vocab() != described.tokenizer.get_vocab():
+        return f"its tokenizer's vocabulary is not {described.name}'s"
+    return None
+
+
 def load_model(described: ModelText, fingerprint_known: str | None = None) -> LoadedModel:
     """The described model's weights, loaded (on the engine thread). `fingerprint_known`: the
     digest of its files from an earlier load, not hashed again (a reload after an unload)."""

@@ -68,7 +68,8 @@ class Loading:
     def _load(self) -> None:
         """The weights, within the memory limit shared with the other served models (which
         may unload one of them first): built whole the first time, the weights alone after."""
-        self.residency.make_room(self, weights_file_bytes(self._described.path))
+        files = [self._described.path] + ([self.config.draft_path] if self.config.speculation == "draft" else [])
+        self.residency.make_room(self, sum(map(weights_file_bytes, files)))
         try:
             tell_mlx(self.config.memory_limit_bytes)
             hot, working = self.residency.share()
@@ -81,7 +82,7 @@ class Loading:
             self.residency.unloaded(self)
             raise
         self._weights_in = True
-        weights = weights_bytes(self._parts.loaded.model)
+        weights = sum(weights_bytes(m) for m in (self._parts.loaded.model, self._parts.draft) if m is not None)
         self.residency.loaded_as(self, weights)
         describe_split(self.name, self.config.memory_limit_bytes, weights, *self.residency.share())
         self._metrics.loaded.set(1)
@@ -128,4 +129,3 @@ class Loading:
                 self._parts.working_budget = working_bytes
 
         self._inbox.put(apply)
-

@@ -11,6 +11,10 @@ make every step verify tokens that do not pay.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from agent_memory.engine.verify_width import Acceptance
+
 NGRAMS = (3, 2)  # n-gram sizes matched, longest first
 FIRST = 4  # tokens proposed at first
 MOST = 16  # tokens proposed at most
@@ -26,13 +30,8 @@ class Lookup:
         self.misses = 0
         self.pause = 0  # steps left without proposing
         self.pause_length = 4
-        self.accepted, self.refused = 1.0, 1.0  # recent proposals' tokens accepted, refusals (a prior of 1/2)
+        self.acceptance = Acceptance()
         self.extend(history)
-
-    @property
-    def rate(self) -> float:
-        """How likely its next proposed token is accepted, from its recent proposals."""
-        return self.accepted / (self.accepted + self.refused)
 
     def extend(self, tokens: list[int]) -> None:
         """The history grows by `tokens`; index the n-grams ending before its last token."""
@@ -57,10 +56,9 @@ class Lookup:
 
     def verified(self, proposed: int, accepted: int) -> None:
         """Adapt to how much of a proposal the model accepted."""
+        self.acceptance.verified(proposed, accepted)
         if proposed == 0:
             return
-        self.accepted = 0.9 * self.accepted + accepted
-        self.refused = 0.9 * self.refused + (accepted < proposed)
         if accepted == proposed:
             self.length = min(2 * self.length, MOST)
         else:
@@ -71,3 +69,47 @@ class Lookup:
             self.misses = 0
         elif accepted:
             self.pause_length = 4
+
+
+@dataclass
+class Settled:
+    """A sequence's step, as its proposer learns it: the token it fed, the proposals verified
+    after it, how many the model accepted, and the token it sampled after them (None: the
+    sequence finished)."""
+
+    seq_id: int
+    fed: int
+    proposed: list[int]
+    accepted: int
+    next: int | None
+
+
+class Lookups:
+    """The batch's proposer for --speculation lookup (speculative_batch.py): each sequence's
+    own `Lookup`. The draft proposer (draft.py) has the same methods."""
+
+    def __init__(self) -> None:
+        self.of: dict[int, Lookup] = {}
+
+    def add(self, seq_id: int, prompt: list[int]) -> None:
+        self.of[seq_id] = Lookup(prompt)
+
+    def propose(self, rows: list[tuple[int, int, int]]) -> list[list[int]]:
+        """For each (seq id, token it feeds, most tokens it may take): its proposal."""
+        return [self.of[s].propose(limit) if limit > 0 else [] for s, _, limit in rows]
+
+    def rate(self, seq_id: int) -> float:
+        return self.of[seq_id].acceptance.rate
+
+    def settle(self, steps: list[Settled]) -> None:
+        for s in steps:
+            lookup = self.of[s.seq_id]
+            lookup.verified(len(s.proposed), s.accepted)
+            if s.next is not None:
+                lookup.extend([*s.proposed[: s.accepted], s.next])
+
+    def keep(self, seq_ids: list[int]) -> None:
+        self.of = {s: self.of[s] for s in seq_ids}
+
+    def reset(self) -> None:
+        self.of = {}

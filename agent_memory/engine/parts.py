@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from typing import Any
+
+from mlx_lm.utils import load_model as load_weights
 
 from agent_memory.engine.commit import Committer
 from agent_memory.engine.config import EngineConfig
@@ -34,11 +37,12 @@ class Parts:
     store: AgentCacheStore
     warm: WarmTier | None
     warm_error: str | None  # why there is no warm tier, when one was asked for
+    draft: Any  # --speculation draft: the draft model's weights (None without one, or unloaded)
     batch: DecodeBatch | SpeculativeBatch | None  # None while the weights are unloaded (and the prefiller too)
     prefiller: Prefiller | None
     committer: Committer
     working_budget: int | None  # bytes running requests' working caches may hold
-    bytes_per_token: int  # of a working cache's attention layers
+    bytes_per_token: int  # of a working cache's attention layers (and its draft's)
     state_bytes: int  # of a working cache's window and recurrent layers, at most
 
 
@@ -77,7 +81,7 @@ def fitted_groups(p: Precisions, layers: ModelLayers, name: str) -> Precisions:
     return Precisions(hot=regroup(p.hot), working=regroup(p.working), disk=regroup(p.disk))
 
 
-def decode_batch(speculation: str, loaded: LoadedModel, layers: ModelLayers, p: Precisions):
+def decode_batch(speculation: str, loaded: LoadedModel, layers: ModelLayers, p: Precisions, draft: Any):
     """The decode batch: speculative where asked and where every layer keeps a plain KV cache,
     whose rejected positions a trim takes out (a window or recurrent layer's cannot be cut back
     without a snapshot per proposal; quantized KV has no trim), else one token per step."""
@@ -88,7 +92,17 @@ def decode_batch(speculation: str, loaded: LoadedModel, layers: ModelLayers, p: 
         kept = "quantized KV" if p.working.quantized else ", ".join(layers.kinds)
         log.info("speculation off: %s keeps %s, which cannot drop rejected proposals", loaded.name, kept)
         return DecodeBatch(loaded.model, eos)
-    return SpeculativeBatch(loaded.model, eos)
+    return SpeculativeBatch(loaded.model, eos, draft)
+
+
+def load_draft(cfg: EngineConfig) -> Any:
+    """The draft model's weights, for --speculation draft (checked at start: loader.draft_refusal)."""
+    return load_weights(cfg.draft_path)[0] if cfg.speculation == "draft" else None
+
+
+def draft_bytes_per_token(draft: Any) -> int:
+    """What a running request's draft KV takes per token (unquantized), none without a draft."""
+    return ModelLayers(draft).bytes_per_token(Precisions.of(16, 64).working) if draft is not None else 0
 
 
 def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: int, working: int | None) -> Parts:
@@ -96,6 +110,7 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
     with its share of the memory limit (engine/residency.py)."""
     p = cfg.precisions
     loaded = load_model(described)
+    draft = load_draft(cfg)
     layers = ModelLayers(loaded.model)
     p = fitted_groups(p, layers, loaded.name)
     if p.working.quantized and (why := layers.quantized_refusal(p.working)):
@@ -138,11 +153,12 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
         store=store,
         warm=warm,
         warm_error=warm_error,
-        batch=decode_batch(cfg.speculation, loaded, layers, p),
+        draft=draft,
+        batch=decode_batch(cfg.speculation, loaded, layers, p, draft),
         prefiller=Prefiller(loaded.model, layers, p, store, committer),
         committer=committer,
         working_budget=working,
-        bytes_per_token=layers.bytes_per_token(p.working),
+        bytes_per_token=layers.bytes_per_token(p.working) + draft_bytes_per_token(draft),
         state_bytes=layers.state_bytes(),
     )
 
@@ -150,7 +166,7 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
 def unload_weights(parts: Parts) -> None:
     """Drop the weights and what computes with them; the store and the warm tier stay, so the
     model's agents stay listed, deletable and warm (its hot KV cooled first: engine.py)."""
-    parts.batch = parts.prefiller = None
+    parts.batch = parts.prefiller = parts.draft = None
     parts.layers.detach()
     parts.loaded = replace(parts.loaded, model=None)
 
@@ -159,6 +175,7 @@ def reload_weights(parts: Parts, cfg: EngineConfig, described: ModelText, workin
     """The weights again, into the memory kept since `unload_weights`."""
     loaded = parts.loaded = load_model(described, parts.loaded.fingerprint)
     parts.layers.attach(loaded.model)
-    parts.batch = decode_batch(cfg.speculation, loaded, parts.layers, parts.precisions)
+    parts.draft = load_draft(cfg)
+    parts.batch = decode_batch(cfg.speculation, loaded, parts.layers, parts.precisions, parts.draft)
     parts.prefiller = Prefiller(loaded.model, parts.layers, parts.precisions, parts.store, parts.committer)
     parts.working_budget = working

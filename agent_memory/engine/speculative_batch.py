@@ -1,18 +1,17 @@
-"""SpeculativeBatch: the decode batch with prompt-lookup speculation (--speculation lookup).
+"""SpeculativeBatch: the decode batch with speculation (--speculation lookup or draft).
 
-Each step, every running sequence feeds the token it sampled last and the tokens its own
-history proposes after it (lookup.py; a constrained sequence only those its grammar accepts),
-right-padded to a common width (verify_width.py: as many as pay on this machine): one forward
-pass of the batch verifies them all. Each
-sequence keeps the proposals its model accepts (sampling.verify: exact at temperature 0, the
-rejection rule otherwise) and samples the token after them; its rejected positions leave its
-KV (`trim` where every row rejects as many, mlx-lm's right-padding `prepare`/`finalize`
-otherwise), so the KV a sequence leaves with holds exactly its tokens. A token is emitted once
-it is in the KV, as in mlx-lm's `GenerationBatch`, whose interface (`DecodeBatch`) this keeps:
-a step gives each sequence its list of new tokens instead of one.
+Each step, every running sequence feeds the token it sampled last and the tokens its proposer
+proposes after it (lookup.py: its own history; draft.py: a smaller model; a constrained
+sequence only those its grammar accepts), right-padded to a common width (verify_width.py: as
+many as pay on this machine): one forward pass of the batch verifies them all. Each sequence
+keeps the proposals its model accepts (sampling.verify: exact at temperature 0, the rejection
+rule otherwise) and samples the token after them; its rejected positions leave its KV
+(ragged_kv.py), so the KV a sequence leaves with holds exactly its tokens. A token is
+emitted once it is in the KV, as in mlx-lm's `GenerationBatch`, whose interface (`DecodeBatch`)
+this keeps: a step gives each sequence its list of new tokens instead of one.
 
-Only for models whose every layer keeps a plain `KVCache` (parts.py): a window or recurrent
-layer cannot drop rejected positions without a snapshot per proposal.
+Only for models whose every layer keeps a plain `KVCache` (parts.py), the draft's too: a window
+or recurrent layer cannot drop rejected positions without a snapshot per proposal.
 """
 
 from __future__ import annotations
@@ -25,8 +24,10 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
 from agent_memory.engine.constraint import GrammarProcessor
-from agent_memory.engine.decode_batch import Token, _batched
-from agent_memory.engine.lookup import Lookup
+from agent_memory.engine.decode_batch import Token
+from agent_memory.engine.draft import Draft
+from agent_memory.engine.lookup import Lookups, Settled
+from agent_memory.engine.ragged_kv import batch_of_one, drop
 from agent_memory.engine.sampling import SeededSampler, accept_greedy, verify
 from agent_memory.engine.verify_width import VerifyWidth
 
@@ -40,7 +41,6 @@ class Row:
     sampler: Any
     processors: list
     max_tokens: int
-    lookup: Lookup
     emitted: int = 0
 
     @property
@@ -58,9 +58,11 @@ class Verified:
 
 
 class SpeculativeBatch:
-    def __init__(self, model: Any, eos_token_ids: list[int]) -> None:
+    def __init__(self, model: Any, eos_token_ids: list[int], draft: Any = None) -> None:
+        """`draft`: the draft model's weights (--speculation draft), else prompt lookup."""
         self.model = model
         self.eos = set(eos_token_ids)
+        self.proposer = Draft(draft) if draft is not None else Lookups()
         self.rows: list[Row] = []
         self.cache: list = []  # one batched cache per layer, its rows in `rows`' order
         self.verified: list[Verified] = []  # the last step's proposals
@@ -75,21 +77,22 @@ class SpeculativeBatch:
 
     def add(self, seq_id: int, prompt: list[int], cache: list, sampler, processors: list, max_tokens: int) -> None:
         """Join with a prefilled cache holding every prompt token but the last (fed first)."""
-        joining = [_batched(c) for c in cache]
+        joining = [batch_of_one(c) for c in cache]
         if self.cache:
             for mine, theirs in zip(self.cache, joining):
                 mine.extend(theirs)
         else:
             self.cache = joining
-        lookup = Lookup(prompt)
-        self.rows.append(Row(seq_id, list(prompt[:-1]), prompt[-1], False, sampler, processors, max_tokens, lookup))
+        self.proposer.add(seq_id, prompt)
+        self.rows.append(Row(seq_id, list(prompt[:-1]), prompt[-1], False, sampler, processors, max_tokens))
 
     def step(self) -> list[Token]:
         """Verify every sequence's proposals in one forward pass; each sequence's new tokens, in
         order (finished ones leave the batch with their KV)."""
         t0 = time.perf_counter()
-        proposals = [self._propose(r) for r in self.rows]
-        width = self.width.choose([len(p) for p in proposals], [r.lookup.rate for r in self.rows])
+        proposed = self.proposer.propose([(r.seq_id, r.fed, self._left(r)) for r in self.rows])
+        proposals = [self._allowed(r, p) for r, p in zip(self.rows, proposed)]
+        width = self.width.choose([len(p) for p in proposals], [self.proposer.rate(r.seq_id) for r in self.rows])
         proposals = [p[: width - 1] for p in proposals]
         inputs = [[r.fed, *p] + [r.fed] * (width - 1 - len(p)) for r, p in zip(self.rows, proposals)]
         logits = self.model(mx.array(inputs), cache=self.cache)
@@ -99,7 +102,7 @@ class SpeculativeBatch:
         best = mx.argmax(logprobs, axis=-1).tolist() if any(plain) else None  # one evaluation for them all
 
         tokens: list[Token] = []
-        kept, finished, self.verified = [], [], []
+        kept, finished, settled, self.verified = [], [], [], []
         for i, (r, p) in enumerate(zip(self.rows, proposals)):
             if plain[i]:
                 out = accept_greedy(best[i], p)
@@ -108,7 +111,6 @@ class SpeculativeBatch:
             a = len(out) - 1
             if p:
                 self.verified.append(Verified(r.seq_id, len(p), a))
-                r.lookup.verified(len(p), a)
             if saved[i] is not None and a < len(p):
                 r.grammar.restore(saved[i][a])
             fed = inputs[i][: a + 1]
@@ -116,13 +118,14 @@ class SpeculativeBatch:
             tokens.extend(Token(r.seq_id, t, None, None, None) for t in news)
             kept.append(n)
             r.tokens.extend(fed[:n])
+            settled.append(Settled(r.seq_id, r.fed, p, a, None if finish is not None else out[-1]))
             if finish is not None:
                 tokens[-1].finish = finish
                 finished.append((i, tokens[-1]))
             else:
                 r.fed, r.output = out[-1], True
-                r.lookup.extend(out)
-        self._drop(width, kept)
+        self.proposer.settle(settled)
+        drop(self.cache, [width - n for n in kept])  # positions past each row's kept ones
         self.width.observe(width * len(self.rows), time.perf_counter() - t0)
         for i, token in finished:
             token.cache, token.tokens = self._extract(i), self.rows[i].tokens
@@ -130,14 +133,15 @@ class SpeculativeBatch:
             self._keep([i for i in range(len(self.rows)) if i not in {i for i, _ in finished}])
         return tokens
 
-    def _propose(self, r: Row) -> list[int]:
-        left = r.max_tokens - r.emitted - (1 if r.output else 0)  # tokens it may emit after `fed`
-        if left <= 0 or r.fed in self.eos:
-            return []
-        proposed = r.lookup.propose(left)
+    def _left(self, r: Row) -> int:
+        """How many tokens it may be proposed: as many as it may emit after `fed`."""
+        return 0 if r.fed in self.eos else r.max_tokens - r.emitted - (1 if r.output else 0)
+
+    def _allowed(self, r: Row, proposed: list[int]) -> list[int]:
+        """The proposal up to what its grammar accepts."""
         grammar = r.grammar
         if grammar is not None and proposed:
-            proposed = proposed[: grammar.allows(r.fed, proposed)]
+            return proposed[: grammar.allows(r.fed, proposed)]
         return proposed
 
     def _constrain(self, r: Row, fed: list[int], logits: mx.array, i: int) -> list[tuple] | None:
@@ -170,22 +174,12 @@ class SpeculativeBatch:
                 return news, n + 1, "length"
         return news, len(fed), None
 
-    def _drop(self, width: int, kept: list[int]) -> None:
-        """Take each row's positions past the `kept` first of this step's `width` out of the KV."""
-        extra = [width - n for n in kept]
-        least = min(extra)
-        for c in self.cache:
-            if least:
-                c.trim(least)
-            if max(extra) > least:
-                c.prepare(right_padding=[e - least for e in extra])
-                c.finalize()
-
     def _extract(self, i: int) -> list:
         return [c.extract(i) for c in self.cache]
 
     def _keep(self, keep: list[int]) -> None:
         self.rows = [self.rows[i] for i in keep]
+        self.proposer.keep(self.seq_ids)
         if not keep:
             self.cache = []
             return
@@ -202,3 +196,4 @@ class SpeculativeBatch:
     def reset(self) -> None:
         """Start over empty (after a failed step left the batch in an unknown state)."""
         self.rows, self.cache = [], []
+        self.proposer.reset()

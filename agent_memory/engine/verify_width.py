@@ -13,6 +13,28 @@ from __future__ import annotations
 DECAY = 0.97  # weight of the past per observed step
 
 
+class Acceptance:
+    """How likely a sequence's next proposed token is accepted: tokens accepted over tokens
+    accepted plus proposals refused, recent proposals weighing most (0.9 a proposal), with the
+    prior of one accepted token. The prior is optimistic on purpose: a sequence's proposals get
+    verified until they are seen refused (a rate that is never verified is never learnt), and
+    again once a while without verifying (0.95 a step) has let the prior win back."""
+
+    def __init__(self) -> None:
+        self.accepted = self.refused = 0.0
+
+    @property
+    def rate(self) -> float:
+        return (self.accepted + 1) / (self.accepted + self.refused + 1)
+
+    def verified(self, proposed: int, accepted: int) -> None:
+        if not proposed:
+            self.accepted, self.refused = 0.95 * self.accepted, 0.95 * self.refused
+            return
+        self.accepted = 0.9 * self.accepted + accepted
+        self.refused = 0.9 * self.refused + (accepted < proposed)
+
+
 class VerifyWidth:
     def __init__(self) -> None:
         self.sums = [0.0] * 5  # weighted n, P, P^2, t, P*t over recent steps
