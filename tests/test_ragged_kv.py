@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from agent_memory.engine import ragged_kv
-from agent_memory.engine.ragged_kv import RaggedKVCache, batch_of_one
+from agent_memory.engine.ragged_kv import RaggedKVCache, join
 from mlx_lm.models.cache import KVCache
 
 HEADS, DIM = 2, 4
@@ -40,11 +40,7 @@ class Rows(RuleBasedStateMachine):
         single = KVCache()
         tokens = self._tokens(length)
         single.update_and_fetch(*kv_of(tokens))
-        joining = batch_of_one(single)
-        if self.cache is None:
-            self.cache = joining
-        else:
-            self.cache.extend(joining)
+        self.cache = join([self.cache] if self.cache is not None else [], [single])[0]
         self.rows.append(tokens)
 
     @precondition(lambda self: self.rows)

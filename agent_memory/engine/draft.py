@@ -21,7 +21,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from agent_memory.engine.lookup import Settled
-from agent_memory.engine.ragged_kv import batch_of_one, drop
+from agent_memory.engine.ragged_kv import drop, join
 from agent_memory.engine.verify_width import Acceptance
 
 CHUNK = 512  # prompt tokens prefilled into the draft per step, for all joining sequences
@@ -93,12 +93,7 @@ class Draft:
                 self.behind[s], budget = todo[n:], budget - n
             if self.behind[s] or cache[0].offset == 0:
                 continue
-            batched = [batch_of_one(c) for c in cache]
-            if self.cache:
-                for mine, theirs in zip(self.cache, batched):
-                    mine.extend(theirs)
-            else:
-                self.cache = batched
+            self.cache = join(self.cache, cache)
             self.ids.append(s)
             del self.joining[s]
 

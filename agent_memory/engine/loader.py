@@ -178,6 +178,11 @@ def draft_refusal(path: Path, described: ModelText) -> str | None:
     return None
 
 
+def load_draft(path: Path) -> Any:
+    """The draft model's weights (--speculation draft; checked at start by `draft_refusal`)."""
+    return load_weights(path)[0]
+
+
 def load_model(described: ModelText, fingerprint_known: str | None = None) -> LoadedModel:
     """The described model's weights, loaded (on the engine thread). `fingerprint_known`: the
     digest of its files from an earlier load, not hashed again (a reload after an unload)."""

@@ -9,14 +9,12 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mlx_lm.utils import load_model as load_weights
-
 from agent_memory.engine.commit import Committer
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.decode_batch import DecodeBatch
 from agent_memory.engine.kinds import attention
 from agent_memory.engine.kinds.layers import ModelLayers
-from agent_memory.engine.loader import LoadedModel, ModelText, UnsupportedModelError, load_model
+from agent_memory.engine.loader import LoadedModel, ModelText, UnsupportedModelError, load_draft, load_model
 from agent_memory.engine.prefill import Prefiller
 from agent_memory.engine.speculative_batch import SpeculativeBatch
 from agent_memory.engine.trace import NoTrace
@@ -88,16 +86,12 @@ def decode_batch(speculation: str, loaded: LoadedModel, layers: ModelLayers, p: 
     eos = loaded.tokenizer.eos_token_ids
     if speculation == "off":
         return DecodeBatch(loaded.model, eos)
-    if layers.kinds != ["KVCache"] or p.working.quantized:
+    if not layers.plain or p.working.quantized:
         kept = "quantized KV" if p.working.quantized else ", ".join(layers.kinds)
+        kept += "" if layers.has_state or p.working.quantized else " in a list of caches per layer (CacheList)"
         log.info("speculation off: %s keeps %s, which cannot drop rejected proposals", loaded.name, kept)
         return DecodeBatch(loaded.model, eos)
     return SpeculativeBatch(loaded.model, eos, draft)
-
-
-def load_draft(cfg: EngineConfig) -> Any:
-    """The draft model's weights, for --speculation draft (checked at start: loader.draft_refusal)."""
-    return load_weights(cfg.draft_path)[0] if cfg.speculation == "draft" else None
 
 
 def draft_bytes_per_token(draft: Any) -> int:
@@ -110,7 +104,7 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
     with its share of the memory limit (engine/residency.py)."""
     p = cfg.precisions
     loaded = load_model(described)
-    draft = load_draft(cfg)
+    draft = load_draft(cfg.draft_path) if cfg.speculation == "draft" else None
     layers = ModelLayers(loaded.model)
     p = fitted_groups(p, layers, loaded.name)
     if p.working.quantized and (why := layers.quantized_refusal(p.working)):
@@ -175,7 +169,7 @@ def reload_weights(parts: Parts, cfg: EngineConfig, described: ModelText, workin
     """The weights again, into the memory kept since `unload_weights`."""
     loaded = parts.loaded = load_model(described, parts.loaded.fingerprint)
     parts.layers.attach(loaded.model)
-    parts.draft = load_draft(cfg)
+    parts.draft = load_draft(cfg.draft_path) if cfg.speculation == "draft" else None
     parts.batch = decode_batch(cfg.speculation, loaded, parts.layers, parts.precisions, parts.draft)
     parts.prefiller = Prefiller(loaded.model, parts.layers, parts.precisions, parts.store, parts.committer)
     parts.working_budget = working

@@ -49,8 +49,11 @@ class RaggedKVCache(BatchKVCache):
             keep = mx.arange(self._idx)[None] < (self._idx - more)[:, None]
             self.valid = self._valid() & keep
             self.offset = self.offset - more
-            if self._idx - mx.max(self.offset).item() > HOLES:  # the longest row's padding and holes
-                self._squeeze()
+
+    @property
+    def unused(self) -> int:
+        """Positions even the longest row does not hold (its padding and holes)."""
+        return self._idx - mx.max(self.offset).item() if self.offset.size else 0
 
     def trim(self, n: int) -> int:
         n = super().trim(n)
@@ -58,7 +61,7 @@ class RaggedKVCache(BatchKVCache):
             self.valid = self.valid[:, : self._idx]
         return n
 
-    def _squeeze(self) -> None:
+    def squeeze(self) -> None:
         """Every row's held positions right-aligned, the holes gone (its padding on the left)."""
         valid = self._valid()
         counts = valid.astype(mx.int32).sum(axis=1)
@@ -110,13 +113,23 @@ class RaggedKVCache(BatchKVCache):
         return cache
 
 
-def batch_of_one(cache: KVCache) -> RaggedKVCache:
-    """One sequence's layer cache as a batch of one."""
-    return RaggedKVCache.merge([cache])
+def join(batch: list[RaggedKVCache], cache: list[KVCache]) -> list[RaggedKVCache]:
+    """A batch's layer caches with one more sequence's (its own, one per layer) as the last row;
+    an empty batch becomes a batch of one."""
+    joining = [RaggedKVCache.merge([c]) for c in cache]
+    if not batch:
+        return joining
+    for mine, theirs in zip(batch, joining):
+        mine.extend(theirs)
+    return batch
 
 
 def drop(caches: list[RaggedKVCache], extra: list[int]) -> None:
-    """Drop each row's last `extra[i]` positions from every layer."""
+    """Drop each row's last `extra[i]` positions from every layer; squeeze the holes out once
+    the longest row has more than HOLES."""
     if max(extra, default=0):
         for c in caches:
             c.drop(extra)
+        if caches[0].unused > HOLES:  # every layer holds the same positions
+            for c in caches:
+                c.squeeze()

@@ -27,7 +27,7 @@ from agent_memory.engine.constraint import GrammarProcessor
 from agent_memory.engine.decode_batch import Token
 from agent_memory.engine.draft import Draft
 from agent_memory.engine.lookup import Lookups, Settled
-from agent_memory.engine.ragged_kv import batch_of_one, drop
+from agent_memory.engine.ragged_kv import drop, join
 from agent_memory.engine.sampling import SeededSampler, accept_greedy, verify
 from agent_memory.engine.verify_width import VerifyWidth
 
@@ -77,12 +77,7 @@ class SpeculativeBatch:
 
     def add(self, seq_id: int, prompt: list[int], cache: list, sampler, processors: list, max_tokens: int) -> None:
         """Join with a prefilled cache holding every prompt token but the last (fed first)."""
-        joining = [batch_of_one(c) for c in cache]
-        if self.cache:
-            for mine, theirs in zip(self.cache, joining):
-                mine.extend(theirs)
-        else:
-            self.cache = joining
+        self.cache = join(self.cache, cache)
         self.proposer.add(seq_id, prompt)
         self.rows.append(Row(seq_id, list(prompt[:-1]), prompt[-1], False, sampler, processors, max_tokens))
 

@@ -138,13 +138,14 @@ class ModelLayers:
         asked = precisions.hot.group_size
         return next((g for g in (asked, 128, 64, 32) if all(d % g == 0 for d in dims)), None)
 
+    @property
+    def plain(self) -> bool:
+        """Every layer keeps one plain KV cache: no window or recurrent state, no list of caches."""
+        return not self.has_state and all(s.sub is None for _, slots, _ in self.groups for s in slots)
+
     def quantized_refusal(self, working: KVPrecision) -> str | None:
         """Why decoding cannot attend to quantized KV in this model (--decode-quantized), or None."""
-        if (
-            self.has_state
-            or len(self.groups) > 1
-            or any(s.sub is not None for _, slots, _ in self.groups for s in slots)
-        ):
+        if not self.plain or len(self.groups) > 1:
             kinds = ", ".join(self.kinds)
             return f"--decode-quantized needs every layer to keep one plain KV cache; this model's layers keep {kinds}"
         try:
