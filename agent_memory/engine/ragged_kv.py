@@ -35,7 +35,8 @@ class RaggedKVCache(BatchKVCache):
 
     def make_mask(self, N: int, return_array: bool = False, **kwargs) -> mx.array:
         causal = mx.arange(self._idx, self._idx + N)[:, None] >= mx.arange(self._idx + N)[None]
-        columns = mx.concatenate([self._valid(), mx.ones((self._valid().shape[0], N), dtype=mx.bool_)], axis=1)
+        valid = self._valid()
+        columns = mx.concatenate([valid, mx.ones((valid.shape[0], N), dtype=mx.bool_)], axis=1)
         return causal[None, None] & columns[:, None, None, :]
 
     def drop(self, extra: list[int]) -> None:
