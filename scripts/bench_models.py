@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,17 +39,14 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_agents import free_port, wait_ready  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agent-memory/models"  # as `serve` keeps them
 MiB = 1 << 20
 HOT_BUDGET_MB = 256
 FACT = "The harbour log records each ship, its berth, its cargo and the hour it came in. "
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -64,17 +60,7 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_MEMORY_")}
         env["AGENT_MEMORY_CONFIG"] = str(cache / "no-config.toml")
         self.proc = subprocess.Popen(cmd, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                sys.exit(f"the server exited:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        sys.exit("the server did not start")
+        wait_ready(self.url, 300, self.proc, self.log_path)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -29,4 +29,4 @@ class EngineConfig:
     pinned: bool = False  # --keep-loaded: never unloaded to make room for another model
     # --speculation: "lookup" (prompt lookup where the model allows it), "draft" (draft_path proposes) or "off"
     speculation: str = "lookup"
-    draft_path: Path | None = None  # --draft-model's folder
+    draft_path: Path | None = None  # --draft-model's folder (given only with --speculation draft)

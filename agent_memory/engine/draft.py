@@ -8,8 +8,8 @@ draft when the model accepted them all) and drafts `length` tokens greedily, one
 the draft for all sequences per token; once the model has verified them, each draft KV keeps
 what the model's KV kept. A sequence that joins prefills its prompt into the draft first, CHUNK
 tokens a step for all joining ones together, and proposes once it has caught up. `length` adapts
-to what the batch accepts, and drafting pauses after MISSES steps that accepted nothing (twice as
-long each time), the way lookup.py's proposals do per sequence.
+to what the batch accepts, and drafting pauses after steps that accepted nothing (lookup.Backoff,
+as each sequence's lookup does).
 """
 
 from __future__ import annotations
@@ -20,15 +20,13 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from agent_memory.engine.lookup import Settled
+from agent_memory.engine.lookup import Backoff, Settled
 from agent_memory.engine.ragged_kv import drop, join
 from agent_memory.engine.verify_width import Acceptance
 
 CHUNK = 512  # prompt tokens prefilled into the draft per step, for all joining sequences
 FIRST = 3  # tokens drafted at first (mlx-lm's default)
 MOST = 8  # tokens drafted at most
-MISSES = 3  # steps in a row with nothing accepted before a pause
-LONGEST_PAUSE = 64  # steps
 
 
 class Draft:
@@ -41,7 +39,7 @@ class Draft:
         self.acceptance: dict[int, Acceptance] = {}
         self.drafted: dict[int, list[int]] = {}  # this step's drafts
         self.length = FIRST
-        self.misses, self.pause, self.pause_length = 0, 0, 4
+        self.backoff = Backoff()  # drafting pauses after steps that accepted nothing
 
     def add(self, seq_id: int, prompt: list[int]) -> None:
         """A sequence joins: its KV holds every prompt token but the last (fed first)."""
@@ -57,9 +55,7 @@ class Draft:
         catches up, or while drafting pauses)."""
         self._catch_up()
         self.drafted = {}
-        if self.pause:
-            self.pause -= 1
-        elif self.ids:
+        if self.ids and not self.backoff.paused():
             self.drafted = dict(zip(self.ids, self._draft({s: fed for s, fed, _ in rows})))
         return [self.drafted.get(s, [])[: max(limit, 0)] for s, _, limit in rows]
 
@@ -117,20 +113,15 @@ class Draft:
 
     def _adapt(self, verified: list[tuple[int, int]]) -> None:
         """Draft more while whole drafts are accepted, as many as were accepted otherwise;
-        pause after MISSES steps that accepted nothing."""
+        pause after steps that accepted nothing."""
         if not verified:
             return
         accepted = [a for _, a in verified]
         if all(a == p for p, a in verified):
             self.length = min(2 * self.length, MOST)
         else:
-            self.length = max(max(accepted) + 1, 1)
-        self.misses = self.misses + 1 if not any(accepted) else 0
-        if self.misses >= MISSES:
-            self.pause, self.pause_length = self.pause_length, min(2 * self.pause_length, LONGEST_PAUSE)
-            self.misses = 0
-        elif any(accepted):
-            self.pause_length = 4
+            self.length = max(accepted) + 1
+        self.backoff.verified(any(accepted))
 
     def keep(self, seq_ids: list[int]) -> None:
         """Only these sequences stay (the others left the batch)."""

@@ -190,7 +190,7 @@ class BatchEngine(Loading, EngineClient):
         try:
             self._described = describe_model(self.config.model_path, self.name, self.config.model_defaults)
             draft = self.config.draft_path
-            if self.config.speculation == "draft" and (why := draft_refusal(draft, self._described)):
+            if draft is not None and (why := draft_refusal(draft, self._described)):
                 raise UnsupportedModelError(f"--draft-model {draft}: {why}")
             if self.config.load_at_start:
                 self._load_at_start()

@@ -178,9 +178,10 @@ def draft_refusal(path: Path, described: ModelText) -> str | None:
     return None
 
 
-def load_draft(path: Path) -> Any:
-    """The draft model's weights (--speculation draft; checked at start by `draft_refusal`)."""
-    return load_weights(path)[0]
+def load_draft(path: Path | None) -> Any:
+    """The draft model's weights (--speculation draft; checked at start by `draft_refusal`), or
+    None without one."""
+    return load_weights(path)[0] if path is not None else None
 
 
 def load_model(described: ModelText, fingerprint_known: str | None = None) -> LoadedModel:

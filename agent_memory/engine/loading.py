@@ -68,8 +68,8 @@ class Loading:
     def _load(self) -> None:
         """The weights, within the memory limit shared with the other served models (which
         may unload one of them first): built whole the first time, the weights alone after."""
-        files = [self._described.path] + ([self.config.draft_path] if self.config.speculation == "draft" else [])
-        self.residency.make_room(self, sum(map(weights_file_bytes, files)))
+        files = [self._described.path, self.config.draft_path]
+        self.residency.make_room(self, sum(weights_file_bytes(f) for f in files if f is not None))
         try:
             tell_mlx(self.config.memory_limit_bytes)
             hot, working = self.residency.share()

@@ -22,14 +22,38 @@ MISSES = 3  # proposals all rejected in a row before a pause
 LONGEST_PAUSE = 64  # steps
 
 
+class Backoff:
+    """Proposing pauses after MISSES proposals in a row that were all refused: 4 steps, twice as
+    long at each pause after (at most LONGEST_PAUSE), back to 4 once one is accepted. Lookup's
+    per sequence, the draft's (draft.py) for the batch."""
+
+    def __init__(self) -> None:
+        self.misses = 0
+        self.left = 0  # steps left without proposing
+        self.length = 4
+
+    def paused(self) -> bool:
+        """Whether this step proposes nothing (a step of the pause spent)."""
+        if self.left:
+            self.left -= 1
+            return True
+        return False
+
+    def verified(self, accepted: bool) -> None:
+        """A proposal was verified: was any of it accepted?"""
+        self.misses = 0 if accepted else self.misses + 1
+        if self.misses >= MISSES:
+            self.left, self.length, self.misses = self.length, min(2 * self.length, LONGEST_PAUSE), 0
+        elif accepted:
+            self.length = 4
+
+
 class Lookup:
     def __init__(self, history: list[int]) -> None:
         self.history: list[int] = []
         self.seen: dict[tuple[int, ...], int] = {}  # n-gram -> where the token after its latest occurrence is
         self.length = FIRST
-        self.misses = 0
-        self.pause = 0  # steps left without proposing
-        self.pause_length = 4
+        self.backoff = Backoff()
         self.acceptance = Acceptance()
         self.extend(history)
 
@@ -44,8 +68,7 @@ class Lookup:
 
     def propose(self, limit: int) -> list[int]:
         """Up to `limit` tokens that may follow the history (none while paused)."""
-        if self.pause:
-            self.pause -= 1
+        if self.backoff.paused():
             return []
         h = self.history
         for n in NGRAMS:
@@ -63,12 +86,7 @@ class Lookup:
             self.length = min(2 * self.length, MOST)
         else:
             self.length = max(accepted + 1, 2)
-        self.misses = self.misses + 1 if accepted == 0 else 0
-        if self.misses >= MISSES:
-            self.pause, self.pause_length = self.pause_length, min(2 * self.pause_length, LONGEST_PAUSE)
-            self.misses = 0
-        elif accepted:
-            self.pause_length = 4
+        self.backoff.verified(accepted > 0)
 
 
 @dataclass

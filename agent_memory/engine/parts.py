@@ -104,7 +104,7 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
     with its share of the memory limit (engine/residency.py)."""
     p = cfg.precisions
     loaded = load_model(described)
-    draft = load_draft(cfg.draft_path) if cfg.speculation == "draft" else None
+    draft = load_draft(cfg.draft_path)
     layers = ModelLayers(loaded.model)
     p = fitted_groups(p, layers, loaded.name)
     if p.working.quantized and (why := layers.quantized_refusal(p.working)):
@@ -169,7 +169,7 @@ def reload_weights(parts: Parts, cfg: EngineConfig, described: ModelText, workin
     """The weights again, into the memory kept since `unload_weights`."""
     loaded = parts.loaded = load_model(described, parts.loaded.fingerprint)
     parts.layers.attach(loaded.model)
-    parts.draft = load_draft(cfg.draft_path) if cfg.speculation == "draft" else None
+    parts.draft = load_draft(cfg.draft_path)
     parts.batch = decode_batch(cfg.speculation, loaded, parts.layers, parts.precisions, parts.draft)
     parts.prefiller = Prefiller(loaded.model, parts.layers, parts.precisions, parts.store, parts.committer)
     parts.working_budget = working

@@ -97,15 +97,13 @@ class SpeculativeBatch:
         best = mx.argmax(logprobs, axis=-1).tolist() if any(plain) else None  # one evaluation for them all
 
         tokens: list[Token] = []
-        kept, finished, settled, self.verified = [], [], [], []
+        kept, finished, settled = [], [], []
         for i, (r, p) in enumerate(zip(self.rows, proposals)):
             if plain[i]:
                 out = accept_greedy(best[i], p)
             else:
                 out = verify(r.sampler, logprobs[i, : len(p) + 1], p)
             a = len(out) - 1
-            if p:
-                self.verified.append(Verified(r.seq_id, len(p), a))
             if saved[i] is not None and a < len(p):
                 r.grammar.restore(saved[i][a])
             fed = inputs[i][: a + 1]
@@ -120,6 +118,7 @@ class SpeculativeBatch:
             else:
                 r.fed, r.output = out[-1], True
         self.proposer.settle(settled)
+        self.verified = [Verified(s.seq_id, len(s.proposed), s.accepted) for s in settled if s.proposed]
         drop(self.cache, [width - n for n in kept])  # positions past each row's kept ones
         self.width.observe(width * len(self.rows), time.perf_counter() - t0)
         for i, token in finished:
