@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache folder: models and the KV disk tier.")
     hot_budget_mb: int = Field(2048, ge=0, description="Memory for cached KV blocks, in MiB.")
     disk_budget_mb: int = Field(10240, ge=0, description="Disk for cached KV blocks, in MiB.")
+    responses_budget_mb: int | None = Field(None, ge=1, description="Disk (and memory) for stored Responses-API "
+                                            "responses, shared fairly by the tenants, in MiB (default: a tenth of "
+                                            "--disk-budget-mb, at least 16).")
     warm_store: str | None = Field(
         None,
         description="The warm tier in a Redis shared by several servers, redis://HOST:PORT/DB "
@@ -147,6 +150,12 @@ class Settings(BaseSettings):
         None,
         description="A file of 'name key' lines: each key a tenant with its own agents and cached blocks.",
     )
+    seal_key_file: Path | None = Field(
+        None,
+        description="The secret (64 hex digits, mode 0600) that encrypts the reasoning clients send back "
+        "(Responses' encrypted_content, Anthropic's thinking signatures); servers behind one router share "
+        "one (default: <cache-dir>/seal.key, made at first start).",
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -177,10 +186,21 @@ class Settings(BaseSettings):
         return self.cache_dir / "models"
 
     @property
+    def seal_key_path(self) -> Path:
+        """The operator's seal key file, or the one the server makes in its cache folder."""
+        return self.seal_key_file or self.cache_dir / "seal.key"
+
+    @property
     def memory_limit_bytes(self) -> int:
         if self.memory_limit_mb is not None:
             return self.memory_limit_mb << 20
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+
+    @property
+    def responses_budget_bytes(self) -> int:
+        if self.responses_budget_mb is not None:
+            return self.responses_budget_mb << 20
+        return max(self.disk_budget_mb << 20, 160 << 20) // 10
 
     @property
     def api_key_value(self) -> str | None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Soak: faults and load, bounded. Starts its own agent-memory servers on loopback (the tiny
 test model by default, `--model demo` or a model folder) and stops by itself within
-`--minutes`. Five parts, each with a share of the time, each cut short (and saying so) when
+`--minutes`. Six parts, each with a share of the time, each cut short (and saying so) when
 its share runs out:
 
   1. kills      SIGKILL the server at a random moment while agents' turns are being written,
@@ -13,12 +13,15 @@ its share runs out:
   3. full disk  a small tmpfs (root on Linux; else skipped) that a neighbour fills and empties
                 again, in episodes: requests still answer, writes fail and resume, no half
                 files are left (`cache verify`).
-  4. load       N concurrent streaming clients, one agent each, a quarter of them hanging up
+  4. hung Redis a server on a shared warm tier in redis-server, its agents' prompts in memory,
+                and Redis stopped (SIGSTOP) for a while (scripts/soak_redis.py): errors (must be
+                0), hot agents' TTFT without and during the stall, what the log says.
+  5. load       N concurrent streaming clients, one agent each, a quarter of them hanging up
                 after a few tokens: errors, cross-agent mix-ups (each answer must equal that
                 agent's answer on its own, asked after the burst one at a time while time
                 allows; --kv-bits 16, temperature 0), TTFT p50 and p99, sequences left in the
                 engine afterwards.
-  5. memory     the server's RSS before, at the peak of, and after the burst of part 4.
+  6. memory     the server's RSS before, at the peak of, and after the burst of part 4.
 
     .venv/bin/python scripts/bench_soak.py                       # tiny model, 3 minutes at most
     .venv/bin/python scripts/bench_soak.py --minutes 1 --kills 5 --clients 16 --json soak.json
@@ -52,7 +55,7 @@ REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agent-memory/models"  # as `serve` keeps them
 DEMO_MODEL = MODELS / "smollm2-135m-instruct"
 MiB = 1 << 20
-SHARES = {"kills": 0.55, "damage": 0.10, "full_disk": 0.10, "load": 0.25}  # of the time left at each start
+SHARES = {"kills": 0.50, "damage": 0.10, "full_disk": 0.10, "hung_redis": 0.10, "load": 0.20}  # of the time left at each start
 
 DOC = (
     "You keep the logbook of a harbour. Every entry names the ship, the berth, the cargo, the weather, "
@@ -578,6 +581,11 @@ def main() -> None:
         if not clock.over():
             part_full_disk(args, model, work, clock.share("full_disk", parts), figs)
         parts.remove("full_disk")
+        if not clock.over():
+            from soak_redis import part_hung_redis
+
+            part_hung_redis(args, model, work, clock.share("hung_redis", parts), figs)
+        parts.remove("hung_redis")
         if clock.end - time.monotonic() > 20:  # a server start and the burst
             part_load(args, model, work, clock.end, figs)
         else:

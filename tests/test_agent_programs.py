@@ -157,8 +157,8 @@ def test_claude_code_with_a_main_and_a_small_model(models, tmp_path):
         log = server.log()
 
     assert main_turn.stdout.strip() == ANSWER and small_turn.stdout.strip() == ANSWER
-    assert [(r["status"], r["model"]) for r in requests] == [("200", "scripted-answer"), ("200", "fast")]
-    assert "loading fast for a request" in log
+    assert [(r["status"], r["model"]) for r in requests] == [("200", "main"), ("200", "small")]  # as named
+    assert "loading small for a request" in log
 
 
 def test_claude_code_compacts_on_prompt_too_long(tmp_path):

@@ -22,6 +22,7 @@ from agent_memory.api.anthropic import routes as wire
 from agent_memory.api.keepalive import with_keepalive
 from agent_memory.api.anthropic.reply import Reply
 from agent_memory.api.anthropic.schemas import MessagesRequest
+from agent_memory.api.sealing import THINKING, Sealer
 from agent_memory.chat.reader import ReplyReader
 from agent_memory.chat.toolcalls import ToolCallParser
 from agent_memory.engine.requests import Failed, Finished, TextDelta, Usage
@@ -43,6 +44,7 @@ TOOLS = [
 ]
 HI = [{"role": "user", "content": "Tell me about lighthouses."}]
 GREEDY = {"temperature": 0}  # SDK 2.x no longer types temperature/top_p/top_k: extra_body
+SIGN = Sealer(bytes(32)).for_tenant("", THINKING).seal  # a thinking block's signature, for the replies built here
 
 
 def sdk(server: Server, **kw) -> anthropic.Anthropic:
@@ -388,21 +390,25 @@ def test_claude_codes_billing_line_does_not_cost_the_agent_its_cache(server):
 
     # A background request of the same session in between (a title, with a system prompt of its
     # own): an agent of its own, so it does not move the main agent off its conversation.
+    # max_tokens 8 is below any thinking budget Anthropic takes (at least 1024): thinking adaptive.
     title = {**copy.deepcopy(CLAUDE_CODE_V2_1_42), "stream": False, "max_tokens": 8, "tools": None, "tool_choice": None}
+    title["thinking"] = {"type": "adaptive"}
     title["system"] = [title["system"][0], {"type": "text", "text": "Write a 3-word title for this conversation."}]
     assert httpx.post(server.base_url + "/v1/messages", json=with_cch(title, "0aaa9"), timeout=60).status_code == 200
 
     turn2 = with_cch(CLAUDE_CODE_V2_1_42, "1c8b4")  # what Claude Code sends next: a new cch
     turn2["messages"][0]["content"][1].pop("cache_control")
+    # The thinking block as the server signs one (sealed with its key, for the keyless tenant "").
+    signature = Sealer.from_file(server.cache_dir / "seal.key", create=False).seal("I should look.", "", THINKING)
     turn2["messages"] += [
-        {"role": "assistant", "content": [{"type": "thinking", "thinking": "I should look.", "signature": "sig-abc"}, call]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "I should look.", "signature": signature}, call]},
         {
             "role": "user",
             "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": "README.md\nsrc", "cache_control": {"type": "ephemeral"}}],
         },
     ]
     turn2["tool_choice"] = {"type": "auto"}
-    turn2["max_tokens"] = 8
+    turn2["max_tokens"], turn2["thinking"] = 8, {"type": "adaptive"}
     second = message_of(raw_events(server, turn2))
     assert second["usage"]["cache_read_input_tokens"] >= seen - 4, (seen, second["usage"])
 
@@ -457,7 +463,7 @@ def test_claude_code_v2_1_257_system_messages_and_token_counts(server):
 def streamed(events, parser=None, delay: float = 0, **reply) -> tuple[list[tuple[str, dict]], Reply]:
     """The (event, data) a stream sends for scripted engine events (`delay` s before the
     first: a prefill), and the reply it built."""
-    r = Reply("m", parser or ReplyReader(None, None), reply.get("clamped", False), reply.get("prewarm", False))
+    r = Reply("m", parser or ReplyReader(None, None), reply.get("clamped", False), reply.get("prewarm", False), SIGN)
 
     async def engine():
         await asyncio.sleep(delay)
@@ -589,7 +595,7 @@ def test_top_k_keeps_only_the_k_most_likely_tokens():
 def test_a_number_past_a_floats_range_still_makes_a_json_reply():
     """`1e999` is valid JSON a model may write into a call: the tool_use input holds the largest
     float instead of infinity, which no JSON reply can carry (it was a 500)."""
-    reply = Reply("m", ReplyReader(None, ToolCallParser()), False, False)
+    reply = Reply("m", ReplyReader(None, ToolCallParser()), False, False, SIGN)
     reply.feed(TextDelta('<tool_call>\n{"name": "f", "arguments": {"a": 1e999, "b": 2}}\n</tool_call>'))
     reply.feed(Finished("stop", Usage(10, 9)))
     block = reply.message(Finished("stop", Usage(10, 9)))["content"][0]

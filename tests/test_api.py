@@ -21,6 +21,7 @@ def test_health_and_models(server, client):
     assert health["status"] == "ok"
     assert health["kv"] == {"hot": "kv16", "working": "kv16", "disk": "kv16"}  # the fixture's --kv-bits 16
     assert health["warm_tier"]["status"] == "on"
+    assert str(server.cache_dir) not in r.text  # /health needs no key: it names no path
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"]
 
@@ -240,7 +241,7 @@ def test_completion_unsupported_options_are_400(server):
 
 def test_agent_id_too_long_is_400(client):
     with pytest.raises(openai.BadRequestError) as e:
-        chat(client, "Hi", max_tokens=2, extra_body={"prompt_cache_key": "a" * 257})
+        chat(client, "Hi", max_tokens=2, user="a" * 257)  # prompt_cache_key stops at 64, as OpenAI's
     assert "256" in e.value.message
 
 

@@ -34,6 +34,8 @@ def test_a_call_is_checked_against_the_whole_schema():
     assert why({"title": "x", "metadata": {"Not-OK": 1}}) == "pattern at metadata"  # a key named against propertyNames
     assert why({"title": ""}) == "required at (the arguments)"
     assert check_call(ToolCall("c1", "create", '{"title": '), CREATE) is None  # cut off: read as such elsewhere
+    nowhere = {"type": "object", "properties": {"title": {"$ref": "#/$defs/missing"}}}  # refused where it is compiled
+    assert check_call(ToolCall("c1", "create", '{"title": "x"}'), nowhere) is None
 
 
 def test_a_loosened_call_that_fails_its_schema_is_returned_and_said(tmp_path):

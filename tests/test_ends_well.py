@@ -222,3 +222,45 @@ def test_a_schema_whose_shortest_answer_is_long_is_finished_in_time(server):
     answer = server.client().chat.completions.create(**kw, max_tokens=needed + 40)
     assert answer.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(answer.choices[0].message.content), schema)
+
+
+ENDLESS = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}  # no finite instance
+SHORT_LONG = {"type": "string", "minLength": 5, "maxLength": 2}
+CONTRADICTION = {"type": "object", "properties": {"a": SHORT_LONG}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("schema, why", [(ENDLESS, "no finite instance"), (CONTRADICTION, "Unsatisfiable")])
+def test_a_call_that_must_be_made_to_a_tool_no_call_fits_is_a_400_naming_it(server, schema, why):
+    """Required or named, the call could never end (it was a 200 without one for ENDLESS, the
+    engine logging that the grammar refused a token its mask allowed): refused before it runs,
+    naming the tool, on each wire format."""
+    fn = {"name": "chain", "description": "", "parameters": schema}
+
+    def error(path: str, **body) -> dict:
+        r = httpx.post(server.base_url + path, json={"model": "tiny", **body}, timeout=60)
+        assert r.status_code == 400, r.text
+        return r.json()["error"]
+
+    chat = dict(messages=QUESTION, tools=[{"type": "function", "function": fn}], max_tokens=64)
+    errors = [
+        error("/v1/chat/completions", **chat, tool_choice="required"),
+        error("/v1/chat/completions", **chat, tool_choice={"type": "function", "function": {"name": "chain"}}),
+        error("/v1/responses", input=QUESTION, tools=[{"type": "function", **fn}], tool_choice="required"),
+    ]
+    for e in errors:
+        assert e["param"] == "tools.0.parameters" and e["code"] == "invalid_schema"
+    tools = [{"name": "chain", "input_schema": schema}]
+    anthropic = error("/v1/messages", messages=QUESTION, tools=tools, tool_choice={"type": "any"}, max_tokens=64)
+    messages = [e["message"] for e in errors] + [anthropic["message"]]
+    assert all("(tool 'chain')" in m and why in m for m in messages), messages
+
+
+def test_a_schema_that_may_end_its_recursion_is_served(server):
+    """Recursion with a way out (the next link may be null) has finite instances."""
+    link = {"anyOf": [{"$ref": "#"}, {"type": "null"}]}
+    schema = {"type": "object", "properties": {"next": link}, "required": ["next"]}
+    tools = [{"type": "function", "function": {"name": "chain", "description": "", "parameters": schema}}]
+    kw = sample(messages=QUESTION, tools=tools, tool_choice="required", max_tokens=256, seed=1)
+    r = server.client().chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(r.choices[0].message.tool_calls[0].function.arguments), schema)

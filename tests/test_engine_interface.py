@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 from agent_memory.agent_key import AgentKey
 from agent_memory.api.app import create_app
 from agent_memory.api.responses.store import ResponseStore
+from agent_memory.api.sealing import Sealer
 from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
 from agent_memory.engine.requests import Finished, GenerationRequest, Sink, TextDelta, Usage
 
@@ -83,7 +84,7 @@ class FakeEngine(EngineClient):
     def agent(self, key: AgentKey) -> AgentInfo | None:
         return self.known.get(key)
 
-    def totals(self) -> dict[str, int]:
+    def totals(self, tenant: str | None = None) -> dict[str, int]:
         return dict(TOTALS)
 
     def end_agent(self, key: AgentKey) -> Future:
@@ -132,6 +133,7 @@ def serve(engine: FakeEngine, on_load_failure=lambda: None) -> TestClient:
         api_keys={},
         max_waiting=8,
         responses=ResponseStore(None, 1 << 20, engine.end_agent),
+        sealer=Sealer(bytes(32)),
         on_load_failure=on_load_failure,
     )
     return TestClient(app, base_url="http://127.0.0.1:8000")
@@ -303,6 +305,7 @@ def test_two_engines_one_api(facts):
         api_keys={},
         max_waiting=8,
         responses=ResponseStore(None, 1 << 20, first.end_agent),
+        sealer=Sealer(bytes(32)),
         on_load_failure=lambda: None,
     )
     with TestClient(app, base_url="http://127.0.0.1:8000") as client:

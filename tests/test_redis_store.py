@@ -4,8 +4,11 @@ reference counts, and two stores ("servers") handing an agent over."""
 
 from __future__ import annotations
 
+import logging
 import random
+import signal
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,6 +17,7 @@ import pytest
 from agent_memory.agent_key import AgentKey
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.index.write_back import WriteBack
 from agent_memory.memory.warm import blockfile
 from agent_memory.memory.warm.backend import BlockMissing
 from agent_memory.memory.warm.blockfile import BlockFileError
@@ -21,6 +25,7 @@ from agent_memory.memory.warm.records import BlockRecord, Manifest
 from agent_memory.memory.warm.redis_backend import RedisBackend
 from agent_memory.memory.warm.redis_url import check_url, redact
 from agent_memory.memory.warm.tier import WarmTier
+from agent_memory.memory.warm.watch import Skipped
 from agent_memory.precision import KVPrecision
 from tests.services import RedisServer
 from tests.test_disk import BYTES_PER_TOKEN, FINGERPRINT, FakeKV, commit, encode, layout
@@ -347,8 +352,85 @@ def test_a_redis_that_does_not_answer_is_a_degraded_tier_not_a_failure(tmp_path)
     commit(store, "a", list(range(6)))
     disk.flush()
     assert disk.write_error and disk.failed_jobs >= 1
-    future = store.sync.discover(AgentKey("a"), list(range(9)), None)
-    assert future is not None and future.exception(timeout=30) is not None
-    store.sync.apply()  # a miss, said in the log; the request is served from memory
-    assert store.lookup(list(range(6)) + [1]).end == 6
+    assert disk.watch.skipped  # after its first failure: nothing waits for it any more
+    assert store.sync.discover(AgentKey("a"), list(range(9)), None) is None
+    assert isinstance(disk.read_block(store.pool.blocks[store.agents[AgentKey("a")].blocks[0]]).exception(), Skipped)
+    assert store.lookup(list(range(6)) + [1]).end == 6  # served from memory
     disk.close()
+
+
+# -- a hung Redis, a Redis that lost its data ----------------------------------------------------
+
+
+def wait_for(condition, what: str, limit: float = 30.0) -> None:
+    """Poll a condition the writer's watch brings about (every RETRY_S or WATCH_S)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {limit:.0f} s: {what}"
+        time.sleep(0.1)
+
+
+def test_a_hung_redis_is_skipped_until_it_answers_then_gets_what_it_missed(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    with RedisServer(tmp_path / "redis") as redis_server:
+        ns = "hung-0123456789ab-kv16"
+        store, disk = server(redis_server.url, ns)
+        WriteBack(store, disk, lambda call: call(), encode)
+        commit(store, "hot", list(range(9)))
+        disk.flush()
+        redis_server.proc.send_signal(signal.SIGSTOP)
+        try:
+            waited = store.sync.discover(AgentKey("hot"), list(range(12)), None)
+            left = store.sync.discover(AgentKey("left"), list(range(6)), None)  # queued behind it
+            store.sync.drop(left)  # its client left: the question is dropped, never asked
+            assert left.done() and [d.future.cancelled() for d in store.sync._discoveries] == [False, True]
+            waited.exception(timeout=30)  # done without an answer: the request goes on from memory
+            wait_for(lambda: disk.watch.skipped, "skipped once a call got no answer")
+            assert store.sync.discover(AgentKey("hot"), list(range(12)), None) is None  # nothing waits now
+            store.sync.apply()
+            assert store.lookup(list(range(12))).end == 9
+            commit(store, "hot", list(range(12)))  # a turn while it is skipped: its writes fail at once
+            disk.flush()
+            assert disk.failed_jobs >= 2
+        finally:
+            redis_server.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: not disk.watch.skipped, "used again once it answers")
+        disk.flush()
+        # What it missed was written back: another server finds the agent's latest turn there.
+        b, disk_b = server(redis_server.url, ns)
+        discover(b, "hot", list(range(12)) + [5])
+        assert b.agents[AgentKey("hot")].tokens == list(range(12))
+        lease = b.lookup(list(range(12)) + [5])
+        assert lease.end == 12 and all(s.block.tier is Tier.WARM for s in lease.segments)
+        for s in lease.segments:
+            assert disk_b.read_block(s.block).result()["k"].tolist() == list(s.block.tokens)
+        disk.close()
+        disk_b.close()
+    assert "did not answer" in caplog.text and "skipped until it answers again" in caplog.text
+    assert "answers again after" in caplog.text
+
+
+def test_a_redis_that_lost_its_data_gets_back_what_this_server_holds(redis_url, ns, caplog):
+    caplog.set_level(logging.INFO)
+    a, disk_a = server(redis_url, ns)
+    WriteBack(a, disk_a, lambda call: call(), encode)
+    commit(a, "kept", list(range(10)))
+    disk_a.flush()
+    backend = disk_a.backend
+    before = manifests(backend)
+    assert [m.key.id for m in before] == ["kept"]
+    for key in [*backend.client.scan_iter(match=f"am:{{{ns}}}:*"), *backend.client.scan_iter(match=f"am:{ns}:*")]:
+        backend.client.delete(key)  # as FLUSHALL does to this namespace (other tests share this Redis)
+    wait_for(lambda: manifests(backend), "the manifest written back")
+    disk_a.flush()
+    assert manifests(backend)[0].blocks == before[0].blocks and backend.client.get(backend.model_key)
+    check_refs(backend)
+    b, disk_b = server(redis_url, ns)
+    discover(b, "kept", list(range(10)) + [1])
+    lease = b.lookup(list(range(10)) + [1])
+    assert lease.end == 10 and all(s.block.tier is Tier.WARM for s in lease.segments)
+    for s in lease.segments:
+        assert disk_b.read_block(s.block).result()["k"].tolist() == list(s.block.tokens)
+    assert "lost its data" in caplog.text and "writing back 4 blocks and 1 manifests" in caplog.text
+    disk_a.close()
+    disk_b.close()

@@ -431,8 +431,9 @@ def test_reasoning_comes_back_from_encrypted_content_alone(thinking_server):
         thinking_server, "qwen3_5", MESSAGES + [turn, *tool_results(turn)]
     )
     damaged = {**items[1], "encrypted_content": thought.encrypted_content[:-4] + "AAAA"}
-    third = client.responses.create(input=[items[0], damaged, *items[2:]], instructions=MESSAGES[0]["content"], **ask)
-    assert third.status == "completed"  # a damaged one is no reasoning, not an error
+    with pytest.raises(openai.BadRequestError) as refused:  # refused, as OpenAI does, not dropped
+        client.responses.create(input=[items[0], damaged, *items[2:]], instructions=MESSAGES[0]["content"], **ask)
+    assert refused.value.body["param"] == "input.1.encrypted_content"
 
 
 @pytest.mark.parametrize(

@@ -88,3 +88,144 @@ def test_header_agent_ids_are_read_as_utf8(server):
     assert agent in ids
     bad = _post(server, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, {"X-Agent-Id": b"\xff\xfe"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Agent-Id"
+
+
+HI = [{"role": "user", "content": "hi"}]
+CHAT, MESSAGES, RESPONSES = "/v1/chat/completions", "/v1/messages", "/v1/responses"
+SMALLEST = {  # each route's smallest valid body
+    CHAT: {"messages": HI, "max_tokens": 2},
+    "/v1/completions": {"prompt": "hi", "max_tokens": 2},
+    MESSAGES: {"model": "tiny", "messages": HI, "max_tokens": 2},
+    RESPONSES: {"input": "hi", "max_output_tokens": 2},
+}
+
+
+def _named(r: httpx.Response) -> str:
+    """What a 400 names: OpenAI's `param`, or the start of Anthropic's message (its field)."""
+    assert r.status_code == 400, r.text
+    body = r.json()
+    if "type" in body:  # Anthropic's shape: the message names the field
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        return body["error"]["message"].split(":")[0]
+    assert body["error"]["type"] == "invalid_request_error"
+    return body["error"]["param"]
+
+
+@pytest.mark.parametrize("path", [CHAT, MESSAGES, RESPONSES])
+def test_a_lone_surrogate_in_a_key_is_400_and_the_connection_serves_on(server, path):
+    """The key itself is not valid Unicode: the error quotes it escaped (it was a 500, raised
+    while writing the error, and the keep-alive connection was closed under the client)."""
+    with server.http() as http:
+        bad = {**SMALLEST[path], "metadata": {"\ud800": "v"}}
+        r = http.post(path, content=json.dumps(bad).encode(), headers={"content-type": "application/json"})
+        assert _named(r) == "metadata.\\ud800"
+        if path != MESSAGES:
+            assert r.json()["error"]["code"] == "invalid_unicode"
+        assert http.post(path, json=SMALLEST[path]).status_code == 200
+    assert _healthy(server)
+
+
+TOOL_RESULT = {"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"}
+TOOL_MESSAGE = {"role": "tool", "content": "x"}
+THINKING = {"type": "enabled"}
+
+
+def _calls_then(result: dict) -> list[dict]:
+    """A chat history with one tool call (id call_1), then `result`."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    return [*HI, {"role": "assistant", "content": None, "tool_calls": [call]}, result]
+
+
+@pytest.mark.parametrize(
+    "path, change, named",
+    [
+        # content that says nothing
+        (CHAT, {"messages": [{"role": "user", "content": []}]}, "messages.0.content"),
+        (CHAT, {"messages": [{"role": "user", "content": ""}]}, "messages.0.content"),
+        (CHAT, {"messages": [{"role": "system", "content": []}, *HI]}, "messages.0.content"),
+        (MESSAGES, {"messages": [{"role": "user", "content": []}]}, "messages.0.content"),
+        (MESSAGES, {"messages": [{"role": "user", "content": ""}]}, "messages.0.content"),
+        (RESPONSES, {"input": ""}, "input"),
+        (RESPONSES, {"input": [{"role": "user", "content": []}]}, "input.0.content"),
+        (RESPONSES, {"input": [{"role": "user", "content": ""}]}, "input.0.content"),
+        # a result for a call never made
+        (CHAT, {"messages": [*HI, {**TOOL_MESSAGE, "tool_call_id": "call_9"}]}, "messages.1.tool_call_id"),
+        (CHAT, {"messages": [*HI, TOOL_MESSAGE]}, "messages.1.tool_call_id"),
+        (CHAT, {"messages": _calls_then({**TOOL_MESSAGE, "tool_call_id": "call_9"})}, "messages.2.tool_call_id"),
+        (MESSAGES, {"messages": [{"role": "user", "content": [TOOL_RESULT]}]}, "messages.0.content.0"),
+        (
+            RESPONSES,
+            {"input": [*HI, {"type": "function_call_output", "call_id": "call_9", "output": "x"}]},
+            "input.1.call_id",
+        ),
+        # lax coercion: a string or a boolean is no number, and "yes" no boolean
+        (CHAT, {"max_tokens": "10"}, "max_tokens"),
+        (CHAT, {"max_tokens": True}, "max_tokens"),
+        (CHAT, {"stream": "yes"}, "stream"),
+        (CHAT, {"temperature": "1"}, "temperature"),
+        ("/v1/completions", {"max_tokens": "10"}, "max_tokens"),
+        (MESSAGES, {"max_tokens": "10"}, "max_tokens"),
+        (MESSAGES, {"max_tokens": True}, "max_tokens"),
+        (MESSAGES, {"stream": "yes"}, "stream"),
+        (RESPONSES, {"max_output_tokens": "10"}, "max_output_tokens"),
+        (RESPONSES, {"max_output_tokens": True}, "max_output_tokens"),
+        (RESPONSES, {"stream": "yes"}, "stream"),
+        # a thinking budget Anthropic refuses: at least 1024, less than max_tokens
+        (MESSAGES, {"thinking": {**THINKING, "budget_tokens": 0}}, "thinking.budget_tokens"),
+        (MESSAGES, {"thinking": {**THINKING, "budget_tokens": -5}}, "thinking.budget_tokens"),
+        (MESSAGES, {"thinking": {**THINKING, "budget_tokens": 10**15}}, "thinking.budget_tokens"),
+        (MESSAGES, {"thinking": {**THINKING, "budget_tokens": 1024}, "max_tokens": 1024}, "thinking.budget_tokens"),
+        (MESSAGES, {"thinking": THINKING}, "thinking.budget_tokens"),
+        # OpenAI's cap on prompt_cache_key
+        (RESPONSES, {"prompt_cache_key": "k" * 10_000}, "prompt_cache_key"),
+        (CHAT, {"prompt_cache_key": "k" * 65}, "prompt_cache_key"),
+    ],
+)
+def test_what_the_reference_apis_refuse_is_400_naming_the_field(server, path, change, named):
+    r = httpx.post(server.base_url + path, json={**SMALLEST[path], **change}, timeout=60)
+    assert _named(r) == named
+
+
+@pytest.mark.parametrize(
+    "path, change, code",
+    [
+        (CHAT, {"max_tokens": True}, "invalid_type"),
+        (RESPONSES, {"stream": "yes"}, "invalid_type"),
+        (RESPONSES, {"prompt_cache_key": "k" * 65}, "string_above_max_length"),
+    ],
+)
+def test_openais_codes_say_what_is_wrong_with_the_value(server, path, change, code):
+    r = httpx.post(server.base_url + path, json={**SMALLEST[path], **change}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == code
+
+
+@pytest.mark.parametrize(
+    "path, change",
+    [
+        (CHAT, {"prompt_cache_key": "k" * 64}),
+        (RESPONSES, {"prompt_cache_key": "k" * 64}),
+        (CHAT, {"messages": _calls_then({"role": "tool", "tool_call_id": "call_1", "content": ""})}),
+        # an empty assistant turn (a reply that wrote nothing, resent) is taken
+        (MESSAGES, {"messages": [*HI, {"role": "assistant", "content": []}, {"role": "user", "content": "and?"}]}),
+        (CHAT, {"messages": [*HI, {"role": "assistant", "content": ""}, {"role": "user", "content": "and?"}]}),
+        (CHAT, {"temperature": 1, "max_tokens": 2}),  # an integer is a number
+    ],
+)
+def test_what_the_reference_apis_take_is_served(server, path, change):
+    r = httpx.post(server.base_url + path, json={**SMALLEST[path], **change}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    "item, named",
+    [
+        ({"type": "reasoning", "content": 5}, "input.0.content"),
+        ({"type": "reasoning", "content": "a thought"}, "input.0.content"),
+        ({"type": "reasoning", "summary": 5}, "input.0.summary"),
+        ({"type": "reasoning", "summary": ["a thought"]}, "input.0.summary.0"),
+    ],
+)
+def test_a_reasoning_item_whose_parts_are_no_list_is_400_naming_them(server, item, named):
+    body = {"input": [item, {"role": "user", "content": "hi"}], "max_output_tokens": 2}
+    assert _named(httpx.post(server.base_url + RESPONSES, json=body, timeout=60)) == named
+    assert _healthy(server)

@@ -212,6 +212,92 @@ def test_an_agent_ended_through_a_server_that_does_not_hold_it_leaves_the_tier(c
     assert r.choices[0].message.content
 
 
+def wait_for(condition, what: str, limit: float = 30.0) -> None:
+    """Poll what a server's watch of Redis brings about (it checks every 1-5 s)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {limit:.0f} s: {what}"
+        time.sleep(0.2)
+
+
+def test_a_hung_redis_holds_up_no_agent_whose_prompt_is_in_memory(cluster, redis):
+    """Redis stopped (SIGSTOP, as a hung host) under eight agents for two turns each: six whose
+    prompts are in their server's memory, two arriving on a server that never saw them. Every
+    turn is answered within the client's timeout, as a server without any cache answers it; the
+    hot ones from memory, the others recomputed. Once Redis answers again, what the server could
+    not write meanwhile is written back: another server reads a hot agent warm."""
+    (a, b, c), fresh = cluster
+    hot = [f"hung-{i}" for i in range(6)]
+    cold = ["hung-cold-0", "hung-cold-1"]
+    replies: dict[str, list[str]] = {agent: [] for agent in hot + cold}
+
+    def turn(agent: str, server: Server):
+        msgs = messages(agent, replies[agent])
+        return msgs, ask(server.client(timeout=30), msgs, agent)
+
+    def round_on(server_of) -> list:
+        with ThreadPoolExecutor(8) as pool:
+            done = list(pool.map(lambda agent: (agent, *turn(agent, server_of(agent))), hot + cold))
+        for agent, _, r in done:
+            replies[agent].append(r.choices[0].message.content)
+        return done
+
+    round_on(lambda agent: a if agent in hot else b)
+    settle()
+    redis.proc.send_signal(signal.SIGSTOP)
+    try:
+        for n in range(2):
+            for agent, msgs, r in round_on(lambda agent: a):
+                assert r.choices[0].message.content == fresh_answer(fresh, msgs)
+                hot_tokens, warm_tokens = tiers(r)
+                assert warm_tokens == 0
+                if agent in hot or n:
+                    assert hot_tokens >= r.usage.prompt_tokens - 32, (agent, n, hot_tokens, r.usage.prompt_tokens)
+        assert httpx.get(a.base_url + "/health").json()["warm_tier"]["status"] == "degraded"
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: "answers again after" in a.log(), "the server uses Redis again")
+    for server in (a, b, c):  # each server's own watch finds Redis back
+        wait_for(lambda: httpx.get(server.base_url + "/health").json()["warm_tier"]["status"] == "on", "/health on")
+    assert "did not answer" in a.log() and "skipped until it answers again" in a.log()
+    settle()
+    msgs = messages(hot[0], replies[hot[0]])
+    r = ask(c.client(), msgs, hot[0])  # its turns while Redis hung, written back: warm elsewhere
+    hot_tokens, warm_tokens = tiers(r)
+    assert warm_tokens > 0 and hot_tokens + warm_tokens >= r.usage.prompt_tokens - 32, (hot_tokens, warm_tokens)
+    assert r.choices[0].message.content == fresh_answer(fresh, msgs)
+
+
+def test_a_redis_that_lost_its_data_gets_the_agents_back_from_their_servers(cluster, redis):
+    """FLUSHALL (as a restart without persistence): each server writes back the blocks and
+    manifests of the agents it holds, and another server reads such an agent warm."""
+    (a, b, c), fresh = cluster
+    first = ask(a.client(), messages("flushed", []), "flushed")
+    settle()
+    written = _blocks_of(redis, "flushed")
+    assert written
+    redis.client().flushall()
+
+    def back() -> bool:
+        try:
+            return _blocks_of(redis, "flushed") == written
+        except ValueError:  # no model key yet: no namespace
+            return False
+
+    wait_for(back, "the agent's manifest written back")
+    settle()
+    blocks = set(namespace_keys(redis, "b"))
+    assert all(any(k.endswith(h) for k in blocks) for h in written)  # every block with it
+    refs, named = reference_counts(redis)
+    assert refs == named
+    assert "lost its data" in a.log() and "writing back" in a.log()
+    msgs = messages("flushed", [first.choices[0].message.content])
+    r = ask(b.client(), msgs, "flushed")
+    hot_tokens, warm_tokens = tiers(r)
+    assert warm_tokens > 0 and hot_tokens + warm_tokens >= r.usage.prompt_tokens - 32, (hot_tokens, warm_tokens)
+    assert r.choices[0].message.content == fresh_answer(fresh, msgs)
+
+
 def test_haproxy_routes_agents_and_a_killed_servers_agents_come_back_warm(cluster, tmp_path):
     """The end-to-end run: HAProxy over the three servers, nine agents of four turns each;
     one server is killed (SIGKILL) while turns are in flight. Every turn is answered (the

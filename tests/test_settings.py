@@ -25,6 +25,7 @@ VALUES = {
     "cache_dir": ("/tmp/am-file", "/tmp/am-env", "/tmp/am-flag"),
     "hot_budget_mb": (11, 12, 13),
     "disk_budget_mb": (21, 22, 23),
+    "responses_budget_mb": (31, 32, 33),
     "warm_store": ("redis://file:6379/0", "redis://env:6379/1", "rediss://flag:6380/2"),
     "kv_bits": (8, 16, 8),
     "kv_group_size": (32, 128, 32),
@@ -42,6 +43,7 @@ VALUES = {
     "log_agent_ids": (True, False, True),
     "api_keys_file": ("/tmp/keys-file", "/tmp/keys-env", "/tmp/keys-flag"),
     "trace_file": ("/tmp/trace-file", "/tmp/trace-env", "/tmp/trace-flag"),
+    "seal_key_file": ("/tmp/seal-file", "/tmp/seal-env", "/tmp/seal-flag"),
 }
 
 

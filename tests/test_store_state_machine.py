@@ -62,6 +62,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.running: list[Running] = []
         self.ended: set[AgentKey] = set()
         self.namespace_of: dict[str, str | None] = {}  # block hash -> the root it was named under
+        self.tenant_of: dict[str | None, str] = {}  # root -> the tenant whose namespace it is
 
     def _root(self, agent, salt: str = "") -> str | None:
         return self.store.names.root(namespace(agent.tenant if agent else "", salt))
@@ -73,9 +74,11 @@ class StoreMachine(RuleBasedStateMachine):
         def take():
             return FakeKV(()), SNAPSHOT_BYTES
 
-        root = self._root(agent, salt)
-        persist = self.store.commit(agent, tokens, cut, root, take if snapshot and self.store.state_layers else None)
+        root, tenant = self._root(agent, salt), agent.tenant if agent else ""
+        taker = take if snapshot and self.store.state_layers else None
+        persist = self.store.commit(agent, tokens, cut, root, taker, tenant=tenant)
         self.namespace_of.update({h: root for h, *_ in self.store.names.chain(tokens, root)})
+        self.tenant_of[root] = tenant
         if persist.snapshot is not None:
             self.namespace_of[persist.snapshot] = root
             if agent is None:  # taken for no agent, it is pinned until its sequence ends: it has
@@ -213,6 +216,12 @@ class StoreMachine(RuleBasedStateMachine):
             assert b.refs or b.pins or b.tier is Tier.HOT, "an unreferenced block outside memory"
             assert b.snapshot or h in pool.children[b.parent]
         assert sum(len(c) for c in pool.children.values()) == len(pool) - len(snapshots)
+        # Every block counts for the tenant whose namespace named it, and the tenants' totals
+        # (what their eviction shares are reckoned on) add up to the server's.
+        assert all(b.tenant == self.tenant_of[self.namespace_of[h]] for h, b in pool.blocks.items())
+        tenants = [store.totals(t) for t in {b.tenant for b in pool.blocks.values()} | {a.tenant for a in store.agents}]
+        assert sum(t["hot_bytes"] for t in tenants) == pool.hot_bytes
+        assert sum(t["agents"] for t in tenants) == len(store.agents)
         # 4: ended agents are gone.
         assert not (self.ended & set(store.agents))
         # 5: blocks pinned by running sequences stay hot.

@@ -289,6 +289,30 @@ def test_an_unenforceable_tool_schema(server, choice):
     assert "propertyNames" in error["message"] and "\n" not in error["message"] and "%json" not in error["message"]
 
 
+@pytest.mark.parametrize(
+    "ref, said",
+    [
+        ("#/$defs/city", "its $ref '#/$defs/city' points to nothing in the schema"),
+        ("https://example.com/city.json", "its $ref 'https://example.com/city.json' is outside the schema"),
+    ],
+)
+def test_a_ref_that_leads_nowhere_is_said_in_plain_words(server, ref, said):
+    parameters = {"type": "object", "properties": {"city": {"$ref": ref}}}
+    r = httpx.post(
+        server.base_url + "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "tools": [{"type": "function", "function": {"name": "weather", "parameters": parameters}}],
+        },
+        timeout=60,
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tools.0.parameters" and said in error["message"], error
+    assert "registry" not in error["message"] and "Pointer" not in error["message"]  # not the resolver's words
+
+
 def test_loosen_drops_only_what_cannot_be_enforced():
     from agent_memory.chat.loosen import loosen
 

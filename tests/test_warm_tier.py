@@ -136,10 +136,12 @@ def test_damaged_or_foreign_files_are_misses_and_quarantined(tiny_model, tmp_pat
 
 def test_agent_ids_never_become_paths(tiny_model, tmp_path):
     cache = tmp_path / "cache"
-    hostile = ["../../outside", "/etc/passwd", "a/../../b", "..", "con", "x" * 256, "名前\n\t", "%2e%2e%2f"]
+    hostile = ["../../outside", "/etc/passwd", "a/../../b", "..", "con", "x" * 256, "名前 :*?<>|\\", "%2e%2e%2f"]
     with Server(tiny_model, cache) as s:
-        for agent in hostile:
-            ask(s.client(), [{"role": "user", "content": "hi"}], agent, max_tokens=2)
+        for agent in hostile:  # as `user`: prompt_cache_key stops at 64 characters, as OpenAI's does
+            s.client().chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0, user=agent
+            )
         listed = {a["id"] for a in httpx.get(s.base_url + "/v1/agents").json()["data"]}
         assert listed == set(hostile)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]

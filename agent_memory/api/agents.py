@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Depends, Request
+from starlette.convertors import PathConvertor, register_url_convertor
 
-from agent_memory.agent_key import AgentKey
+from agent_memory.agent_key import AgentKey, shown_id
+from agent_memory.api.agent_ids import refusal
 from agent_memory.api.errors import APIError
 from agent_memory.api.pipeline import tenant
 from agent_memory.api.state import ServedModel, ServerState, ready_state
@@ -16,9 +18,20 @@ from agent_memory.engine.protocol import AgentInfo
 router = APIRouter()
 
 
+class AgentIdConvertor(PathConvertor):
+    """The rest of the path, line breaks included (`path`'s `.*` stops at one, so an id holding
+    one, from an older version, met the router's bare 404 and could not be deleted)."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("agent_id", AgentIdConvertor())
+
+
 def agent_dict(info: AgentInfo, model: str) -> dict:
     return {
         "id": info.id,
+        "display_id": shown_id(info.id),  # what people see: escaped where it would hide a character
         "object": "agent",
         "model": model,  # the served model whose memory it is: an agent of two models is two
         "tokens": info.tokens,
@@ -37,22 +50,22 @@ def agent_dict(info: AgentInfo, model: str) -> dict:
 
 @router.get("/v1/agents")
 async def list_agents(request: Request, state: ServerState = Depends(ready_state)) -> dict:
-    """The caller's tenant's agents (with one key or none: every agent)."""
+    """The caller's tenant's agents (with one key or none: every agent), and the totals the
+    caller may see: the operator's (tenant "") the server's, a tenant's its own (its bytes and
+    blocks against the budgets it shares fairly with the other tenants)."""
     own = tenant(request)
     data = [
         agent_dict(info, model.id)
         for model in state.models.values()
         for info in await asyncio.to_thread(model.engine.agents, own)
     ]
-    if own:  # the server's totals are the shared namespace's to see, not a tenant's
-        return {"object": "list", "data": data}
-    per_model = {model.id: await asyncio.to_thread(model.engine.totals) for model in state.models.values()}
+    per_model = {model.id: await asyncio.to_thread(model.engine.totals, own or None) for model in state.models.values()}
     loaded = {model.id: model.engine.health().loaded for model in state.models.values()}
     models = [{"id": model_id, "loaded": loaded[model_id], **totals} for model_id, totals in per_model.items()]
     return {"object": "list", "data": data, **_added(per_model.values()), "models": models}
 
 
-@router.get("/v1/agents/{agent_id:path}")
+@router.get("/v1/agents/{agent_id:agent_id}")
 async def get_agent(
     agent_id: str, request: Request, model: str | None = None, state: ServerState = Depends(ready_state)
 ) -> dict:
@@ -62,10 +75,10 @@ async def get_agent(
         info = await asyncio.to_thread(model.engine.agent, key)
         if info is not None:
             return agent_dict(info, model.id)
-    raise APIError(404, f"no agent '{agent_id}'", param="agent_id", code="agent_not_found")
+    raise _not_found(agent_id)
 
 
-@router.delete("/v1/agents/{agent_id:path}")
+@router.delete("/v1/agents/{agent_id:agent_id}")
 async def delete_agent(
     agent_id: str, request: Request, model: str | None = None, state: ServerState = Depends(ready_state)
 ) -> dict:
@@ -74,8 +87,15 @@ async def delete_agent(
     key = AgentKey(agent_id, tenant(request))
     ended = [await asyncio.wrap_future(m.engine.end_agent(key)) for m in _models(state, model)]
     if not any(ended):
-        raise APIError(404, f"no agent '{agent_id}'", param="agent_id", code="agent_not_found")
+        raise _not_found(agent_id)
     return {"id": agent_id, "object": "agent.deleted", "deleted": True}
+
+
+def _not_found(agent_id: str) -> APIError:
+    """A 404; a 400 for an id no request may name any more (one an older version stored is
+    still shown and deleted by its id)."""
+    error = refusal(agent_id, "agent_id")
+    return error or APIError(404, f"no agent '{shown_id(agent_id)}'", param="agent_id", code="agent_not_found")
 
 
 def _models(state: ServerState, named: str | None) -> list[ServedModel]:

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -17,18 +17,21 @@ from agent_memory import __version__
 from agent_memory.api import agents, dashboard, errors
 from agent_memory.api.access_log import AccessLogMiddleware
 from agent_memory.api.anthropic import routes as anthropic
-from agent_memory.api.errors import ErrorShapes
+from agent_memory.api.errors import APIError, ErrorShapes
 from agent_memory.api.exported import exported
 from agent_memory.api.middleware import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware, RequestIdMiddleware
 from agent_memory.api.openai import routes as openai
+from agent_memory.api.pipeline import tenant
 from agent_memory.api.responses import routes as responses_api
 from agent_memory.api.responses.store import ResponseStore
+from agent_memory.api.sealing import Sealer
 from agent_memory.api.state import ServedModel, ServerState
 from agent_memory.engine.protocol import EngineClient, Health
 
 log = logging.getLogger(__name__)
 
 WIRE_FORMATS = (openai, anthropic, responses_api)  # each: its `router` and the `ERROR_SHAPES` it claims
+OPERATOR_ONLY = "/metrics shows every tenant's figures: only the operator's key (--api-key) may read it"
 
 
 def create_app(
@@ -39,6 +42,7 @@ def create_app(
     api_keys: dict[str, str],
     max_waiting: int,
     responses: ResponseStore,
+    sealer: Sealer,
     log_agent_ids: bool = False,
     on_load_failure: Callable[[], None],
 ) -> FastAPI:
@@ -65,11 +69,13 @@ def create_app(
             await asyncio.to_thread(engine.stop)
         for model in state.models.values():
             model.tokenizer_pool.shutdown()
+            model.render_pool.shutdown()
         responses.close()
 
     app = FastAPI(title="agent-memory", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
     app.state.responses = responses  # the Responses routes' store (responses/routes.stored_responses)
+    app.state.sealer = sealer  # seals reasoning handed to clients (sealing.request_sealer)
     shapes = ErrorShapes({prefix: shape for wire in WIRE_FORMATS for prefix, shape in wire.ERROR_SHAPES.items()})
     errors.install(app, shapes)
     for wire in WIRE_FORMATS:
@@ -81,18 +87,30 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        """The first engine not ok answers (503); else the first's kv and warm tier, and which
-        models are loaded now."""
+        """The first engine loading or failed answers (503); else the kv and warm tier of the
+        first model that serves, and which models are loaded now. A model whose weights cannot
+        be loaded makes it `degraded`, with why (200: the others serve); every model so, 503."""
         answers = {model_id: engine.health() for model_id, engine in engines.items()}
-        failed = next((h for h in answers.values() if not h.ok), None)
+        unavailable = {model_id: h.message for model_id, h in answers.items() if h.status == "unavailable"}
+        why = "; ".join(f"the model {model_id} cannot be loaded: {m}" for model_id, m in unavailable.items())
+        failed = next((h for h in answers.values() if not h.ok and h.status != "unavailable"), None)
+        if failed is None and len(unavailable) == len(answers):
+            failed = Health("error", why)
         if failed is not None:
             return _health_response(failed)
-        first = next(iter(answers.values()))
-        models = [{"id": model_id, "loaded": h.loaded} for model_id, h in answers.items()]
-        return {"status": "ok", "kv": first.kv, "warm_tier": first.warm_tier, "models": models}
+        first = next(h for h in answers.values() if h.ok)
+        models = [
+            {"id": model_id, "loaded": h.loaded, **({"unavailable": h.message} if model_id in unavailable else {})}
+            for model_id, h in answers.items()
+        ]
+        status = {"status": "degraded", "message": why} if unavailable else {"status": "ok"}
+        return {**status, "kv": first.kv, "warm_tier": first.warm_tier, "models": models}
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        """Every tenant's figures: the operator's to see (tenant "": --api-key, or no key at all)."""
+        if tenant(request):
+            raise APIError(403, OPERATOR_ONLY, code="operator_only")
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     # Added last runs first: request id, access log, Host, key, body size.

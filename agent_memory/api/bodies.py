@@ -13,6 +13,18 @@ from pydantic_core import PydanticCustomError
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def printable(text: str) -> str:
+    """`text` with each lone surrogate written as its escape (\\ud800): what an error may
+    quote of a request, since a surrogate cannot be encoded as UTF-8 into a reply or a log."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def field_error(param: str, why: str) -> PydanticCustomError:
+    """A 400 naming `param` (a dotted path: messages.2.content), raised from a validator that
+    sees more than the one field: a body's, or a message's."""
+    return PydanticCustomError("invalid_field", "{param}: {why}", {"param": param, "why": why})
+
+
 def invalid_text_path(value: Any, path: tuple = ()) -> tuple | None:
     """The path of the first string (key or value) that is not valid Unicode: JSON lets a
     client send a lone surrogate escape ("\\ud800"), which no tokenizer or file name takes."""
@@ -45,7 +57,7 @@ class RequestBody(BaseModel):
     def valid_unicode(cls, data: Any) -> Any:
         path = invalid_text_path(data)
         if path is not None:
-            param = ".".join(str(p) for p in path)
+            param = printable(".".join(str(p) for p in path))  # a key may be the surrogate
             raise PydanticCustomError("invalid_unicode", "{param}: not valid Unicode text", {"param": param})
         return data
 
@@ -60,3 +72,4 @@ class RequestBody(BaseModel):
 
 
 TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+PROMPT_CACHE_KEY = 64  # the longest prompt_cache_key OpenAI takes (an agent id sent otherwise: 256)

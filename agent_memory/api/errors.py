@@ -12,6 +12,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from agent_memory.api.bodies import printable
+from agent_memory.engine.requests import MODEL_UNAVAILABLE, Failed
+
 log = logging.getLogger(__name__)
 
 ERROR_TYPES = {
@@ -21,6 +24,16 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     503: "service_unavailable",
+}
+# A validation error's kind -> the `code` OpenAI answers it with (else invalid_value).
+ERROR_CODES = {
+    "invalid_unicode": "invalid_unicode",
+    "unsupported_field": "unsupported_parameter",
+    "int_type": "invalid_type",
+    "float_type": "invalid_type",
+    "bool_type": "invalid_type",
+    "string_type": "invalid_type",
+    "string_too_long": "string_above_max_length",
 }
 
 
@@ -37,6 +50,14 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
+
+
+def failure(event: Failed) -> APIError:
+    """A failed request's error. A model that cannot be loaded is a 500 (the fault is the
+    server's, not the request's) that tells the OpenAI and Anthropic SDKs not to retry, as they
+    would any 5xx, with `x-should-retry: false` and no Retry-After: no retry mends it."""
+    headers = {"x-should-retry": "false"} if event.code == MODEL_UNAVAILABLE else None
+    return APIError(event.status, event.message, code=event.code, headers=headers)
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -65,6 +86,7 @@ class ErrorShapes:
         self, path: str, status: int, message: str, param: str | None = None, code: str | None = None
     ) -> tuple[int, dict]:
         """(status, body) of an error on `path`, in the shape of the wire format that path is."""
+        message, param = printable(message), None if param is None else printable(param)
         for prefix, shape in self.claims.items():
             if path == prefix or path.startswith(prefix + "/"):
                 return shape(status, message, param, code)
@@ -80,7 +102,7 @@ class ErrorShapes:
 def _describe(err: dict) -> tuple[str, str | None]:
     """One readable sentence and the dotted parameter path from a pydantic error."""
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
-    if err.get("type") in ("invalid_unicode", "unsupported_field"):
+    if err.get("type") in ("invalid_unicode", "unsupported_field", "invalid_field"):
         return err["msg"], err["ctx"]["param"]
     if err.get("type") == "unknown_tool":
         return err["msg"], "tool_choice"
@@ -96,7 +118,7 @@ def _describe(err: dict) -> tuple[str, str | None]:
 
 def _note(request: Request, message: str) -> None:
     """Why the request failed, for its access log line (api/access_log.py)."""
-    request.scope.setdefault("state", {})["error"] = message
+    request.scope.setdefault("state", {})["error"] = printable(message)
 
 
 def install(app: FastAPI, shapes: ErrorShapes) -> None:
@@ -114,8 +136,7 @@ def install(app: FastAPI, shapes: ErrorShapes) -> None:
         errors = exc.errors()
         message, param = _describe(errors[0]) if errors else ("invalid request", None)
         kind = errors[0].get("type") if errors else None
-        code = {"invalid_unicode": "invalid_unicode", "unsupported_field": "unsupported_parameter"}.get(kind)
-        code = code or ("invalid_value" if param else "invalid_json")
+        code = ERROR_CODES.get(kind) or ("invalid_value" if param else "invalid_json")
         _note(request, message)
         return shapes.response(request.scope["path"], 400, message, param, code)
 

@@ -15,17 +15,16 @@ from fastapi import Request
 
 from agent_memory.agent_key import AgentKey
 from agent_memory.api.access_log import shown_agent
-from agent_memory.api.errors import APIError
+from agent_memory.api.agent_ids import check_agent_id
+from agent_memory.api.errors import APIError, failure
 from agent_memory.api.state import ServedModel, ServerState
 from agent_memory.chat.call_check import CheckedReader
 from agent_memory.chat.conversation import Conversation
 from agent_memory.chat.finish import ConstrainedOutput
 from agent_memory.chat.grammar import GrammarError
-from agent_memory.chat.render import template_input
-from agent_memory.engine.requests import Event, Failed, Finished, GenerationRequest, SamplingParams, TextDelta
-
-
-MAX_AGENT_ID = 256
+from agent_memory.chat.render import RenderError, render_prompt
+from agent_memory.engine.requests import MODEL_UNAVAILABLE, Event, Failed, Finished, GenerationRequest
+from agent_memory.engine.requests import SamplingParams, TextDelta
 
 
 def utf8_header(request: Request, name: str) -> str | None:
@@ -49,8 +48,7 @@ def agent_key(request: Request, candidates: list[tuple[str, object]]) -> AgentKe
     value) candidates, in the wire format's order; None when it names none."""
     for param, value in candidates:
         if isinstance(value, str) and value:
-            if len(value) > MAX_AGENT_ID:
-                raise APIError(400, f"agent ids are at most {MAX_AGENT_ID} characters", param=param)
+            check_agent_id(value, param)
             return AgentKey(value, tenant(request))
     return None
 
@@ -81,8 +79,9 @@ async def prepare_chat(
     params: tuple[str, str, str] = ("messages", "tools", "response_format"),
     constrained: bool = True,
 ) -> Prepared:
-    """On the tokenizer worker: the conversation rendered through the chat template (tools
-    natively or in the built-in format) and tokenized, and the grammar its output must follow.
+    """The conversation rendered through the chat template (tools natively or in the built-in
+    format) on a render thread, then tokenized, and the grammar its output must follow, on the
+    tokenizer worker.
     `params`: the wire format's names of the messages, the tools and the output format;
     `constrained` False: only the prompt (counting tokens compiles no grammar)."""
     messages_param, tools_param, format_param = params
@@ -90,16 +89,12 @@ async def prepare_chat(
     check_length(model, chars, messages_param)
 
     fmt = model.reply_format
+    try:  # on a render thread, bounded in time: a slow template holds up no other request
+        text = await model.render(lambda tok: render_prompt(tok, conversation, fmt))
+    except RenderError as e:
+        raise APIError(400, str(e), param=messages_param) from e
 
     def prepare(tokenizer) -> Prepared:
-        messages, tools = template_input(conversation, fmt.native, fmt.describe, fmt.history_key)
-        kwargs = conversation.thinking.kwargs()
-        try:
-            text = tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
-            )
-        except Exception as e:  # the model's own template refused these messages
-            raise APIError(400, f"the chat template cannot render these messages: {e}", param=messages_param) from e
         started = fmt.started_by(text)
         grammar = output_grammar(model, conversation, tools_param, format_param, started) if constrained else None
         return Prepared(tokenizer.encode(text, add_special_tokens=False), grammar, started)
@@ -173,6 +168,8 @@ def generation_request(
     left out (None) takes the model's own default (its generation_config.json), else ours."""
     if not prompt:
         raise APIError(400, "the prompt is empty", param=prompt_param)
+    if (health := model.engine.health()).status == "unavailable":  # before a stream starts
+        raise failure(Failed(f"the model {model.id} cannot be loaded: {health.message}", 500, MODEL_UNAVAILABLE))
     if len(state.waiting) >= state.max_waiting:
         raise APIError(
             503,
@@ -272,7 +269,7 @@ async def collect(
         out = []
         async for event in events(state, model, generation):
             if isinstance(event, Failed):
-                raise APIError(event.status, event.message, code=event.code)
+                raise failure(event)
             out.append(event)
         return out
 

@@ -4,6 +4,8 @@ alone, and the server's own settings and counts."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -17,9 +19,58 @@ from tokenizers import Tokenizer
 
 from agent_memory.api.errors import APIError
 from agent_memory.chat.grammar import GrammarCompiler
+from agent_memory.chat.render import RenderError
 from agent_memory.engine.protocol import EngineClient, ModelFacts
 
 T = TypeVar("T")
+
+# A chat template is a program, run on variables and messages a client chose: each render gets
+# RENDER_SECONDS (a real one takes milliseconds, thousands of messages well under a second) and
+# runs on one of RENDER_THREADS per model, so a slow one holds one thread for at most that long
+# while the other renders everyone else's requests, and other models have threads of their own.
+# Two, not more: renders hold the GIL, so more threads add no speed, and each slow one running
+# slows the rest of the server (the event loop, the engine thread) until its deadline. Threads
+# rather than processes: the tokenizer and its template stay in one place, nothing to restart.
+RENDER_THREADS = 2
+RENDER_SECONDS = 5
+_raise_in_thread = ctypes.pythonapi.PyThreadState_SetAsyncExc
+
+
+class RenderTimeout(BaseException):
+    """Raised inside a render that ran past its deadline; not an Exception, so that no library's
+    `except Exception` on the way out swallows it."""
+
+
+class _Deadline:
+    """One render's deadline. Python cannot stop a thread, but it can make one raise: once the
+    deadline passes, RenderTimeout is raised in the thread running the render (at its next
+    bytecode, a pure template loop included). The lock keeps it within the render: one that
+    comes as the render ends is withdrawn before the thread goes back to the pool."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+        self.loop, self.seconds = loop, seconds
+        self.lock = threading.Lock()
+        self.thread: int | None = None  # while the render runs
+        self.raised = False
+
+    def run(self, fn: Callable[[Any], T], arg: Any) -> T:
+        """fn(arg), on the render thread, the deadline counted from now (not from the queue)."""
+        with self.lock:
+            self.thread = threading.get_ident()
+        self.loop.call_soon_threadsafe(self.loop.call_later, self.seconds, self._interrupt)
+        try:
+            return fn(arg)
+        finally:
+            with self.lock:
+                self.thread = None
+                if self.raised:  # NULL: withdraw it if it has not been raised yet
+                    _raise_in_thread(ctypes.c_ulong(threading.get_ident()), None)
+
+    def _interrupt(self) -> None:
+        with self.lock:
+            if self.thread is not None:
+                self.raised = True
+                _raise_in_thread(ctypes.c_ulong(self.thread), ctypes.py_object(RenderTimeout))
 
 
 @dataclass(eq=False)
@@ -34,6 +85,11 @@ class ServedModel:
     tokenizer_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenizer")
     )
+    # Rendering the chat template reads the tokenizer's template and special tokens, never its
+    # encoder: two at once, each bounded (RENDER_SECONDS), so none waits behind a slow one.
+    render_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="render")
+    )
 
     @property
     def facts(self) -> ModelFacts:
@@ -42,9 +98,10 @@ class ServedModel:
 
     @property
     def ids(self) -> tuple[str, ...]:
-        """Every id it answers to: its own, then its aliases (known once it is loaded)."""
+        """Every id it answers to: the one it is served under, then the others (its folder's
+        name under `--model NAME=…`, `demo`'s aliases; known once it is loaded)."""
         facts = self.engine.model
-        return facts.ids if facts is not None else (self.id,)
+        return (self.id, *(i for i in facts.ids if i != self.id)) if facts is not None else (self.id,)
 
     def answering(self, requested: str | None) -> str:
         """The model id a reply names: the one asked for when it is one of this model's ids
@@ -79,6 +136,16 @@ class ServedModel:
     async def tokenize(self, fn: Callable[[Any], T]) -> T:
         """fn(tokenizer), on the tokenizer worker."""
         return await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool, fn, self.facts.tokenizer)
+
+    async def render(self, fn: Callable[[Any], T]) -> T:
+        """fn(tokenizer) on a render thread, stopped once past RENDER_SECONDS (a RenderError)."""
+        loop = asyncio.get_running_loop()
+        deadline = _Deadline(loop, RENDER_SECONDS)
+        try:
+            return await loop.run_in_executor(self.render_pool, deadline.run, fn, self.facts.tokenizer)
+        except RenderTimeout:
+            message = f"the chat template took longer than {RENDER_SECONDS} s to render these messages"
+            raise RenderError(message) from None
 
 
 @dataclass

@@ -13,6 +13,7 @@ import json
 import logging
 
 import jsonschema
+import referencing.exceptions
 
 from agent_memory.chat.conversation import Tool, ToolCall
 
@@ -49,7 +50,7 @@ def check_call(call: ToolCall, schema: dict | None) -> str | None:
         error = jsonschema.exceptions.best_match(
             jsonschema.validators.validator_for(schema)(schema).iter_errors(arguments)
         )
-    except (ValueError, jsonschema.exceptions.SchemaError):
+    except (ValueError, jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable):
         return None  # not JSON (a cut-off call, said where it is read) or a schema already refused
     if error is None:
         return None

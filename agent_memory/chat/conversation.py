@@ -61,7 +61,8 @@ class Thinking:
 
     def kwargs(self) -> dict:
         """Variables for apply_chat_template: Qwen3's and GLM's `enable_thinking`, gpt-oss's
-        `reasoning_effort`; the request's own `chat_template_kwargs` win."""
+        `reasoning_effort`; the request's own `chat_template_kwargs` win (variables only, and
+        small: render.check_variables refused the renderer's own arguments at the route)."""
         out: dict = {}
         if self.enabled is not None:  # and DeepSeek-V3.1's name for it
             out["enable_thinking"] = out["thinking"] = self.enabled

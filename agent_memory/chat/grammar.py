@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import replace
 
 import jsonschema
@@ -58,7 +59,72 @@ def _cause(message: str) -> str:
         return f"it uses {', '.join(keys)}, which this server cannot enforce"
     if first.startswith("Unknown format: "):
         return f"it uses the string format '{first.removeprefix('Unknown format: ')}', which this server does not know"
+    if found := re.match(r"Pointer '(.*)' does not exist", first):
+        return f"its $ref '#{found[1]}' points to nothing in the schema"
+    if found := re.match(r"Resource '(.*)' is not present in a registry", first):
+        ref = found[1].removeprefix("json-schema:///")  # llguidance's base for a relative one
+        return f"its $ref '{ref}' is outside the schema, and this server fetches no schema (put it under $defs)"
     return first
+
+
+def endless(root: dict) -> str | None:
+    """Why no finite JSON value fits `root`, or None when one does (as far as can be told). The
+    case llguidance compiles but can never finish: a required property or item that must hold,
+    through `$ref`, a value of its own kind, with nothing to end it ({"properties": {"a":
+    {"$ref": "#"}}, "required": ["a"]}). Contradictions (minLength > maxLength) llguidance refuses."""
+    finite: dict[str, bool] = {}  # $ref -> whether a finite value fits it (a least fixed point)
+
+    def target(ref: str):
+        node = root
+        for key in ref.removeprefix("#").strip("/").split("/") if ref != "#" else []:
+            key = key.replace("~1", "/").replace("~0", "~")
+            node = node.get(key) if isinstance(node, dict) else None
+        return node if ref.startswith("#") and node is not None else True  # elsewhere: not judged
+
+    def fits(s) -> bool:
+        if not isinstance(s, dict):
+            return s is not False
+        if "$ref" in s and not finite.setdefault(s["$ref"], False):
+            return False
+        if not all(fits(x) for x in s.get("allOf", [])):
+            return False
+        if any(key in s and not any(fits(x) for x in s[key]) for key in ("anyOf", "oneOf")):
+            return False
+        types = [s["type"]] if isinstance(s.get("type"), str) else s.get("type")
+        if types is None or set(types) - {"object", "array"}:
+            return True  # a scalar fits
+        return ("object" in types and _object_fits(s, fits)) or ("array" in types and _array_fits(s, fits))
+
+    while True:
+        before = dict(finite)
+        fits(root)  # the refs it reaches
+        for ref in before:
+            finite[ref] = fits(target(ref))
+        if finite == before:
+            break
+    if fits(root):
+        return None
+    loops = ", ".join(f"'{ref}'" for ref, ok in finite.items() if not ok)
+    if not loops:
+        return "no value fits it"
+    return f"{loops} must hold itself again through required properties or items, without end"
+
+
+def _object_fits(s: dict, fits) -> bool:
+    """An object fits where each required property's schema is fitted by some finite value."""
+    props, extra = s.get("properties", {}), s.get("additionalProperties", True)
+    return all(
+        fits(props[name]) if name in props else ("patternProperties" in s or fits(extra))
+        for name in s.get("required", [])
+    )
+
+
+def _array_fits(s: dict, fits) -> bool:
+    """An array fits where its first minItems items each can be a finite value."""
+    prefix = s.get("prefixItems") or (s.get("items") if isinstance(s.get("items"), list) else [])
+    rest = s.get("items") if isinstance(s.get("items"), (dict, bool)) else s.get("additionalItems", True)
+    need = s.get("minItems", 0) if isinstance(s.get("minItems"), int) else 0
+    return all(fits(x) for x in prefix[:need]) and (need <= len(prefix) or fits(rest))
 
 
 class GrammarCompiler:
@@ -96,7 +162,7 @@ class GrammarCompiler:
             if choice.mode == "named":
                 tools = [t for t in tools if t.name == choice.name]
         if answer is not None:
-            self._enforceable(answer, format_param)
+            self._enforceable(answer, format_param, "the answer")
         thinking = conversation.thinking.enabled
         wanted = Wanted(tools, choice.mode, conversation.parallel_tool_calls, answer, thinking, started)
         lark = self.reply.lark(wanted, self.markup)
@@ -111,7 +177,7 @@ class GrammarCompiler:
         schema = check_schema(tool.parameters or ANY_OBJECT, param)
         loosened = loosen(schema, self._refusal) if loosen_ok else None
         if loosened is None:
-            self._enforceable(schema, param)
+            self._enforceable(schema, f"{param} (tool '{tool.name}')", "a call to it", param)
             return tool
         fitted, dropped = loosened
         if dropped and (tool.name, tuple(dropped)) not in _LOOSENED:
@@ -125,11 +191,15 @@ class GrammarCompiler:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         return (messages[0] if messages else "refused") if is_error else None
 
-    def _enforceable(self, schema: dict, param: str) -> None:
-        """Compile one schema alone, so that a refusal names the schema at fault and says in a
-        sentence what in it cannot be enforced (never the compiled grammar)."""
+    def _enforceable(self, schema: dict, subject: str, output: str, param: str | None = None) -> None:
+        """Compile one schema alone, so that a refusal names the schema at fault (`subject`:
+        its param, and its tool) and says in a sentence what in it cannot be enforced (never
+        the compiled grammar), or why `output`, which it shapes, could never end."""
+        param = param or subject
         if (reason := self._refusal(schema)) is not None:
-            raise GrammarError(f"{param} cannot be enforced by constrained decoding: {_cause(reason)}", param)
+            raise GrammarError(f"{subject} cannot be enforced by constrained decoding: {_cause(reason)}", param)
+        if (reason := endless(schema)) is not None:
+            raise GrammarError(f"{subject} has no finite instance, so {output} could never end: {reason}", param)
 
     def _checked(self, grammar: str, param: str) -> str:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)

@@ -1,4 +1,4 @@
-"""A conversation as the chat template's input.
+"""A conversation as the chat template's input, and rendered through it.
 
 Models whose template knows tools get them natively (`tools=` and OpenAI-shaped tool calls,
 as mlx-lm's tokenizer wrapper passes them to transformers). For templates without tool support
@@ -8,12 +8,22 @@ models are trained on: the tools are described in the system turn, a call is wri
 turn as `<tool_response>…</tool_response>`. A call is rendered from the arguments text the
 model wrote, never re-serialized, so the next turn's prompt extends this turn's prompt and
 reply token for token and the agent's cache covers it (docs/usage.md, "Tools").
+
+A request's template variables (`chat_template_kwargs`) are only that: never an argument of the
+renderer itself (the template, `add_generation_prompt`, ...), and small (`check_variables`).
+`render_prompt` renders; a failure is a `RenderError` whose message is the template's own
+(`raise_exception`) and never a library's internals.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
+
+import jinja2
+from transformers import PreTrainedTokenizerBase
+from transformers.utils.chat_template_utils import render_jinja_template
 
 from agent_memory.chat.conversation import Conversation, Message, Tool, ToolCall
 
@@ -37,6 +47,86 @@ For each function call, return a json object with function name and arguments wi
 <tool_call>
 {{"name": <function-name>, "arguments": <args-json-object>}}
 </tool_call>"""
+
+
+def _named(fn: Callable) -> set[str]:
+    """A function's parameters that have a name (not *args, **kwargs, self)."""
+    named = (p for p in inspect.signature(fn).parameters.values() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+    return {p.name for p in named} - {"self"}
+
+
+# What the renderer takes itself, read from the installed transformers (so a new argument is
+# covered by an upgrade): apply_chat_template's and render_jinja_template's named parameters,
+# `messages` (the template's name for the conversation) and the tokenizer's special tokens,
+# which a variable of the same name would replace. None of these is a request's to set.
+RENDERER_ARGUMENTS = frozenset(
+    _named(PreTrainedTokenizerBase.apply_chat_template)
+    | _named(render_jinja_template)
+    | {"messages", *PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES}
+)
+MAX_VARIABLES_CHARS = 16_384  # all of a request's template variables, as JSON
+MAX_VARIABLE_DEPTH = 8  # lists and objects within a variable's value
+
+
+class TemplateVariableError(ValueError):
+    """A request's template variable that is no variable, or too large: a 400 naming `param`."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class RenderError(ValueError):
+    """The chat template could not render a request's messages (the message says why)."""
+
+
+def check_variables(variables: dict, param: str) -> None:
+    """Refuse what the template must not get as a variable: one of the renderer's own
+    arguments, a value nested deeper than MAX_VARIABLE_DEPTH, or more than
+    MAX_VARIABLES_CHARS in all (the template may loop over a value, and its time is bounded)."""
+    for name, value in variables.items():
+        if name in RENDERER_ARGUMENTS:
+            raise TemplateVariableError(
+                f"'{name}' is not a chat template variable: the server sets the template and its "
+                f"renderer's arguments; {param} passes only variables the template reads",
+                f"{param}.{name}",
+            )
+        if _too_deep(value):
+            raise TemplateVariableError(
+                f"'{name}' nests lists or objects more than {MAX_VARIABLE_DEPTH} deep", f"{param}.{name}"
+            )
+    size = len(json.dumps(variables, ensure_ascii=False))
+    if size > MAX_VARIABLES_CHARS:
+        raise TemplateVariableError(
+            f"chat template variables are at most {MAX_VARIABLES_CHARS} characters as JSON, not {size}", param
+        )
+
+
+def _too_deep(value: object) -> bool:
+    """Whether lists and objects nest more than MAX_VARIABLE_DEPTH deep (found without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth == MAX_VARIABLE_DEPTH:
+                return True
+            stack.extend((x, depth + 1) for x in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def render_prompt(tokenizer, conversation: Conversation, fmt) -> str:
+    """The prompt's text: the conversation (template_input, as the reply format `fmt` has the
+    tools and earlier reasoning written) through the model's chat template, with the generation
+    prompt and the request's template variables (Thinking.kwargs)."""
+    messages, tools = template_input(conversation, fmt.native, fmt.describe, fmt.history_key)
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False, **conversation.thinking.kwargs()
+        )
+    except jinja2.TemplateError as e:  # the template's own refusal (raise_exception) or its mistake
+        raise RenderError(f"the chat template cannot render these messages: {e}") from e
+    except Exception as e:  # a library's error: its text names its internals, not the request's
+        raise RenderError(f"the chat template cannot render these messages ({type(e).__name__})") from e
 
 
 def call_text(call: ToolCall) -> str:

@@ -24,10 +24,10 @@ from agent_memory.config import ENV_PREFIX, ConfigError, Settings, config_file_p
 # `serve --help` shows the flags in these groups, in this order; every setting is in one.
 HELP_GROUPS = {
     "Model": ("model", "keep_loaded", "unload_idle_s", "model_defaults"),
-    "Network": ("host", "port", "api_key", "api_keys_file"),
+    "Network": ("host", "port", "api_key", "api_keys_file", "seal_key_file"),
     "Requests": ("max_batch", "max_waiting", "speculation", "draft_model"),
     "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized"),
-    "Warm tier": ("cache_dir", "disk_budget_mb", "disk_kv_bits", "warm_store"),
+    "Warm tier": ("cache_dir", "disk_budget_mb", "disk_kv_bits", "warm_store", "responses_budget_mb"),
     "Logging": ("log_level", "log_format", "log_agent_ids", "trace_file"),
 }
 
@@ -119,13 +119,16 @@ def _serve(settings: Settings) -> int:
 
     from agent_memory.api.app import create_app
     from agent_memory.api.responses.store import ResponseStore
+    from agent_memory.api.sealing import SealKeyError, Sealer
     from agent_memory.engine.residency import Residency
     from agent_memory.models.folders import ModelError
 
     try:
+        # The operator's file must exist (servers behind a router share it); the default is made.
+        sealer = Sealer.from_file(settings.seal_key_path, create=settings.seal_key_file is None)
         served = _served_models(settings)
         draft = resolve_model_with_progress(settings.draft_model, settings.models_dir) if settings.draft_model else None
-    except (ModelError, ConfigError) as e:
+    except (ModelError, ConfigError, SealKeyError) as e:
         error(e)
         return 1
     residency = Residency(settings.memory_limit_bytes, settings.hot_budget_mb << 20, settings.unload_idle_s)
@@ -160,9 +163,10 @@ def _serve(settings: Settings) -> int:
         log_agent_ids=settings.log_agent_ids,
         responses=ResponseStore(
             settings.cache_dir / "responses" if settings.disk_budget_mb else None,
-            max(settings.disk_budget_mb << 20, 160 << 20) // 10,
+            settings.responses_budget_bytes,
             end_agent,
         ),
+        sealer=sealer,
         on_load_failure=on_load_failure,
     )
     server.run()
@@ -170,9 +174,10 @@ def _serve(settings: Settings) -> int:
 
 
 def _served_models(settings: Settings) -> dict:
-    """Each --model's engine config by the id it is served under, in the order given: the
-    first loads at start (and any --keep-loaded), the others on their first request. Ids,
-    aliases and --keep-loaded names are checked here, before anything loads."""
+    """Each --model's engine config by the id it is served under (its NAME= if given, else its
+    own), in the order given: the first loads at start (and any --keep-loaded), the others on
+    their first request. Ids, aliases and --keep-loaded names are checked here, before anything
+    loads."""
     from agent_memory.engine.config import EngineConfig
     from agent_memory.models.demo import aliases
     from agent_memory.models.registry import ModelSpec, served_name
@@ -183,8 +188,9 @@ def _served_models(settings: Settings) -> dict:
     for n, text in enumerate(settings.model):
         spec = ModelSpec.parse(text)
         path = resolve_model_with_progress(spec.spec, settings.models_dir)
-        model_id = served_name(spec.spec, path)
-        names = tuple(dict.fromkeys((model_id, *aliases(model_id), *([spec.alias] if spec.alias else []))))
+        own = served_name(spec.spec, path)  # also what its warm folder is named by: an alias moves no agent
+        model_id = spec.alias or own  # what /v1/models, /health and /v1/agents call it
+        names = tuple(dict.fromkeys((model_id, own, *aliases(own))))
         for name in names:
             if name in taken:
                 raise ConfigError(f"--model {text}: the name '{name}' is already {taken[name]}'s")
@@ -192,8 +198,9 @@ def _served_models(settings: Settings) -> dict:
         keep = bool(pinned.intersection(names))
         configs[model_id] = EngineConfig(
             model_path=path,
-            model_name=model_id,
-            model_aliases=names[1:],
+            model_name=own,
+            served_as=model_id,
+            model_aliases=tuple(n for n in names if n != own),
             load_at_start=n == 0 or keep,
             pinned=keep,
         )

@@ -83,7 +83,9 @@ class Committer:
         try:
             t0 = time.perf_counter()
             take_snapshot = take if snapshot and self.layers.has_state else None
-            persist = self.store.commit(agent, tokens, cut, seq.root, take_snapshot, seq.snapshots)
+            persist = self.store.commit(
+                agent, tokens, cut, seq.root, take_snapshot, seq.snapshots, tenant=seq.request.tenant
+            )
             mx.eval(payloads)
             if self.warm is not None:
                 persist.write(self.warm, lambda payload: payload.tensors(p.disk))

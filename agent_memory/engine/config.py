@@ -12,8 +12,10 @@ from agent_memory.precision import Precisions
 @dataclass
 class EngineConfig:
     model_path: Path
-    model_name: str | None = None  # what it is served as: the hub id it was named by (default: the folder's name)
-    model_aliases: tuple[str, ...] = ()  # other ids it answers to (`demo` for the demo model)
+    # Its own name, which its warm folder is named by: the hub id it was named by (default: the folder's name).
+    model_name: str | None = None
+    served_as: str | None = None  # what /health, /v1/models and the log call it: `--model NAME=…`'s NAME
+    model_aliases: tuple[str, ...] = ()  # other ids it answers to (`demo` for the demo model; NAME=)
     max_batch: int = 32
     hot_budget_bytes: int = 2 << 30
     # From --kv-bits, --disk-kv-bits, --decode-quantized (precision.py); default: all unquantized.

@@ -48,13 +48,14 @@ class BatchEngine(Loading, EngineClient):
         """`residency`: the memory limit this engine shares with other served models' engines
         (None: its own, for a server of one model)."""
         self.config = config
-        self.name = config.model_name or config.model_path.name
+        self.name = config.served_as or config.model_name or config.model_path.name
         self.pinned = config.pinned
         self.residency = residency or Residency(config.memory_limit_bytes, config.hot_budget_bytes)
         self._metrics = Metrics()
         self._trace = Trace(config.trace_path) if config.trace_path else NO_TRACE
         self._loaded = threading.Event()
-        self._load_error: str | None = None
+        self._load_error: str | None = None  # why the start failed
+        self._load_failure: str | None = None  # why a later load failed (loading.py: `unavailable`)
         self._parts: Parts | None = None
         self._facts: ModelFacts | None = None
         self._core: EngineCore | None = None
@@ -142,8 +143,8 @@ class BatchEngine(Loading, EngineClient):
     def agent(self, key: AgentKey) -> AgentInfo | None:
         return self._parts.store.agent_info(key) if self._parts is not None else None
 
-    def totals(self) -> dict[str, int]:
-        return self._parts.store.totals() if self._parts is not None else {}
+    def totals(self, tenant: str | None = None) -> dict[str, int]:
+        return self._parts.store.totals(tenant) if self._parts is not None else {}
 
     def end_agent(self, key: AgentKey) -> Future:
         """Its running requests finish for their clients but no longer join its memory: a
@@ -173,6 +174,8 @@ class BatchEngine(Loading, EngineClient):
             return Health("error", self._load_error)
         if not self._thread.is_alive():
             return Health("error", "the engine thread has stopped")
+        if (why := self.unavailable()) is not None:
+            return Health("unavailable", why, loaded=False)
         if self._parts is None:
             return Health("ok", loaded=False)
         return parts_health(self._parts, self._weights_in)
@@ -188,7 +191,8 @@ class BatchEngine(Loading, EngineClient):
 
     def _run(self) -> None:
         try:
-            self._described = describe_model(self.config.model_path, self.name, self.config.model_defaults)
+            own = self.config.model_name  # its warm folder's name: a NAME= moves no agent
+            self._described = describe_model(self.config.model_path, own, self.config.model_defaults)
             draft = self.config.draft_path
             if draft is not None and (why := draft_refusal(draft, self._described)):
                 raise UnsupportedModelError(f"--draft-model {draft}: {why}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ SAMPLING_DEFAULT_KEYS = {"temperature": float, "top_p": float, "top_k": int}
 
 # Files whose bytes decide what KV a token sequence produces.
 FINGERPRINT_GLOBS = ("*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
+MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own limit on a header
+MiB = 1 << 20
 
 
 class UnsupportedModelError(RuntimeError):
@@ -108,6 +111,58 @@ def weights_file_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
+def weights_damage(path: Path) -> str | None:
+    """Why the model folder's weights files cannot be loaded, in plain words, or None: each
+    safetensors file's header read and its tensors' byte ranges checked against the file's size
+    (a few KiB read per file, never the weights), which is what an interrupted download or copy,
+    or a file overwritten, breaks."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return "its folder holds no weights file (*.safetensors)"
+    for file in files:
+        if why := _safetensors_damage(file):
+            return f"its weights file {file.name} {why}"
+    return None
+
+
+def _safetensors_damage(file: Path) -> str | None:
+    """What is wrong with one safetensors file (the words after its name), or None."""
+    unreadable = "is damaged: its header is unreadable (overwritten, or not a safetensors file)"
+    try:
+        with open(file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                return _incomplete(size, 8)
+            length = int.from_bytes(f.read(8), "little")
+            if not 2 <= length <= MAX_HEADER_BYTES:
+                return unreadable
+            if 8 + length > size:
+                return _incomplete(size, 8 + length)
+            header = json.loads(f.read(length))
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    except ValueError:  # not JSON, or not UTF-8
+        return unreadable
+    if not isinstance(header, dict):
+        return unreadable
+    ranges = [t.get("data_offsets") if isinstance(t, dict) else None for k, t in header.items() if k != "__metadata__"]
+    if any(not _is_range(r) for r in ranges):
+        return unreadable
+    needed = 8 + length + max((r[1] for r in ranges), default=0)
+    return _incomplete(size, needed) if needed > size else None
+
+
+def _incomplete(size: int, needed: int) -> str:
+    def amount(n: int) -> str:
+        return f"{n / MiB:.1f} MiB" if n >= MiB else f"{n} bytes"
+
+    return f"is incomplete: {amount(size)} of the {amount(needed)} it should hold (an interrupted download or copy?)"
+
+
+def _is_range(r: object) -> bool:
+    return isinstance(r, list) and len(r) == 2 and all(isinstance(i, int) for i in r) and 0 <= r[0] <= r[1]
+
+
 @dataclass
 class ModelText:
     """A model's side that needs no weights: its tokenizer, reply format and limits. Read once;
@@ -144,7 +199,7 @@ def describe_model(path: Path, name: str | None = None, model_defaults: bool = T
     if not (path / "config.json").is_file():
         raise UnsupportedModelError(f"{path} is not a model folder (no config.json)")
     config = json.loads((path / "config.json").read_text())
-    if why := served(path):
+    if why := weights_damage(path) or served(path):  # damage said in plain words, not mlx's
         raise UnsupportedModelError(f"{name or path.name}: {why}")
     text = {**config, **(config.get("text_config") or {})}  # multimodal configs nest the text model's
     tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))

@@ -17,9 +17,9 @@ import mlx.core as mx
 
 from agent_memory.engine.budget import describe_split, give_back_memory, tell_mlx, weights_bytes
 from agent_memory.engine.core import EngineCore
-from agent_memory.engine.loader import weights_file_bytes
+from agent_memory.engine.loader import weights_damage, weights_file_bytes
 from agent_memory.engine.parts import build, reload_weights, unload_weights
-from agent_memory.engine.requests import Failed, GenerationRequest, Sink
+from agent_memory.engine.requests import MODEL_UNAVAILABLE, Failed, GenerationRequest, Sink
 from agent_memory.engine.residency import NoRoom
 
 log = logging.getLogger(__name__)
@@ -27,17 +27,25 @@ log = logging.getLogger(__name__)
 
 class Loading:
     """Needs BatchEngine's config, name, pinned, residency, _described, _parts, _core,
-    _weights_in, _arriving (and its lock), _last_used, _url, _metrics, _trace, _ids, _inbox,
+    _weights_in, _load_failure, _arriving (and its lock), _last_used, _url, _metrics, _trace, _ids, _inbox,
     `call` and `announce`."""
 
     def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
         with self._arriving_lock:
             self._arriving -= 1
         self._last_used = time.monotonic()
-        if not self._weights_in and (why := self._load_on_demand()):
-            sink(Failed(f"the model {self.name} could not be loaded: {why}", 503, "model_not_loaded"))
+        if not self._weights_in and (failed := self._load_on_demand()):
+            sink(failed)
             return
         self._core.admit(seq_id, request, sink, submitted)
+
+    def unavailable(self) -> str | None:
+        """Why the weights cannot be loaded, a failure no retry mends, or None (from any thread):
+        a load that failed (the server must restart once the files are replaced), or weights
+        files found damaged while not loaded (checked again each time: a finished download mends it)."""
+        if self._load_failure is not None or self._weights_in or self._described is None:
+            return self._load_failure
+        return weights_damage(self._described.path)
 
     def _load_at_start(self) -> None:
         """A pinned model must fit; the first model, beside pinned ones that fill the limit,
@@ -49,19 +57,23 @@ class Loading:
                 raise
             log.warning("%s is not loaded at start: %s", self.name, e)
 
-    def _load_on_demand(self) -> str | None:
+    def _load_on_demand(self) -> Failed | None:
         """Load for a request that asks for this model (others wait in the inbox meanwhile):
-        None, or why it could not be loaded."""
+        None, or the request's failure: a 503 while other models' requests hold the memory,
+        else `unavailable` (500 model_unavailable), for this request and every later one."""
+        if why := self.unavailable():
+            return Failed(f"the model {self.name} cannot be loaded: {why}", 500, MODEL_UNAVAILABLE)
         t0 = time.perf_counter()
         log.info("loading %s for a request", self.name)
         try:
             self._load()
         except NoRoom as e:
             log.warning("could not load %s: %s", self.name, e)
-            return str(e)
+            return Failed(f"the model {self.name} could not be loaded: {e}", 503, "model_not_loaded")
         except Exception as e:
-            log.exception("could not load %s", self.name)
-            return str(e)
+            self._load_failure = str(e)
+            log.exception("%s cannot be loaded; its requests fail until the server restarts", self.name)
+            return Failed(f"the model {self.name} cannot be loaded: {e}", 500, MODEL_UNAVAILABLE)
         log.info("loaded %s on demand in %.1f s", self.name, time.perf_counter() - t0)
         return None
 

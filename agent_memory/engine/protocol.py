@@ -42,7 +42,8 @@ class ModelFacts:
 
 @dataclass(frozen=True)
 class Health:
-    """/health's answer: `loading`, `ok` or `error` (with why), and what is in force once ok.
+    """/health's answer: `loading`, `ok`, `error` (with why), or `unavailable` (why its weights
+    cannot be loaded: its requests fail, other models serve), and what is in force once ok.
     A model loaded on demand is ok before its first request, with `loaded` False."""
 
     status: str
@@ -110,8 +111,9 @@ class EngineClient(ABC):
         """One agent or stored response, or None."""
 
     @abstractmethod
-    def totals(self) -> dict[str, int]:
-        """The memory's figures: bytes and budgets by tier, blocks by tier."""
+    def totals(self, tenant: str | None = None) -> dict[str, int]:
+        """The memory's figures: bytes and budgets by tier, blocks by tier; every tenant's
+        (None), or one tenant's."""
 
     @abstractmethod
     def end_agent(self, key: AgentKey) -> Future:

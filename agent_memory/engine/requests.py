@@ -59,6 +59,11 @@ class Finished:
     stop_sequence: str | None = None  # reason "stop" by a stop string: which one (None: end of sequence)
 
 
+# A served model whose weights cannot be loaded (engine/loading.py): no retry mends it, so the
+# API answers 500 with `x-should-retry: false` (api/pipeline.py), before a stream starts.
+MODEL_UNAVAILABLE = "model_unavailable"
+
+
 @dataclass
 class Failed:
     """The request could not be served; status and code are what the client is told."""

@@ -10,11 +10,11 @@ Usage: every prompt token a request computes is committed to the cache when it e
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import sys
 import uuid
+from collections.abc import Callable
 
 from agent_memory.chat.events import CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
 from agent_memory.engine.requests import Finished, TextDelta, Usage
@@ -57,15 +57,16 @@ class Reply:
     """One reply, built from the engine's events: the SSE events a stream sends and the Message
     a JSON reply is come from here, so they cannot differ. Blocks are numbered 0, 1, … in
     order, each started (a tool_use with `input: {}`) before its deltas and stopped before the
-    next starts. Reasoning is a `thinking` block, its signature a digest of its text (the
-    server checks none: a block sent back is read as the turn's reasoning)."""
+    next starts. Reasoning is a `thinking` block, its signature its text sealed by `sign`
+    (api/sealing.py): a block sent back is the turn's reasoning once its signature opens to it."""
 
-    def __init__(self, model: str, reader, clamped: bool, prewarm: bool) -> None:
+    def __init__(self, model: str, reader, clamped: bool, prewarm: bool, sign: Callable[[str], str]) -> None:
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = model
         self.reader = reader  # chat/reader.py's ReplyReader, or harmony's
         self.clamped = clamped  # max_tokens was more than the context had room for
         self.prewarm = prewarm  # max_tokens 0: the prompt is computed and cached, nothing written
+        self.sign = sign  # a thinking block's text -> its signature
         self.content: list[dict] = []
         self.open: dict | None = None  # the block being written
         self.arguments = ""  # the open tool_use block's input so far, as JSON text
@@ -153,7 +154,7 @@ class Reply:
         if self.open["type"] == "tool_use":
             self.open["input"] = _input(self.arguments)
         elif self.open["type"] == "thinking":
-            self.open["signature"] = hashlib.sha256(self.open["thinking"].encode()).hexdigest()
+            self.open["signature"] = self.sign(self.open["thinking"])
             frames.append(self._delta({"type": "signature_delta", "signature": self.open["signature"]}))
         self.open = None
         return frames + [("content_block_stop", {"type": "content_block_stop", "index": len(self.content) - 1})]
@@ -175,7 +176,9 @@ ERROR_TYPES = {
 
 def error_shape(status: int, message: str, param: str | None = None, code: str | None = None) -> tuple[int, dict]:
     """Anthropic's error: {"type": "error", "error": {type, message}}. A 503 (a full queue, a
-    model still loading, a shutdown) is Anthropic's 529 overloaded_error, which its clients retry."""
+    model still loading, a shutdown) is Anthropic's 529 overloaded_error, which its clients retry;
+    a model that cannot be loaded stays a 500 api_error, its `x-should-retry: false` header kept
+    (api/pipeline.py `failure`), which its clients do not retry."""
     if status == 503:
         status = 529
     kind = ERROR_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")

@@ -43,7 +43,9 @@ from agent_memory.api.anthropic.schemas import (
     ToolUseBlock,
     joined,
 )
+from agent_memory.api.agent_ids import check_agent_id
 from agent_memory.api.errors import APIError, ErrorShape
+from agent_memory.api.sealing import THINKING, Sealer, TenantSeal, request_sealer
 from agent_memory.api.state import ServedModel, ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Thinking, Tool, ToolCall, ToolChoice
 from agent_memory.engine.requests import Event, Failed
@@ -76,9 +78,10 @@ def system_text(blocks: list[TextBlock] | None) -> str:
     return "\n".join(parts)
 
 
-def _messages(i: int, m: MessageParam) -> list[Message]:
+def _messages(i: int, m: MessageParam, seal: TenantSeal) -> list[Message]:
     """One Anthropic message as conversation messages: tool results are messages of their own
-    (role "tool"), in place among the user's text; thinking blocks are the turn's reasoning."""
+    (role "tool"), in place among the user's text; thinking blocks are the turn's reasoning
+    (their signatures opened by `seal`)."""
     if m.role == "system":  # in place, never hoisted: moving it would change the prompt's prefix
         text = TOTAL_TOKENS.sub("", joined(m.content))
         return [Message("system", text)] if text.strip() else []
@@ -95,7 +98,7 @@ def _messages(i: int, m: MessageParam) -> list[Message]:
         if isinstance(block, TextBlock):
             texts.append(block.text)
         elif isinstance(block, ThinkingBlock):
-            reasoning.append(block.thinking)
+            reasoning.append(block.reasoning(seal, f"messages.{i}.content.{j}"))
         elif isinstance(block, ToolUseBlock):
             # As the model wrote it (json.dumps' separators, keys in order): the prompt extends
             # the cached turn token for token.
@@ -111,7 +114,7 @@ def _messages(i: int, m: MessageParam) -> list[Message]:
     return out
 
 
-def conversation(body: PromptFields) -> Conversation:
+def conversation(body: PromptFields, seal: TenantSeal) -> Conversation:
     last = next((m for m in reversed(body.messages) if m.role != "system"), None)
     if last is not None and last.role == "assistant":
         raise APIError(
@@ -122,7 +125,7 @@ def conversation(body: PromptFields) -> Conversation:
     system = system_text(body.system)
     messages = [Message("system", system)] if system else []
     for i, m in enumerate(body.messages):
-        messages.extend(_messages(i, m))
+        messages.extend(_messages(i, m, seal))
     tools = [Tool(t.name, t.description, t.input_schema) for t in body.tools or []]
     choice = body.tool_choice
     if not tools or (choice is not None and choice.type == "none"):
@@ -173,6 +176,7 @@ def agent(body: MessagesRequest, request: Request) -> AgentKey | None:
     if session is not None:
         parts = ["claude-code", session]
         if subagent := pipeline.utf8_header(request, "x-claude-code-agent-id"):
+            check_agent_id(subagent, "x-claude-code-agent-id")
             parts.append(subagent[:64])
         parts.append(hashlib.blake2b(system_text(body.system).encode(), digest_size=4).hexdigest())
         user_id = ":".join(parts)
@@ -183,9 +187,15 @@ def agent(body: MessagesRequest, request: Request) -> AgentKey | None:
 
 
 @router.post(PATH)
-async def create_message(body: MessagesRequest, request: Request, state: ServerState = Depends(ready_state)):
+async def create_message(
+    body: MessagesRequest,
+    request: Request,
+    state: ServerState = Depends(ready_state),
+    sealer: Sealer = Depends(request_sealer),
+):
     model = state.model_for(body.model)
-    conv = conversation(body)
+    seal = sealer.for_tenant(pipeline.tenant(request), THINKING)
+    conv = conversation(body, seal)
     prepared = await prepare(model, conv)
     room = model.context_length - len(prepared.prompt)
     if room < 1:  # Anthropic's wording, which Claude Code recognises (it offers to compact)
@@ -209,7 +219,7 @@ async def create_message(body: MessagesRequest, request: Request, state: ServerS
         state, model, prepared.prompt, agent(body, request), limit, sampling, request, "messages", prepared.grammar
     )
     reader = pipeline.reply_reader(model, conv, prepared)
-    reply = Reply(body.model, reader, body.max_tokens > room, body.max_tokens == 0)
+    reply = Reply(body.model, reader, body.max_tokens > room, body.max_tokens == 0, seal.seal)
     if body.stream:
         events = pipeline.events(state, model, generation)
         return StreamingResponse(_stream(events, reply), media_type="text/event-stream")
@@ -238,8 +248,14 @@ async def _stream(events: AsyncIterator[Event], reply: Reply) -> AsyncIterator[s
 
 
 @router.post(PATH + "/count_tokens")
-async def count_tokens(body: CountTokensRequest, state: ServerState = Depends(ready_state)) -> dict:
+async def count_tokens(
+    body: CountTokensRequest,
+    request: Request,
+    state: ServerState = Depends(ready_state),
+    sealer: Sealer = Depends(request_sealer),
+) -> dict:
     """The prompt /v1/messages would run for the same body, tools included, in tokens (no
     grammar is compiled: a schema constrained decoding cannot enforce does not stop a count)."""
-    prepared = await prepare(state.model_for(body.model), conversation(body), constrained=False)
+    seal = sealer.for_tenant(pipeline.tenant(request), THINKING)
+    prepared = await prepare(state.model_for(body.model), conversation(body, seal), constrained=False)
     return {"input_tokens": len(prepared.prompt)}

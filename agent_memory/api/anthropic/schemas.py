@@ -6,12 +6,16 @@ documents) are refused with a message naming the block."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from agent_memory.api.bodies import TOOL_NAME, RequestBody
+from agent_memory.api.bodies import TOOL_NAME, RequestBody, field_error
+from agent_memory.api.errors import APIError
+
+if TYPE_CHECKING:
+    from agent_memory.api.sealing import TenantSeal
 
 
 class Block(BaseModel):
@@ -38,20 +42,42 @@ class ThinkingBlock(Block):
     thinking: str = ""
     signature: str | None = None
 
+    def reasoning(self, seal: TenantSeal, param: str) -> str:
+        """Its text, once its signature opens to that text (this server wrote the block, for
+        this tenant); a 400 naming the signature otherwise, as Anthropic answers."""
+        if self.type == "redacted_thinking":
+            return ""
+        where = f"{param}.signature"
+        if self.signature is None:
+            raise APIError(400, f"{where}: a thinking block needs the signature it was given", param=where)
+        if seal.open(self.signature, where) != self.thinking:
+            raise APIError(400, f"{where} is not valid: it was given for other thinking text", param=where)
+        return self.thinking
+
+
+MIN_THINKING_BUDGET = 1024  # Anthropic's least budget_tokens
+
 
 class ThinkingParam(BaseModel):
-    """`thinking`: enabled (with a token budget, not enforced here), adaptive, or disabled."""
+    """`thinking`: enabled (with a token budget, not enforced here, but checked as Anthropic
+    checks it: at least 1024, and less than max_tokens), adaptive, or disabled."""
 
     model_config = ConfigDict(extra="allow")
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = None
+    budget_tokens: int | None = Field(default=None, ge=MIN_THINKING_BUDGET, strict=True)
+
+    @model_validator(mode="after")
+    def budget_given(self):
+        if self.type == "enabled" and self.budget_tokens is None:
+            raise field_error("thinking.budget_tokens", "thinking of type enabled needs budget_tokens")
+        return self
 
 
 class ToolResultBlock(Block):
     type: Literal["tool_result"]
     tool_use_id: str
     content: list[TextBlock] = Field(default_factory=list)
-    is_error: bool = False
+    is_error: bool = Field(default=False, strict=True)
 
     @field_validator("content", mode="before")
     @classmethod
@@ -109,7 +135,7 @@ class ToolChoiceParam(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
-    disable_parallel_tool_use: bool = False
+    disable_parallel_tool_use: bool = Field(default=False, strict=True)
 
 
 class OutputFormatParam(BaseModel):
@@ -159,16 +185,42 @@ class PromptFields(RequestBody):
             raise PydanticCustomError("unknown_tool", "tool_choice 'any' needs tools", {})
         return self
 
+    @model_validator(mode="after")
+    def turns_are_whole(self):
+        """As Anthropic refuses them: a user (or system) message with no content, and a
+        tool_result that answers no tool_use block of an earlier assistant message. An empty
+        assistant turn is taken: a reply that wrote nothing comes back so (docs/usage.md)."""
+        calls: set[str] = set()
+        for i, m in enumerate(self.messages):
+            if m.role != "assistant" and all(isinstance(b, TextBlock) and not b.text for b in m.content):
+                raise field_error(f"messages.{i}.content", f"a {m.role} message must have non-empty content")
+            for j, block in enumerate(m.content):
+                if isinstance(block, ToolUseBlock):
+                    calls.add(block.id)
+                elif isinstance(block, ToolResultBlock) and block.tool_use_id not in calls:
+                    why = f"tool_use_id {block.tool_use_id!r} answers no tool_use block of an earlier assistant message"
+                    raise field_error(f"messages.{i}.content.{j}", why)
+        return self
+
 
 class MessagesRequest(PromptFields):
-    max_tokens: int = Field(ge=0)  # 0: only compute (and cache) the prompt, write nothing
+    # Numbers and switches are strict, as Anthropic's are: "10" or true is no token count.
+    max_tokens: int = Field(ge=0, strict=True)  # 0: only compute (and cache) the prompt, write nothing
     stop_sequences: list[str] | None = None
     # None (left out, or null as some clients send): the model's default.
-    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)  # 0: no top-k cut
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0, strict=True)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True)
+    top_k: int | None = Field(default=None, ge=0, strict=True)  # 0: no top-k cut
     metadata: Metadata | None = None
-    stream: bool = False
+    stream: bool = Field(default=False, strict=True)
+
+    @model_validator(mode="after")
+    def budget_under_max_tokens(self):
+        budget = self.thinking.budget_tokens if self.thinking and self.thinking.type == "enabled" else None
+        if budget is not None and self.max_tokens and budget >= self.max_tokens:
+            why = f"budget_tokens ({budget}) must be less than max_tokens ({self.max_tokens})"
+            raise field_error("thinking.budget_tokens", why)
+        return self
 
 
 class CountTokensRequest(PromptFields):

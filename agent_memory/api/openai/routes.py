@@ -17,6 +17,7 @@ from agent_memory.api.openai.reply import ChatReply, first_chunk, model_object, 
 from agent_memory.api.openai.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
 from agent_memory.api.state import ServedModel, ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice, effort_thinking
+from agent_memory.chat.render import TemplateVariableError, check_variables
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta, Usage
 
 router = APIRouter()
@@ -25,8 +26,9 @@ ERROR_SHAPES: dict[str, ErrorShape] = {}  # OpenAI's shape is every route's unle
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
-    """Each served model under its id (its folder's name), then the aliases it answers to:
-    `demo` for the demo model, so examples written for `--model demo` name a listed id."""
+    """Each served model under its id (the NAME of `--model NAME=…`, else its hub id or folder's
+    name), then the other names it answers to: its own under a NAME, `demo` for the demo model
+    (examples written for `--model demo` name a listed id). `root`: the id each stands for."""
     state: ServerState = request.app.state.server
     data = [
         model_object(i, model.id, state.started, model.engine.model) for model in state.models.values() for i in model.ids
@@ -91,7 +93,12 @@ def conversation(body: ChatCompletionRequest) -> Conversation:
         output = OutputFormat("json_object")
     elif fmt is not None and fmt.type == "json_schema":
         output = OutputFormat("json_schema", fmt.json_schema.schema_)
-    thinking = effort_thinking(body.reasoning_effort, body.chat_template_kwargs or {})
+    variables = body.chat_template_kwargs or {}
+    try:  # the template's variables only: never the template or its renderer's arguments
+        check_variables(variables, "chat_template_kwargs")
+    except TemplateVariableError as e:
+        raise APIError(400, str(e), param=e.param) from e
+    thinking = effort_thinking(body.reasoning_effort, variables)
     return Conversation(messages, tools, choice, body.parallel_tool_calls, output, thinking)
 
 

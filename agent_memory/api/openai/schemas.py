@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from agent_memory.api.bodies import TOOL_NAME, RequestBody
+from agent_memory.api.bodies import PROMPT_CACHE_KEY, TOOL_NAME, RequestBody, field_error
 
 
 class TextPart(BaseModel):
@@ -43,7 +43,10 @@ class Message(BaseModel):
     @field_validator("content", mode="before")
     @classmethod
     def only_text_parts(cls, v):
-        """Say which part is not text, rather than which union branch failed."""
+        """Say which part is not text, rather than which union branch failed; an empty list
+        is refused, as OpenAI refuses it (a message's parts are at least one)."""
+        if v == []:
+            raise PydanticCustomError("empty_content", "an empty array: content needs at least one part", {})
         if isinstance(v, list):
             for i, part in enumerate(v):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
@@ -66,22 +69,23 @@ class Message(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
-    include_usage: bool = False
+    include_usage: bool = Field(default=False, strict=True)
 
 
 class SamplingFields(RequestBody):
     """The fields chat and text completions share."""
+    # Numbers and switches are strict, as OpenAI's are: "10" or true is no token count.
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)  # None: the model's default
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, strict=True)  # None: the model's default
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True)
+    seed: int | None = Field(default=None, strict=True)
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(default=1, strict=True)
     user: str | None = None
-    prompt_cache_key: str | None = None
+    prompt_cache_key: str | None = Field(default=None, max_length=PROMPT_CACHE_KEY)
     cache_salt: str | None = None  # vLLM's field: requests with different salts share no cached block
     metadata: dict[str, Any] | None = None
     logit_bias: dict[int, float] | None = None
@@ -167,10 +171,10 @@ class ChatCompletionRequest(SamplingFields):
         "function_call": (lambda v: True, "the legacy function_call is not supported: use tool_choice"),
     }
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool = Field(default=True, strict=True)
     response_format: ResponseFormat | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: variables for the chat template
@@ -189,14 +193,29 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("tool names must be unique")
         return self
 
+    @model_validator(mode="after")
+    def turns_are_whole(self):
+        """A user message that says nothing (as Anthropic refuses it), and a tool result that
+        answers no call an earlier assistant message made (as OpenAI refuses it)."""
+        calls: set[str] = set()
+        for i, m in enumerate(self.messages):
+            if m.role == "user" and not m.text():
+                raise field_error(f"messages.{i}.content", "a user message needs content: it is empty")
+            if m.role == "tool" and m.tool_call_id not in calls:
+                named = "it names none" if m.tool_call_id is None else f"{m.tool_call_id!r} is none"
+                why = f"a tool message answers a tool call of an earlier assistant message: {named}"
+                raise field_error(f"messages.{i}.tool_call_id", why)
+            calls.update(c.id for c in m.tool_calls or [])
+        return self
+
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
-    best_of: int | None = None
+    echo: bool = Field(default=False, strict=True)
+    best_of: int | None = Field(default=None, strict=True)
 
     @field_validator("prompt")
     @classmethod

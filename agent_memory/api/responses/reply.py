@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 
-from agent_memory.api.responses.reasoning import seal
 from agent_memory.chat.conversation import ToolCall
 from agent_memory.chat.freeform import freeform_input
 from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
@@ -43,12 +43,14 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
-def reasoning_item(item_id: str, text: str, status: str = "completed", sealed: bool = False) -> dict:
-    """A reasoning item; `sealed` (the request's `include` asked for
-    `reasoning.encrypted_content`): with the text in `encrypted_content` too (reasoning.py)."""
+def reasoning_item(
+    item_id: str, text: str, status: str = "completed", seal: Callable[[str], str] | None = None
+) -> dict:
+    """A reasoning item; with `seal` (the request's `include` asked for
+    `reasoning.encrypted_content`): with its text sealed in `encrypted_content` too (api/sealing.py)."""
     content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
     item = {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
-    if sealed and status == "completed":
+    if seal is not None and status == "completed":
         item["encrypted_content"] = seal(text)
     return item
 
@@ -92,13 +94,13 @@ class Reply:
         output: list[dict],
         reader,
         namespaced: dict[str, tuple[str, str]] | None = None,
-        sealed: bool = False,
+        seal: Callable[[str], str] | None = None,
         custom: set[str] | None = None,
     ) -> None:
         self.output = output  # the response's output items, filled in place
         self.reader = reader  # chat/reader.py's ReplyReader, or harmony's
         self.namespaced = namespaced or {}  # the model's name of a namespaced tool -> (namespace, name)
-        self.sealed = sealed  # reasoning items carry `encrypted_content`
+        self.seal = seal  # reasoning items carry `encrypted_content`, sealed by it
         self.custom = custom or set()  # the freeform tools: calls as custom_tool_call items
         self.open: dict | None = None  # the item being written
         self.parts: list[str] = []  # its text, or its arguments, so far
@@ -180,7 +182,7 @@ class Reply:
         index, item, text = len(self.output) - 1, self.open, "".join(self.parts)
         self.open = None
         if item["type"] == "reasoning":
-            done = self.output[index] = reasoning_item(item["id"], text, sealed=self.sealed)
+            done = self.output[index] = reasoning_item(item["id"], text, seal=self.seal)
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
             return [
                 self.event("response.reasoning_text.done", **ids, text=text),

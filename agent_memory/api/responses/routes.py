@@ -22,6 +22,7 @@ from agent_memory.api.errors import APIError, ErrorShape
 from agent_memory.api.responses.reply import Reply, new_id, usage_dict
 from agent_memory.api.responses.schemas import ResponsesRequest, input_messages
 from agent_memory.api.responses.store import ResponseStore, StoredResponse
+from agent_memory.api.sealing import REASONING, Sealer, request_sealer
 from agent_memory.api.state import ServedModel, ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, TextDelta, Usage
@@ -103,8 +104,10 @@ async def create_response(
     request: Request,
     state: ServerState = Depends(ready_state),
     store: ResponseStore = Depends(stored_responses),
+    sealer: Sealer = Depends(request_sealer),
 ):
     tenant = pipeline.tenant(request)
+    seal = sealer.for_tenant(tenant, REASONING)
     context: list[Message] = []
     if body.previous_response_id is not None:
         previous = store.get(tenant, body.previous_response_id)
@@ -116,7 +119,7 @@ async def create_response(
                 code="previous_response_not_found",
             )
         context = list(previous.context)
-    context += input_messages(body.input)
+    context += input_messages(body.input, seal, context)
     tools, choice, output_format = body.conversation_tools()
     system = [Message("system", body.instructions)] if body.instructions else []
     conv = Conversation(system + context, tools, choice, body.parallel_tool_calls, output_format, body.thinking())
@@ -140,7 +143,7 @@ async def create_response(
     )
     draft.params = generation.params
     reader = pipeline.reply_reader(model, conv, prepared)
-    reply = Reply(draft.output, reader, body.namespaced(), body.sealed, body.custom_tools())
+    reply = Reply(draft.output, reader, body.namespaced(), seal.seal if body.sealed else None, body.custom_tools())
     ignored = body.ignored_tools()
     headers = {IGNORED_HEADER: ", ".join(ignored)} if ignored else {}
     for kind in ignored:

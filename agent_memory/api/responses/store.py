@@ -5,15 +5,17 @@ its output) and the response object, kept in memory and as one JSON file each un
 Their KV is not here: a stored response is an agent-like record of the KV store (kind
 "response", its id as the agent id), with a manifest in the warm tier like any agent, so a
 continuation after a restart reads the prefix back from disk. The conversation is text, so it
-outlives a change of model; only its KV is the model's. The files take at most a tenth of the
-disk budget: beyond that, the least recently used responses go (file and KV record).
+outlives a change of model; only its KV is the model's. The files take at most a budget
+(`--responses-budget-mb`), shared fairly by the tenants: beyond it, the least recently used
+response of the tenant holding the most bytes goes (file and KV record), so a tenant holding no
+more than its fair share (the budget over the tenants holding any) never loses one to another.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -71,6 +73,7 @@ class ResponseStore:
         self.end_kv = end_kv
         self._items: OrderedDict[AgentKey, tuple[StoredResponse, int]] = OrderedDict()  # least recent first
         self._bytes = 0
+        self._held: Counter[str] = Counter()  # bytes by tenant
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="responses-writer")
 
     def load(self) -> None:
@@ -92,8 +95,7 @@ class ResponseStore:
                 continue
             found.append((st.st_mtime, stored, st.st_size))
         for _, stored, size in sorted(found, key=lambda f: f[0]):
-            self._items[stored.key] = (stored, size)
-            self._bytes += size
+            self._add(stored, size)
         if found:
             log.info("stored responses: %d (%.1f MiB)", len(found), self._bytes / (1 << 20))
 
@@ -107,12 +109,13 @@ class ResponseStore:
 
     def put(self, stored: StoredResponse) -> None:
         data = stored.to_bytes()
-        self._items[stored.key] = (stored, len(data))
-        self._bytes += len(data)
+        self._add(stored, len(data))
         self._write(stored.key, data)
-        while self._bytes > self.budget_bytes and len(self._items) > 1:
-            oldest = next(iter(self._items))
-            self._remove(oldest)
+        while self._bytes > self.budget_bytes:
+            victim = self._least_recent_of_largest(but=stored.key)
+            if victim is None:  # the one just stored stays, the largest tenant's only one
+                break
+            self._remove(victim)
 
     def delete(self, tenant: str, response_id: str) -> bool:
         key = AgentKey(response_id, tenant, "response")
@@ -124,9 +127,21 @@ class ResponseStore:
     def close(self) -> None:
         self._writer.shutdown(wait=True)
 
+    def _add(self, stored: StoredResponse, size: int) -> None:
+        self._items[stored.key] = (stored, size)
+        self._bytes += size
+        self._held[stored.tenant] += size
+
+    def _least_recent_of_largest(self, but: AgentKey) -> AgentKey | None:
+        """The least recently used response of the tenant holding the most bytes, other than
+        `but` (None when `but` is its only one)."""
+        largest = max((t for t, held in self._held.items() if held), key=lambda t: (self._held[t], t))
+        return next((key for key in self._items if key.tenant == largest and key != but), None)
+
     def _remove(self, key: AgentKey) -> None:
         _, size = self._items.pop(key)
         self._bytes -= size
+        self._held[key.tenant] -= size
         self.end_kv(key)
         self._write(key, None)
 

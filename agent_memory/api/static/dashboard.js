@@ -347,13 +347,15 @@
   /** An agent of two models is two agents: a row each. */
   const rowKey = (a) => `${a.model}\u0000${a.id}`;
 
-  function makeRow(id, model) {
+  /** `shown`: the id as the server escapes it (display_id), so that no control or bidi character
+   * an older version let in hides in it or makes it pass for another; `id` goes in the URL. */
+  function makeRow(id, shown, model) {
     const tr = document.createElement("tr");
     tr.dataset.agentId = id;
     const name = document.createElement("th");
     name.scope = "row";
     name.className = "id";
-    name.textContent = id;
+    name.textContent = shown;
     if (several) {
       const of = document.createElement("span");
       of.className = "of-model";
@@ -376,13 +378,13 @@
     button.type = "button";
     button.className = "delete";
     button.textContent = "Delete";
-    button.setAttribute("aria-label", `Delete agent ${id}`);
+    button.setAttribute("aria-label", `Delete agent ${shown}`);
     if (id === "." || id === "..") {
       // A browser folds a path segment of "." or ".." (encoded or not) into its parent.
       button.disabled = true;
       button.title = "A browser cannot name this id in a URL: curl --path-as-is -X DELETE …/v1/agents/" + id;
     } else {
-      button.addEventListener("click", () => askDelete(id));
+      button.addEventListener("click", () => askDelete(id, shown));
     }
     action.appendChild(button);
     tr.appendChild(action);
@@ -413,7 +415,7 @@
     const now = Date.now() / 1000;
     const filter = $("filter").value.trim().toLowerCase();
     const sorted = [...agents].sort((a, b) => b.last_used - a.last_used || (a.id < b.id ? -1 : 1));
-    const matching = filter ? sorted.filter((a) => a.id.toLowerCase().includes(filter)) : sorted;
+    const matching = filter ? sorted.filter((a) => a.display_id.toLowerCase().includes(filter)) : sorted;
     const shown = matching.slice(0, MAX_ROWS);
     const tbody = $("agents").tBodies[0];
     const focused = document.activeElement;
@@ -427,7 +429,7 @@
     }
     shown.forEach((a, i) => {
       let row = rows.get(rowKey(a));
-      if (!row) rows.set(rowKey(a), (row = makeRow(a.id, a.model)));
+      if (!row) rows.set(rowKey(a), (row = makeRow(a.id, a.display_id, a.model)));
       updateRow(row, a, now);
       if (tbody.children[i] !== row.tr) tbody.insertBefore(row.tr, tbody.children[i] || null);
     });
@@ -510,6 +512,9 @@
       agents = listing.data;
       renderTotals(listing);
       renderAgents();
+      // /metrics is the operator's: a tenant's key sees its own totals above, no server-wide rates.
+      const operator = metricsR.status !== 403;
+      $("rates-title").parentElement.hidden = !operator;
       if (metricsR.ok) {
         addSample(sampleOf(parseMetrics(await metricsR.text()), Date.now() / 1000));
         renderRates();
@@ -520,7 +525,7 @@
         setText($("model"), modelName || "—");
       }
       setText($("updated"), new Date().toLocaleTimeString());
-      if (!metricsR.ok) showStatus(`Metrics: ${await errorText(metricsR)}`, true);
+      if (!metricsR.ok && operator) showStatus(`Metrics: ${await errorText(metricsR)}`, true);
       else showStatus(notice && Date.now() < notice.until ? notice.text : "");
     } catch (e) {
       if (round !== generation) return;
@@ -553,16 +558,16 @@
 
   // -- deleting -------------------------------------------------------------------------
 
-  function askDelete(id) {
-    pendingDelete = id;
-    $("confirm-id").textContent = id;
+  function askDelete(id, shown) {
+    pendingDelete = { id, shown };
+    $("confirm-id").textContent = shown;
     $("confirm-error").textContent = "";
     $("confirm-delete").disabled = false;
     $("confirm").showModal();
   }
 
   async function confirmDelete() {
-    const id = pendingDelete;
+    const { id, shown } = pendingDelete;
     const button = $("confirm-delete");
     button.disabled = true;
     try {
@@ -576,7 +581,7 @@
       agents = agents.filter((a) => a.id !== id);
       renderAgents();
       $("agents-title").focus();
-      notice = { text: r.ok ? `Agent ${id} deleted.` : `Agent ${id} was already gone.`, until: Date.now() + 8000 };
+      notice = { text: r.ok ? `Agent ${shown} deleted.` : `Agent ${shown} was already gone.`, until: Date.now() + 8000 };
       showStatus(notice.text);
       restart();
     } catch (e) {

@@ -20,6 +20,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
+from agent_memory.agent_key import shown_id
 from agent_memory.cli.cache.rows import AgentRow, FolderStats
 from agent_memory.memory.warm.admin import Problem
 from agent_memory.memory.warm.model_folder import ModelFolder
@@ -59,9 +60,9 @@ def human_age(when: float, now: float) -> str:
 
 
 def printable(text: str) -> str:
-    """Agent ids (and names found on disk) on one line, without escape codes: ids are opaque
-    and may hold anything; such ones are shown JSON-quoted."""
-    return text if text.isprintable() else json.dumps(text)
+    """Agent ids (and names found on disk) on one line, without escape codes: ids of older
+    versions may hold anything; such ones are shown JSON-quoted, as the API's display_id."""
+    return shown_id(text)
 
 
 def plural(n: int, word: str) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from agent_memory.agent_key import AGENT, AgentKey, agent_file_stem
+from agent_memory.agent_key import AGENT, AgentKey
 from agent_memory.cli.cache.render import printable
 from agent_memory.cli.cache.rows import AgentRow
 from agent_memory.cli.cache.server import LiveServer
@@ -15,7 +15,7 @@ from agent_memory.cli.common import fail, settings
 from agent_memory.config import Settings
 from agent_memory.memory.warm.folder import Folder, model_folders, model_names
 from agent_memory.memory.warm.model_folder import ModelFolder
-from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.records import Manifest, stems_of
 from agent_memory.memory.warm.redis_folder import RedisFolder, namespaces
 from agent_memory.memory.warm.redis_url import check_url, redact, store_root
 
@@ -80,8 +80,8 @@ def locate_agent(
     if found:
         where = ", ".join(f.folder for f, _ in found)
         return f"agent {printable(agent)} is cached for several models ({where}): pass --model"
-    stem = agent_file_stem(AgentKey(agent, tenant or ""))
-    damaged = [(f, why) for f in folders for p, why in f.files.bad_manifests if p.stem == stem]
+    stems = stems_of(AgentKey(agent, tenant or ""))  # its name, or an older version's (warm/stems.py)
+    damaged = [(f, why) for f in folders for p, why in f.files.bad_manifests if p.stem in stems]
     if damaged:
         return f"agent {printable(agent)}: its manifest in {damaged[0][0].folder} is unusable ({damaged[0][1]})"
     return (

@@ -62,9 +62,9 @@ class AgentIndex:
         for h in hashes:
             block = self.pool.blocks[h]
             block.refs -= 1
-            self._drop_if_unused(block, forget=True)
+            self.drop_if_unused(block, forget=True)
 
-    def _drop_if_unused(self, block: Block, forget: bool = False) -> None:
+    def drop_if_unused(self, block: Block, forget: bool = False) -> None:
         """A block no agent refers to lives on only in memory, for anonymous reuse."""
         if block.refs or block.pins:
             return
@@ -100,12 +100,14 @@ class AgentIndex:
                 snapshot_bytes=sum(s.hot_bytes for s in snapshots),
             )
 
-    def counts(self) -> dict[str, int]:
-        """How many agents and stored responses this server holds, every tenant's: the one
-        count /v1/agents' totals, /metrics, the dashboard and the start log all show."""
+    def counts(self, tenant: str | None = None) -> dict[str, int]:
+        """How many agents and stored responses this server holds, every tenant's (None) or
+        one tenant's: the one count /v1/agents' totals, /metrics, the dashboard and the start
+        log all show."""
         with self.lock:
-            responses = sum(1 for a in self.agents if a.kind == RESPONSE)
-            return {"agents": len(self.agents) - responses, "stored_responses": responses}
+            held = [a for a in self.agents if tenant is None or a.tenant == tenant]
+            responses = sum(1 for a in held if a.kind == RESPONSE)
+            return {"agents": len(held) - responses, "stored_responses": responses}
 
     def all_agents(self, tenant: str | None = "") -> list[AgentInfo]:
         """A tenant's agents (None: every tenant's); stored responses are not agents."""

@@ -36,6 +36,7 @@ class Block:
     pins: int = 0  # running sequences using it: never evicted while > 0
     last_used: float = field(default_factory=time.monotonic)
     snapshot: bool = False  # the state after its parent's prefix, at position `start`
+    tenant: str = ""  # whose namespace named it: no block is shared across tenants (memory/hashing.py)
 
     @property
     def tier(self) -> Tier:

@@ -6,15 +6,20 @@ and for the request's blocks this server lacks; `apply` adopts the answers into 
 (agents.py) on the engine thread (adopting may free hot KV), before the request is planned.
 Manifest versions (etags) keep a stale answer from replacing a newer turn
 (memory/warm/redis_backend.py writes them atomically).
+
+A request waits for the answer at most WAIT_S, and not at all while the tier is skipped
+(memory/warm/watch.py): a hung tier never holds up an agent whose prompt is in memory, and
+one that is not is recomputed. A request that leaves (or stops waiting) drops its question.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
 
 from agent_memory.agent_key import AgentKey
 from agent_memory.memory.index.agents import AgentIndex
@@ -25,6 +30,8 @@ from agent_memory.memory.warm.tier import WarmTier
 
 log = logging.getLogger(__name__)
 
+WAIT_S = 2.0  # the longest a request waits for the shared tier's answer before it is planned
+
 
 @dataclass
 class Discovery:
@@ -33,7 +40,30 @@ class Discovery:
     agent: AgentKey | None
     tokens: Sequence[int]
     unknown: list[tuple[str, str | None, int, int]]  # chain entries not usable here, asked about
-    future: Future
+    future: Future  # the answer
+    waited: Future = field(default_factory=Future)  # done at the answer, or after WAIT_S without one
+    timer: threading.Timer | None = None
+
+    def stop_waiting(self) -> None:
+        """The request goes on without the answer (a question not asked yet is dropped)."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.future.cancel()
+        try:
+            self.waited.set_result(None)
+        except InvalidStateError:  # answered meanwhile
+            pass
+
+    def answered(self, future: Future) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        try:
+            if future.cancelled() or future.exception() is None:
+                self.waited.set_result(None)
+            else:
+                self.waited.set_exception(future.exception())
+        except InvalidStateError:  # stopped waiting first
+            pass
 
 
 class SharedTierSync:
@@ -47,9 +77,12 @@ class SharedTierSync:
         """With a shared warm tier, ask it (on the reader thread) for what this server may lack
         for a request: the agent's manifest if it changed since this server last saw it (a turn
         served by another server), and which of the request's blocks it holds. None when there
-        is nothing to ask: no shared tier, or every block is here and the agent's latest turn
-        is this server's own, still being written. The request is planned once it is answered."""
+        is nothing to ask: no shared tier, or one skipped, or every block is here and the
+        agent's latest turn is this server's own, still being written. The request is planned
+        once it is answered, or after WAIT_S (the Future is done then)."""
         index = self.index
+        if self.tier.watch.skipped:
+            return None
         with index.lock:
             unknown = [
                 entry
@@ -62,8 +95,20 @@ class SharedTierSync:
                 return None
             known = record.stored if record is not None else None
             future = self.tier.probe(agent if ask else None, known, [h for h, *_ in unknown])
-            self._discoveries.append(Discovery(agent if ask else None, tokens, unknown, future))
-            return future
+            d = Discovery(agent if ask else None, tokens, unknown, future)
+            self._discoveries.append(d)
+        d.timer = threading.Timer(WAIT_S, d.stop_waiting)
+        d.timer.daemon = True
+        d.timer.start()
+        future.add_done_callback(d.answered)
+        return d.waited
+
+    def drop(self, waited: Future) -> None:
+        """A request that left: its question is not asked (if it was not yet)."""
+        with self.index.lock:
+            for d in self._discoveries:
+                if d.waited is waited:
+                    d.stop_waiting()
 
     def apply(self) -> None:
         """Adopt what the shared tier answered (on the engine thread: it may free hot KV)."""
@@ -73,6 +118,8 @@ class SharedTierSync:
                 (done if d.future.done() else waiting).append(d)
             self._discoveries = waiting
             for d in done:
+                if d.future.cancelled():
+                    continue
                 if d.future.exception() is not None:
                     log.info("the shared warm tier did not answer (%s): serving from memory", d.future.exception())
                     continue

@@ -129,14 +129,14 @@ class AgentCacheStore(Eviction, AgentIndex):
             for h in snapshots:
                 block = self.pool.blocks[h]
                 block.pins -= 1
-                self._drop_if_unused(block)
+                self.drop_if_unused(block)
             self._evict_hot()
 
     def release(self, lease: Lease) -> None:
         with self.lock:
             for block in lease.blocks:
                 block.pins -= 1
-                self._drop_if_unused(block)
+                self.drop_if_unused(block)
             lease.blocks = []
             self._evict_hot()
 
@@ -148,12 +148,14 @@ class AgentCacheStore(Eviction, AgentIndex):
         root: str | None = None,
         snapshot: SnapshotTaker | None = None,
         made: Sequence[str] = (),
+        tenant: str = "",
     ) -> Persist:
         """Store a sequence's tokens (a finished one after releasing its lease): its blocks become
         hot and the agent points at it. `snapshot`: take one where the tokens end (taken for no
         agent, it stays pinned for the running sequence's own commit until `let_go`); `made`: the
-        snapshots the sequence took on its way, for the agent to keep. Returns what the caller
-        should write to the warm tier."""
+        snapshots the sequence took on its way, for the agent to keep; `tenant`: whose request
+        it is (its blocks count against that tenant's share of the budgets: eviction.py).
+        Returns what the caller should write to the warm tier."""
         with self.lock:
             now = time.monotonic()
             blocks = []
@@ -162,7 +164,7 @@ class AgentCacheStore(Eviction, AgentIndex):
                 block = self.pool.get(h) or self.pool.add(
                     Block(h, parent, tuple(tokens[start:end]), start)
                 )
-                block.last_used = now
+                block.last_used, block.tenant = now, tenant
                 # A block another running sequence pinned outside memory stays there: made hot
                 # now, it could not be evicted until that sequence ends.
                 if block.tier is not Tier.HOT and not block.pins:
@@ -171,7 +173,7 @@ class AgentCacheStore(Eviction, AgentIndex):
             persist = Persist()
             if snapshot is not None and blocks:
                 taken = snapshots.get_or_add(self.pool, self.names, blocks[-1].hash, len(tokens))
-                taken.last_used = now
+                taken.last_used, taken.tenant = now, tenant
                 if taken.tier is not Tier.HOT and not taken.pins:
                     self.pool.set_payload(taken, *snapshot())
                 taken.pins += agent is None
@@ -215,7 +217,7 @@ class AgentCacheStore(Eviction, AgentIndex):
         """A block's warm copy could not be read back: it is recomputed from now on."""
         with self.lock:
             self.pool.drop_disk(block)
-            self._drop_if_unused(block)
+            self.drop_if_unused(block)
             self.moves["warm", "cold", "unreadable"] += 1
 
     def restore(self, scan: FolderScan) -> None:
@@ -237,7 +239,7 @@ class AgentCacheStore(Eviction, AgentIndex):
                     block = self.pool.get(h) or self.pool.add(
                         Block(h, parent, tuple(manifest.tokens[start:end]), start, last_used=last_used)
                     )
-                    block.last_used = max(block.last_used, last_used)
+                    block.last_used, block.tenant = max(block.last_used, last_used), manifest.key.tenant
                     if h in scan.blocks and not block.disk_bytes:
                         self.pool.set_disk(block, scan.blocks[h].size)
                     blocks.append(block)
@@ -246,6 +248,7 @@ class AgentCacheStore(Eviction, AgentIndex):
                     prefix = self.names.prefix_name(chain, manifest.tokens, position)
                     if h in scan.blocks and h == self.names.snapshot_name(prefix):
                         kept.append(snapshots.get_or_add(self.pool, self.names, prefix, position))
+                        kept[-1].tenant = manifest.key.tenant
                         if not kept[-1].disk_bytes:
                             self.pool.set_disk(kept[-1], scan.blocks[h].size)
                 self.point_agent(manifest.key, manifest.tokens, blocks, manifest.root, kept)
@@ -271,28 +274,3 @@ class AgentCacheStore(Eviction, AgentIndex):
                 return held
             ended = self.warm.delete_agent(agent)
             return True if held else ended
-
-    def totals(self) -> dict[str, int]:
-        with self.lock:
-            by_tier = {t: 0 for t in Tier}
-            for block in self.pool.blocks.values():
-                by_tier[block.tier] += not block.snapshot
-            held = [s for s in self.pool.snapshots.values() if s.tier is not Tier.COLD]
-            return {
-                "hot_bytes": self.pool.hot_bytes,
-                "hot_exact_bytes": self.pool.exact_bytes,
-                "hot_quantized_bytes": self.pool.hot_bytes - self.pool.exact_bytes - self.pool.snapshot_bytes,
-                "hot_budget_bytes": self.hot_budget_bytes,
-                "disk_bytes": self.pool.disk_bytes,
-                "disk_budget_bytes": self._disk_budget(),
-                **{f"{t.value}_blocks": n for t, n in by_tier.items()},
-                "snapshots": len(held),
-                "snapshot_hot_bytes": self.pool.snapshot_bytes,
-                "snapshot_disk_bytes": sum(s.disk_bytes for s in held),
-                **self.counts(),
-            }
-
-    def _disk_budget(self) -> int:
-        if self.warm is None:
-            return 0
-        return (self.warm.usage.limit_bytes or 0) if self.shared else self.disk_budget_bytes

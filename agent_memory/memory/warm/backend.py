@@ -123,5 +123,14 @@ class WarmBackend(ABC):
     def usage(self) -> BackendUsage:
         return BackendUsage()
 
+    def check(self) -> tuple[BackendUsage, bool]:
+        """A shared backend's periodic check (watch.py): its usage, and whether it lost what it
+        held since the last check."""
+        return self.usage(), False
+
+    def unreachable(self, e: BaseException) -> bool:
+        """Whether a call's failure means the backend did not answer (rather than refused)."""
+        return False
+
     def close(self) -> None:
         """Release connections (after the writer has stopped)."""

@@ -136,6 +136,18 @@ class Folder:
         """Delete one of the folder's regular files (see files.unlink_regular)."""
         return files.unlink_regular(path, follow_parent=path.parent == self.root)
 
+    def rename(self, path: Path, target: Path) -> None:
+        """Move one of the folder's regular files to another name in the same folder, atomically
+        (a file there is replaced) and durably, never through a planted link."""
+        fd = self._dir_fd(path.parent)
+        try:
+            if not stat.S_ISREG(os.stat(path.name, dir_fd=fd, follow_symlinks=False).st_mode):
+                raise files.NotRegularFile(f"{path.name} is not a regular file")
+            os.replace(path.name, target.name, src_dir_fd=fd, dst_dir_fd=fd)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     # What the `cache` commands read, by path; a shared Redis namespace (redis_folder.py) answers the same.
 
     def size_at(self, path: Path) -> int:

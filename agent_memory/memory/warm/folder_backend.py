@@ -3,6 +3,7 @@ backend is; folder.py lays the folder out)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -14,6 +15,9 @@ from agent_memory.memory.warm.blockfile import BlockFileError, Layout
 from agent_memory.memory.warm.folder import Folder
 from agent_memory.memory.warm.records import Manifest
 from agent_memory.memory.warm.scan import FolderScan
+from agent_memory.memory.warm.stems import move_folder_manifests
+
+log = logging.getLogger(__name__)
 
 
 class FolderBackend(WarmBackend):
@@ -29,7 +33,7 @@ class FolderBackend(WarmBackend):
 
     def open(self, model_info: dict, owns: Callable[[str], bool]) -> FolderScan:
         """Create the folders, drop temp files, index blocks and manifests. Manifests that
-        fail their checks are quarantined."""
+        fail their checks are quarantined; those under an older version's name move (stems.py)."""
         folder = self.folder
         folder.make()
         # Atomic like every other write: a crash never leaves a torn model.json for the CLI.
@@ -44,6 +48,11 @@ class FolderBackend(WarmBackend):
             folder.unlink(tmp.path)
         for path, reason in scan.bad_manifests:
             folder.quarantine(path, f"bad manifest: {reason}")
+        move_folder_manifests(folder, scan)
+        if scan.stray_files:  # left alone, and said once: only `cache verify` would list them
+            found = scan.strays_counted()
+            said = "warm tier %s: %s the server did not write, left alone; `agent-memory cache verify` lists them"
+            log.warning(said, folder.root, found)
         return scan
 
     def put_block(self, block_hash: str, chunks: list) -> int:

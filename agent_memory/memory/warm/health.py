@@ -1,6 +1,7 @@
-"""/health's report of the warm tier: on, degraded (capped by its disk, writes failing, a shared
-backend that does not answer: why), or off (why). It reads what the tier's writer last saw and
-never asks the backend: /health runs on the event loop."""
+"""/health's report of the warm tier: on (with a note where its disk caps its budget), degraded
+(writes failing, a shared backend skipped because it does not answer: why), or off (why). It
+reads what the tier's writer last saw and never asks the backend: /health runs on the event
+loop. /health needs no key: it names no path (the start log says where the folder is)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,11 @@ def warm_health(tier: WarmTier | None, why_off: str | None, budget_bytes: int) -
         return {"status": "off", "reason": why_off or "no disk budget or cache folder"}
     if tier.shared:
         return _shared_health(tier)
-    health = {
-        "status": "on",
-        "folder": str(tier.folder.root),
-        "budget_bytes": budget_bytes,
-        "failed_writes": tier.failed_jobs,
-    }
+    health = {"status": "on", "budget_bytes": budget_bytes, "failed_writes": tier.failed_jobs}
     if tier.write_error is not None:
         health.update(status="degraded", reason=_failing(tier))
-    elif tier.budget_note is not None:
-        health.update(status="degraded", reason=tier.budget_note)
+    if tier.budget_note is not None:  # a disk smaller than the budget is a fact, not a fault
+        health["note"] = tier.budget_note
     return health
 
 
@@ -41,7 +37,11 @@ def _shared_health(tier: WarmTier) -> dict:
         "policy": usage.policy,
         "failed_writes": tier.failed_jobs,
     }
-    if tier.write_error is not None:
+    if tier.watch.skipped:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tier.watch.skipped_since))
+        reason = f"did not answer ({tier.watch.reason}); skipped since {since}, requests are served from memory"
+        health.update(status="degraded", reason=reason)
+    elif tier.write_error is not None:
         health.update(status="degraded", reason=_failing(tier))
     elif usage.used_bytes is None and usage.note:
         health.update(status="degraded", reason=usage.note)

@@ -51,25 +51,24 @@ def open_tier(
     room = disk_room(kv_dir / name)
     if room is not None and room.read_only:
         # Not even reads: an agent ended here could not be deleted there, and would come back.
-        return _without(f"the cache folder {kv_dir} is on a read-only file system")
+        return _without("the cache folder is on a read-only file system", kv_dir)
     tier = make_tier(Folder(kv_dir / name))
     file_bytes = tier.file_bytes(tier.block_layout(BLOCK_TOKENS))
     try:
         scan = tier.open()
     except OSError as e:
         if e.errno == errno.ENOSPC:
-            return _without(f"the disk holding {kv_dir} is full ({room_text(room)})")
+            return _without(f"the cache folder's disk is full ({room_text(room)})", kv_dir)
         if e.errno in (errno.EROFS,):
-            return _without(f"the cache folder {kv_dir} is on a read-only file system")
-        where = f"{e.filename}: " if e.filename else ""
-        return _without(f"the cache folder {kv_dir} cannot be used ({where}{e.strerror or e})")
+            return _without("the cache folder is on a read-only file system", kv_dir)
+        return _without(f"the cache folder cannot be used ({e.strerror or e})", e.filename or kv_dir)
     tier.budget_bytes = budget_bytes
     room = disk_room(tier.folder.root) or room  # again: open() may have written model.json
     if room is not None:
         held = sum(info.size for info in scan.blocks.values())
         if (full := _cap(tier, room, held, file_bytes)) is not None:
             tier.close()
-            return _without(f"the disk holding {kv_dir} is full ({full})")
+            return _without(f"the cache folder's disk is full ({full})", kv_dir)
     return tier, scan, None
 
 
@@ -83,12 +82,12 @@ def _cap(tier: WarmTier, room: DiskRoom, held: int, file_bytes: int) -> str | No
     if cap < tier.budget_bytes:
         asked, tier.budget_bytes = tier.budget_bytes, cap
         tier.budget_note = (
-            f"the disk holding {tier.folder.root} has {room_text(room)}: the disk budget is capped at "
+            f"the cache folder's disk has {room_text(room)}: the disk budget is capped at "
             f"{mib(cap)} (of {mib(asked)} asked) to keep {mib(room.reserve(file_bytes))} free"
         )
         if cap < held:
             tier.budget_note += f"; {mib(held - cap)} of cached blocks are given back"
-        log.warning("warm tier: %s", tier.budget_note)
+        log.warning("warm tier %s: %s", tier.folder.root, tier.budget_note)
     return None
 
 
@@ -105,6 +104,7 @@ def _say_other_precisions(kv_dir: Path, name: str) -> None:
         )
 
 
-def _without(reason: str) -> Opened:
-    log.warning("serving without the warm tier: %s", reason)
+def _without(reason: str, where: Path | str) -> Opened:
+    """No tier, and why: the reason for /health, which names no path; the log says where."""
+    log.warning("serving without the warm tier: %s (%s)", reason, where)
     return None, None, reason

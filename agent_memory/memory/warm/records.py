@@ -1,8 +1,9 @@
 """The records of the warm tier's format, wherever they are stored (a folder, a shared Redis):
 an agent's manifest (who it is, its token ids and block hashes; stored under
-`agent_file_stem`), what a block file says about its block, and the record of the server
-running on a folder. Each parse checks what it reads: token ids must fit the hash chain's uint32
-packing (memory/hashing.py), hashes must be block hashes. No MLX here.
+`agent_file_stem`, or an older version's `legacy_file_stem` until moved at start), what a block
+file says about its block, and the record of the server running on a folder. Each parse checks
+what it reads: token ids must fit the hash chain's uint32 packing (memory/hashing.py), hashes
+must be block hashes. No MLX here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_memory import files
-from agent_memory.agent_key import AGENT, KINDS, AgentKey, agent_file_stem
+from agent_memory.agent_key import AGENT, KINDS, AgentKey, agent_file_stem, legacy_file_stem
 
 BLOCK_TOKENS = 64  # tokens per block; a sequence's last block may be shorter
 HASH_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -94,6 +95,12 @@ def pid_alive(pid: object) -> bool:
     return True
 
 
+def stems_of(key: AgentKey) -> tuple[str, ...]:
+    """The names a manifest of this key may be stored under: its own, and its legacy one."""
+    legacy = legacy_file_stem(key)
+    return (agent_file_stem(key), legacy) if legacy else (agent_file_stem(key),)
+
+
 @dataclass
 class Manifest:
     """An agent's latest sequence as stored: whose it is, its tokens and their block hashes, and
@@ -164,7 +171,8 @@ class Manifest:
             raise ValueError("tenant must be a string and root a block hash")
         if kind not in KINDS:
             raise ValueError("kind must be agent or response")
-        if not isinstance(agent, str) or agent_file_stem(key := AgentKey(agent, tenant, kind)) != stem:
+        # Under its name, or the name an older version gave it (moved at start: stems.py).
+        if not isinstance(agent, str) or stem not in stems_of(key := AgentKey(agent, tenant, kind)):
             raise ValueError("agent id does not match the file name")
         # Out-of-range ids would raise OverflowError later, in the hash chain.
         if not valid_tokens(tokens):

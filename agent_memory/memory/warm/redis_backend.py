@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import secrets
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -38,6 +39,7 @@ from agent_memory.memory.warm.redis_keys import (
     RedisNamespace,
 )
 from agent_memory.memory.warm.scan import FolderScan
+from agent_memory.memory.warm.stems import move_redis_manifests
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class RedisBackend(RedisNamespace, WarmBackend):
         super().__init__(url, namespace, client=client)
         self.model_info: dict | None = None
         self._model_written = False
+        self.epoch: str | None = None  # the namespace's epoch key as this server last saw it
 
     # -- start -----------------------------------------------------------------------------
 
@@ -60,7 +63,8 @@ class RedisBackend(RedisNamespace, WarmBackend):
         self.model_info = model_info
         try:
             self._write_model_info()
-            usage = self.usage()
+            move_redis_manifests(self)
+            usage = self.check()[0]
             if usage.note:
                 log.warning("warm tier %s: %s", self.location, usage.note)
         except Exception as e:  # noqa: BLE001 - redis' errors: the tier starts degraded
@@ -161,7 +165,10 @@ class RedisBackend(RedisNamespace, WarmBackend):
     # -- budget ----------------------------------------------------------------------------
 
     def usage(self) -> BackendUsage:
-        info = self.client.info("memory")
+        return self._usage(self.client.info("memory"))
+
+    @staticmethod
+    def _usage(info: dict) -> BackendUsage:
         used, limit, policy = info.get("used_memory"), info.get("maxmemory") or None, info.get("maxmemory_policy")
         note = None
         if not limit:
@@ -171,6 +178,30 @@ class RedisBackend(RedisNamespace, WarmBackend):
         elif policy == "noeviction":
             note = "maxmemory-policy noeviction: writes fail once Redis is full; use volatile-lru"
         return BackendUsage(used, limit, policy, note)
+
+    def check(self) -> tuple[BackendUsage, bool]:
+        """Usage, and whether Redis lost its data since the last check: the namespace's epoch
+        key, set by the first server to find it absent and never evicted (it has no TTL), is
+        gone, or another server found it gone and set a new one."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.epoch_key)
+        pipe.info("memory")
+        found, info = pipe.execute()
+        if found is None:  # SET NX, then GET: Redis 6.2 takes no GET with NX
+            self.client.set(self.epoch_key, secrets.token_hex(8), nx=True)
+            found = self.client.get(self.epoch_key)
+        epoch = found.decode() if found is not None else None
+        lost = self.epoch is not None and epoch != self.epoch
+        self.epoch = epoch
+        if lost:  # the model key went too: the `cache` commands find the namespace by it
+            self._model_written = False
+            self._write_model_info()
+        return self._usage(info), lost
+
+    def unreachable(self, e: BaseException) -> bool:
+        import redis
+
+        return isinstance(e, (redis.ConnectionError, redis.TimeoutError, OSError))
 
     def close(self) -> None:
         if self._client is not None:

@@ -7,12 +7,14 @@ Keys, for a namespace `ns` (the folder name: `<model>-<fingerprint>-<precision>`
     am:{ns}:model      string  model.json: what the namespace holds (for people and the CLI)
     am:{ns}:m:<stem>   hash    an agent's manifest: etag, data (the manifest file's JSON), blocks
     am:{ns}:refs       hash    block hash -> how many manifests name it
+    am:{ns}:epoch      string  set by the first server to find it absent: gone means Redis lost its data
+    am:{ns}:stems      string  "2" once older versions' manifest names are moved (stems.py)
     am:ns:b:<hash>     string  a block: the very bytes of its block file, with a TTL
 
 `{ns}` is a hash tag: manifests and the reference counts share a slot, so one Lua script changes
 both at once, and would share a slot in Redis Cluster, while blocks would spread over every slot
 (the client here is a single node's: Cluster is not supported yet, docs/scale-out.md). <stem>
-is the manifest file's name (a hash of tenant and agent id): agent ids never become key names.
+is the manifest file's name (a hash of tenant, agent id and kind): agent ids never become key names.
 """
 
 from __future__ import annotations
@@ -78,6 +80,26 @@ if cur == ARGV[1] then return {cur} end
 return {cur, redis.call('HGET', KEYS[1], 'data')}
 """
 
+# KEYS: a manifest under its legacy name, its name, refs. ARGV: the etag read there. Moves it
+# if unchanged; when its name is taken already (a newer server wrote it), drops it and its
+# references instead (its blocks expire by their TTL). Returns 1 (moved), 2 (dropped) or 0.
+MOVE_MANIFEST = """
+if redis.call('HGET', KEYS[1], 'etag') ~= ARGV[1] then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('RENAME', KEYS[1], KEYS[2])
+  return 1
+end
+local seen = {}
+for h in string.gmatch(redis.call('HGET', KEYS[1], 'blocks') or '', '%x+') do
+  if not seen[h] then
+    seen[h] = true
+    if redis.call('HINCRBY', KEYS[3], h, -1) <= 0 then redis.call('HDEL', KEYS[3], h) end
+  end
+end
+redis.call('DEL', KEYS[1])
+return 2
+"""
+
 # KEYS: block. ARGV: SHA-1 of the bytes found damaged. Deletes them only if they are still there.
 DISCARD_BLOCK = """
 local v = redis.call('GET', KEYS[1])
@@ -112,6 +134,14 @@ class RedisNamespace:
     @property
     def refs_key(self) -> str:
         return f"{PREFIX}:{{{self.ns}}}:refs"
+
+    @property
+    def stems_key(self) -> str:
+        return f"{PREFIX}:{{{self.ns}}}:stems"
+
+    @property
+    def epoch_key(self) -> str:
+        return f"{PREFIX}:{{{self.ns}}}:epoch"
 
     def manifest_key(self, key: AgentKey | str) -> str:
         return f"{PREFIX}:{{{self.ns}}}:m:{agent_file_stem(key)}"

@@ -8,6 +8,8 @@ from pathlib import PurePosixPath
 from urllib.parse import urlsplit, urlunsplit
 
 SCHEMES = ("redis", "rediss", "unix")
+SOCKET_TIMEOUT_S = 2.0  # a command that waits this long for Redis fails
+CONNECT_TIMEOUT_S = 1.0
 
 
 class RedisPath(PurePosixPath):
@@ -39,17 +41,20 @@ def redact(url: str) -> str:
 
 
 def connect(url: str):
-    """A client (a pool of connections, safe across threads). Failures surface per command."""
+    """A client (a pool of connections, safe across threads). Failures surface per command, and
+    soon: SOCKET_TIMEOUT_S without a byte from Redis is a failure (a hung Redis, dropped
+    packets), and only a connection that broke is tried once more (a timeout is not: it would
+    double the wait). The warm tier then skips Redis until it answers (memory/warm/watch.py)."""
     import redis
     from redis.backoff import ExponentialBackoff
     from redis.retry import Retry
 
     return redis.Redis.from_url(
         url,
-        socket_timeout=5,
-        socket_connect_timeout=2,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
         health_check_interval=30,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1, supported_errors=(redis.ConnectionError,)),
     )
 
 

@@ -15,6 +15,9 @@ from agent_memory.files import TEMP_SUFFIX
 from agent_memory.memory.warm.records import HASH_RE, Manifest
 
 
+STRAY_KINDS = ((stat.S_ISREG, "file"), (stat.S_ISLNK, "link"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISDIR, "folder"))
+
+
 @dataclass(frozen=True)
 class FileInfo:
     path: Path
@@ -39,6 +42,19 @@ class FolderScan:
     # Real folders and regular files (never links) that others may read: (path, the mode they
     # should have). The scan only reports them; the server's start makes them private.
     loose: list[tuple[Path, int]] = field(default_factory=list)
+
+    def strays_counted(self) -> str:
+        """The stray files counted by kind, for the start's log: `3 entries (2 links, 1 FIFO)`."""
+        kinds = dict.fromkeys([*(kind for _, kind in STRAY_KINDS), "other"], 0)
+        for info in self.stray_files:
+            try:
+                mode = os.lstat(info.path).st_mode
+            except OSError:
+                continue  # gone since the scan
+            kinds[next((kind for test, kind in STRAY_KINDS if test(mode)), "other")] += 1
+        counted = ", ".join(f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in kinds.items() if n)
+        total = sum(kinds.values())
+        return f"{total} entr{'y' if total == 1 else 'ies'} ({counted})"
 
     def note_mode(self, path: Path, st: os.stat_result) -> None:
         want = 0o700 if stat.S_ISDIR(st.st_mode) else 0o600

@@ -6,7 +6,8 @@ Every write is atomic (files.write_atomic: a crash leaves old or new files and t
 next start removes; Redis: one command or one script). A failed write (a full disk, a link
 planted for a folder, a Redis that does not answer) costs that write only: said once per kind
 of failure, and in `write_error` until a write succeeds. With a shared backend a manifest
-write is compare-and-set (`_write_manifest`): no server overwrites a turn it did not see.
+write is compare-and-set (`_write_manifest`): no server overwrites a turn it did not see, and
+a backend that does not answer is skipped until it does (watch.py).
 """
 from __future__ import annotations
 
@@ -26,13 +27,13 @@ from agent_memory.memory.warm.folder import Folder
 from agent_memory.memory.warm.folder_backend import FolderBackend
 from agent_memory.memory.warm.records import BlockRecord, Manifest, tokens_text
 from agent_memory.memory.warm.scan import FolderScan
+from agent_memory.memory.warm.watch import TierWatch
 from agent_memory.precision import KVPrecision
 
 log = logging.getLogger(__name__)
 
 HEADER_BYTES = 2048  # a block file's safetensors header and metadata, about
 CAS_TRIES = 8  # compare-and-set attempts of one manifest write before it gives way
-USAGE_REFRESH_S = 5.0  # how often a shared backend's memory figures are read (for /health)
 
 
 class WarmTier:
@@ -84,14 +85,18 @@ class WarmTier:
         self.write_error: str | None = None  # the last failed job, until a write succeeds
         self.write_error_since: float | None = None  # wall clock
         self.failed_jobs = 0
-        self.usage = BackendUsage()  # a shared backend's figures, read every USAGE_REFRESH_S
-        self._usage_read = 0.0
+        self.watch = TierWatch(self.backend)  # a shared backend: used, or skipped while it does not answer
         self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-reader")
 
     @property
     def location(self) -> str:
         return self.backend.location
+
+    @property
+    def usage(self) -> BackendUsage:
+        """A shared backend's figures, as the watch last read them."""
+        return self.watch.usage
 
     def layout(self, block: BlockRecord) -> Layout:
         """The tensors a block's (or a snapshot's) file must hold."""
@@ -116,7 +121,7 @@ class WarmTier:
         agent; a shared backend: nothing, agents are probed when they come back)."""
         scan = self.backend.open(self.model_info(), owns=lambda fingerprint: fingerprint == self.fingerprint)
         if self.shared:
-            self._refresh_usage()
+            self.watch.check()
         self._writer.start()
         return scan
 
@@ -163,20 +168,22 @@ class WarmTier:
     def _write_loop(self) -> None:
         while True:
             try:
-                job = self._jobs.get(timeout=USAGE_REFRESH_S if self.shared else None)[2]
+                job = self._jobs.get(timeout=self.watch.interval() if self.shared else None)[2]
             except queue.Empty:
-                self._refresh_usage()
+                self.watch.check()
                 continue
             if job is None:
                 break
             kind, key, data = job
             started = time.perf_counter()
             try:
+                self.watch.guard()  # never skipped: a folder (it always answers)
                 self._run_job(kind, key, data)
                 if kind.startswith("save"):
                     self.write_error = self.write_error_since = None
                     self.on_written(kind, key.hash if kind == "save_block" else key.key.id, started)
             except Exception as e:  # one file's failure must not stop the writer
+                self.watch.failed(e)
                 self.failed_jobs += 1
                 if self.write_error is None:
                     self.write_error_since = time.time()
@@ -190,8 +197,8 @@ class WarmTier:
                 if kind == "save_block":
                     self._pending.discard(key.hash)
                 self._jobs.task_done()
-            if self.shared and time.monotonic() - self._usage_read > USAGE_REFRESH_S:
-                self._refresh_usage()
+            if self.shared and self.watch.due():
+                self.watch.check()
         self._jobs.task_done()
 
     def _run_job(self, kind: str, key, data) -> None:
@@ -257,13 +264,6 @@ class WarmTier:
         except Exception as e:  # noqa: BLE001 - the manifest write it follows succeeded
             log.info("could not free %d unused blocks in the shared tier (%s): their TTL will expire them", len(hashes), e)
 
-    def _refresh_usage(self) -> None:
-        self._usage_read = time.monotonic()
-        try:
-            self.usage = self.backend.usage()
-        except Exception as e:  # noqa: BLE001 - shown on /health as a failed write would be
-            self.usage = BackendUsage(note=f"the store does not answer: {e}")
-
     def _log_once(self, kind: str, e: Exception) -> None:
         """Say once per kind of failure what happened and what it means; then stay quiet."""
         key = (kind, getattr(e, "errno", None) or type(e).__name__)
@@ -284,11 +284,11 @@ class WarmTier:
         """Future of the block's tensors as numpy; a damaged copy is set aside and raises, a
         missing one raises BlockMissing."""
         expect = {**self.meta, "hash": block.hash, "tokens": tokens_text(block.tokens)}
-        return self._reader.submit(self.backend.read_block, block.hash, expect, self.layout(block))
+        return self.watch.submit(self._reader, self.backend.read_block, block.hash, expect, self.layout(block))
 
     def probe(self, key: AgentKey | None, known: str | None, hashes: list[str]) -> Future:
         """Future of what the shared backend holds for a request (backend.Probe)."""
-        return self._reader.submit(self.backend.probe, key, known, hashes)
+        return self.watch.submit(self._reader, self.backend.probe, key, known, hashes)
 
     def quarantine_manifest(self, manifest: Manifest, reason: str) -> None:
         self.backend.quarantine_manifest(manifest, reason)
