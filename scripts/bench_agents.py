@@ -34,6 +34,9 @@ through LD_PRELOAD), HF_HUB_OFFLINE=1:
     .venv/bin/python scripts/bench_agents.py --compare --repeats 2 --json bench.json
     # 12 agents x 3 turns, 5 s think time between an agent's turns
     .venv/bin/python scripts/bench_agents.py --compare --repeats 2 --agents 12 --turns 3 --think 5
+    # the guard against a regression: this checkout against an older commit (and a variant), alternating
+    .venv/bin/python scripts/bench_agents.py --baseline b088a13 --variant spec-off='--speculation off' \
+        --repeats 2 --agents 12 --turns 3 --think 5 --max-tokens 32
     # where our server's time goes (queue, disk reads, prefill, writes), from its --trace-file
     .venv/bin/python scripts/bench_agents.py --serve ours --trace
     # returning agents with a 2,000-token history: cold vs warm vs after restart
@@ -176,6 +179,16 @@ def prior_history(agent: int, tokens: int) -> list[dict]:
 # --------------------------------------------------------------------------------------
 
 SERVERS = ("ours", "mlx-lm", "vllm-mlx")
+BASE = "base"  # --baseline: our server at an older commit
+
+
+@dataclass(frozen=True)
+class OursCode:
+    """Our server as one of the compared ones: the checkout it runs from and its extra flags
+    (this checkout and --ours-args for "ours"; a worktree of --baseline; a --variant's flags)."""
+
+    folder: Path
+    args: str
 PEERS = ("mlx-lm", "vllm-mlx")
 ALIASES = {"peer": "mlx-lm", "mlx_lm": "mlx-lm", "vllm": "vllm-mlx", "vllm_mlx": "vllm-mlx"}
 
@@ -339,10 +352,15 @@ class ManagedServer:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    @property
+    def code(self) -> OursCode | None:
+        """Which checkout of our server this is, and its extra flags (None: a peer)."""
+        return self.opts.ours_like.get(self.kind)
+
     def command(self) -> list[str]:
-        if self.kind == "ours":
+        if self.code:
             serve = ["--model", self.model, "--port", str(self.port), "--cache-dir", str(self.cache_dir)]
-            serve += shlex.split(self.opts.ours_args)
+            serve += shlex.split(self.code.args)
             if self.trace:  # the server's own trace of its engine (engine/trace.py)
                 path = self.log_dir / f"{self.cache_dir.name}-trace-start{self.starts}.jsonl"
                 self.traces.append(path)
@@ -363,11 +381,11 @@ class ManagedServer:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                "TOKENIZERS_PARALLELISM": "false"}
         env.pop("AGENT_MEMORY_API_KEY", None)
-        if self.kind == "ours":
+        if self.code:
             # The checkout whose code runs (default this one): a clean worktree of a commit keeps
             # a measurement still while others edit this one.
-            env["PYTHONPATH"] = ":".join(filter(None, [str(self.opts.ours_dir), env.get("PYTHONPATH")]))
-            env["BENCH_OURS_DIR"] = str(self.opts.ours_dir)
+            env["PYTHONPATH"] = ":".join(filter(None, [str(self.code.folder), env.get("PYTHONPATH")]))
+            env["BENCH_OURS_DIR"] = str(self.code.folder)
         else:
             lib = find_openblas()
             if lib:
@@ -392,7 +410,7 @@ class ManagedServer:
         self.logs.append(self.log_path)
         self._log = open(self.log_path, "ab")
         t0 = time.monotonic()
-        cwd = self.opts.ours_dir if self.kind == "ours" else REPO
+        cwd = self.code.folder if self.code else REPO
         self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=self.env(),
                                      cwd=cwd, start_new_session=True)
         wait_ready(self.root, timeout, self.proc, self.log_path)
@@ -903,7 +921,7 @@ def run_workload(kind: str, args, agents_n: int, turns: int, history_tokens: int
         cache_dir = work_dir / f"{tag}-cache"
         if cache_dir.exists():
             shutil.rmtree(cache_dir)
-        server = ManagedServer(kind, args.model, cache_dir, work_dir, args, trace=args.trace and kind == "ours")
+        server = ManagedServer(kind, args.model, cache_dir, work_dir, args, trace=args.trace and kind in args.ours_like and kind != BASE)
         server.start(args.start_timeout)
         base_url, root, pid = server.base_url, server.root, server.pid
     model_name = model_name_for(kind, args)
@@ -1001,7 +1019,7 @@ def run_workload(kind: str, args, agents_n: int, turns: int, history_tokens: int
     exact_kvb = geometry.get("kv_bytes_per_token")  # as computed: the model's dtype
     # agent-memory keeps hot KV exact while an agent is active and quantizes it when it cools
     # (its log: "KV cached as q4g64"): the ideal prices each token at the precision held.
-    precision = kv_precision_from_log(server.logs[0]) if server and kind == "ours" else None
+    precision = kv_precision_from_log(server.logs[0]) if server and kind in args.ours_like else None
     result["kv_precision"] = precision or geometry.get("dtype")
     quant_kvb = exact_kvb
     if exact_kvb and precision and precision.startswith("q"):
@@ -1187,9 +1205,10 @@ COMPARED = [
 ]
 
 
-def compare_table(summary: dict[str, dict]) -> tuple[str, dict]:
+def compare_table(summary: dict[str, dict], others: list[str]) -> tuple[str, dict]:
+    """Ours against each of `others` (the peers; or the baseline and variants), metric by metric."""
     ours = summary.get("ours")
-    peers = [k for k in PEERS if k in summary]
+    peers = [k for k in others if k in summary and k != "ours"]
     if not ours or not peers:
         return "", {}
     ratios = {p: {k: ratio(ours[k], summary[p][k]) for k, _ in COMPARED} for p in peers}
@@ -1214,7 +1233,7 @@ def targets(summary: dict[str, dict]) -> tuple[str, list[dict]]:
     """The issue's targets, each against the peers it names, with the numbers."""
     ours = summary.get("ours")
     peers = [k for k in PEERS if k in summary]
-    if not ours or not peers:
+    if not ours or not (peers or BASE in summary):
         return "", []
     rows = []
 
@@ -1233,11 +1252,14 @@ def targets(summary: dict[str, dict]) -> tuple[str, list[dict]]:
             add(f"workload wall time (turns + turn after a {'crash' if kind == 'crash' else 'graceful restart'}) "
                 "≤ 0.6× the faster peer's", ratio(ours[key], vals[fastest]), 0.6, "<=", fastest)
     for p in peers:
-        add("after a crash, TTFT ≥ 5× better than each peer's",
-            ratio(summary[p]["ttft_crash_median"], ours["ttft_crash_median"]), 5.0, ">=", p)
+        add("after a crash, TTFT ≥ 10× better than each peer's",
+            ratio(summary[p]["ttft_crash_median"], ours["ttft_crash_median"]), 10.0, ">=", p)
     if "vllm-mlx" in summary:
         add("after a graceful restart, TTFT no worse than vllm-mlx's",
             ratio(ours["ttft_graceful_median"], summary["vllm-mlx"]["ttft_graceful_median"]), 1.0, "<=", "vllm-mlx")
+    if BASE in summary:
+        add("later-turn TTFT ≤ 0.8× the baseline's", ratio(ours["ttft_later_median"], summary[BASE]["ttft_later_median"]),
+            0.8, "<=", BASE)
     rss = {p: summary[p]["peak_rss_bytes"] for p in peers if summary[p]["peak_rss_bytes"]}
     if rss:
         smaller = min(rss, key=rss.get)
@@ -1367,6 +1389,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--vllm-args", default="", help="extra flags for vllm-mlx serve")
     g.add_argument("--no-install", action="store_true", help="never create vllm-mlx's venv; fail instead")
     g.add_argument("--setup-vllm-mlx", action="store_true", help="create vllm-mlx's venv and exit")
+    g.add_argument("--baseline", metavar="REV",
+                   help="also run our server at this commit (a clean worktree made in the work dir), alternating "
+                        "with this checkout's, and print ours / base: the guard against a regression")
+    g.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                   help="also run this checkout's server with these extra flags under NAME, alternating "
+                        "(e.g. spec-off='--speculation off'); repeatable")
     g.add_argument("--repeats", type=int, default=1, help="runs per server, alternating between the servers")
     g.add_argument("--start-timeout", type=float, default=300)
     g.add_argument("--work-dir", type=Path, default=None, help="cache folders and logs (default: a temp dir)")
@@ -1409,6 +1437,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         return args
     if args.compare:
         args.serve = ["ours"] + [k for k in args.peers if k != "ours"]
+    args.ours_like = {"ours": OursCode(args.ours_dir, args.ours_args)}
+    for v in args.variant:
+        name, sep, flags = v.partition("=")
+        if not sep or not name or name in SERVERS + (BASE, "external"):
+            p.error(f"--variant {v!r}: NAME=FLAGS, NAME not one of the servers' names")
+        args.ours_like[name] = OursCode(args.ours_dir, f"{args.ours_args} {flags}")
+    if args.baseline or args.variant:
+        if args.base_url:
+            p.error("--baseline and --variant start servers: not with --base-url")
+        args.serve = (args.serve or ["ours"]) + ([BASE] if args.baseline else []) + [
+            n for n in args.ours_like if n != "ours"]
     if args.base_url and args.serve:
         p.error("--base-url and --serve/--compare exclude each other")
     if not args.base_url and not args.serve:
@@ -1420,6 +1459,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.trace and args.serve and "ours" not in args.serve:
         p.error("--trace times our server: --serve ours")
     return args
+
+
+def add_baseline(args, work_dir: Path) -> Path | None:
+    """A clean worktree of --baseline in the work dir (or the folder given), run as "base"."""
+    if not args.baseline:
+        return None
+    folder = Path(args.baseline)
+    made = None
+    if not (folder / "agent_memory").is_dir():
+        made = work_dir / f"baseline-{args.baseline}"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(made), args.baseline],
+                       check=True, capture_output=True)
+        folder = made
+    args.ours_like[BASE] = OursCode(folder, args.ours_args)
+    return made
+
+
+def drop_baseline(made: Path | None) -> None:
+    if made is not None:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(made)], capture_output=True)
 
 
 def servers_of(args) -> list[str]:
@@ -1458,6 +1517,7 @@ def main(argv=None) -> int:
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-agents-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     print(f"work dir: {work_dir}", flush=True)
+    baseline = add_baseline(args, work_dir)
     servers = servers_of(args)
     out: dict = {"argv": argv, "model": args.model or args.model_dir, "started": time.strftime("%FT%T%z"),
                  "load_average_at_start": load_average(), "ours_code": code_version(args),
@@ -1518,10 +1578,14 @@ def main(argv=None) -> int:
                 text += (f"\n\nours after the turns: hot {ours['hot_bytes'] / 2**20:.2f} MiB, of which "
                          f"{ours['snapshots']:.0f} snapshots {ours['snapshot_hot_bytes'] / 2**20:.2f} MiB; snapshots "
                          f"on disk {ours['snapshot_disk_bytes'] / 2**20:.2f} MiB")
-            cmp_text, ratios = compare_table(summary)
+            cmp_text, ratios = compare_table(summary, list(PEERS))
             if cmp_text:
                 text += "\n\n" + cmp_text
                 out["ratios_ours_over_peer"] = ratios
+            own_text, own_ratios = compare_table(summary, list(args.ours_like))
+            if own_text:
+                text += f"\n\nours against {args.baseline or 'the baseline'} and the variants\n\n" + own_text
+                out["ratios_ours_over_own"] = own_ratios
             tgt_text, tgt_rows = targets(summary)
             if tgt_text:
                 text += "\n\n" + tgt_text
@@ -1552,6 +1616,7 @@ def main(argv=None) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(out, indent=1, default=str))
             print(f"json: {args.json}")
+        drop_baseline(baseline)
         if not args.keep and not failed and not args.work_dir:
             shutil.rmtree(work_dir, ignore_errors=True)
         elif failed:

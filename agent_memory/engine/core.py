@@ -27,6 +27,7 @@ from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status, new_sequence
 from agent_memory.engine.speculative_batch import Verified
 from agent_memory.engine.trace import NoTrace
+from agent_memory.memory.index.write_back import WriteBack
 from agent_memory.memory.warm.records import BLOCK_TOKENS
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class Work:
 
     decode: bool
     prefill: Sequence | None
+    waiting: int  # prompts whose prefill has not ended: a speculative step weighs their wait
 
 
 @dataclass
@@ -70,6 +72,9 @@ class EngineCore:
         self._ids = ids  # sequence ids, shared with the requests' (BatchEngine.submit)
         self.seqs: dict[int, Sequence] = {}  # in arrival order
         self.planner = Planner(parts.store, parts.warm, metrics, trace, post)
+        # What a shared tier loses or misses is written back from memory.
+        shared, disk = parts.store.sync is not None, parts.precisions.disk
+        self.write_back = WriteBack(parts.store, parts.warm, post, lambda p: p.tensors(disk)) if shared else None
 
     @property
     def decoding(self) -> int:
@@ -94,16 +99,15 @@ class EngineCore:
         seq = self._next_prefill()
         if seq is not None and not (self.scheduler.may_prefill(self.decoding) and self._fits(seq)):
             seq = None
-        return Work(decode=self.decoding > 0, prefill=seq)
+        return Work(self.decoding > 0, seq, self.scheduler.waiting_prompts(self.seqs.values()))
 
     def _execute(self, work: Work) -> Outcome:
         outcome = Outcome()
         if work.decode:
-            t0 = time.perf_counter()
-            n = self.decoding
+            t0, n = time.perf_counter(), self.decoding
             self.metrics.batch_size.observe(n)
             batch = [self.seqs[i] for i in self.parts.batch.seq_ids]
-            outcome.tokens = self._guard(self.parts.batch.step, batch) or []
+            outcome.tokens = self._guard(lambda: self.parts.batch.step(work.waiting), batch) or []
             outcome.verified = self.parts.batch.verified
             self.trace.decoded(t0, n)
         if work.prefill is not None:
@@ -158,9 +162,7 @@ class EngineCore:
             seq = self.seqs[v.seq_id]
             seq.usage.accepted_prediction_tokens += v.accepted
             seq.usage.rejected_prediction_tokens += v.proposed - v.accepted
-            self.metrics.proposed_tokens.inc(v.proposed)
-            self.metrics.accepted_tokens.inc(v.accepted)
-            self.metrics.accepted_per_step.observe(v.accepted)
+            self.metrics.speculated(v.proposed, v.accepted)
 
     def _apply_tokens(self, tokens: list[Token]) -> None:
         stopped: dict[int, Sequence] = {}
@@ -280,6 +282,8 @@ class EngineCore:
         seq = self.seqs.get(seq_id)
         if seq is None:
             return
+        if seq.discovery is not None:  # its question to the shared tier, if not asked yet, is not
+            self.store.sync.drop(seq.discovery)
         if seq.status is Status.DECODING:
             self._end(seq, "cancelled", *self.parts.batch.remove([seq.id])[seq.id])
         else:  # waiting or prefilling: keep what was computed

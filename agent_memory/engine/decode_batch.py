@@ -64,8 +64,9 @@ class DecodeBatch:
         )
         self._batch.extend(joining)
 
-    def step(self) -> list[Token]:
-        """One token for every sequence; finished ones leave the batch with their KV."""
+    def step(self, waiting: int = 0) -> list[Token]:
+        """One token for every sequence; finished ones leave the batch with their KV. (A plain
+        step has no width to weigh against the `waiting` prompts: SpeculativeBatch's has.)"""
         return [Token(r.uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens) for r in self._batch.next()]
 
     def remove(self, seq_ids: list[int]) -> dict[int, tuple[list, list[int]]]:

@@ -139,6 +139,12 @@ class Metrics:
         r.register(BlockMoves(lambda: self._store))
         r.register(BlockCounts(lambda: self._store))
 
+    def speculated(self, proposed: int, accepted: int) -> None:
+        """One sequence's proposals in one speculative step."""
+        self.proposed_tokens.inc(proposed)
+        self.accepted_tokens.inc(accepted)
+        self.accepted_per_step.observe(accepted)
+
     def watch(self, store, count: Callable[[str], int], warm_on: bool) -> None:
         """Read the engine's and the store's state at scrape time rather than tracking every
         change, from the store of the model as loaded now. `count`: sequences in a state."""

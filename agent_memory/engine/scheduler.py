@@ -30,6 +30,13 @@ class Scheduler:
         ]
         return sorted(waiting, key=lambda s: (now - s.submitted < self.patience_s, s.new_tokens))
 
+    @staticmethod
+    def waiting_prompts(seqs: Iterable[Sequence]) -> int:
+        """Requests whose prefill has not ended, each a step later for every step before it
+        (follow-ups, which nobody waits for, do not count): what a speculative step's width
+        weighs against its decoding sequences' gain (verify_width.py)."""
+        return sum(1 for s in seqs if s.status in (Status.WAITING, Status.PREFILLING) and not s.prefill_only)
+
     def ready_to_prefill(self, seqs: Iterable[Sequence]) -> Sequence | None:
         """The first planned sequence whose disk reads are done."""
         return next((s for s in seqs if s.ready()), None)

@@ -81,13 +81,15 @@ class SpeculativeBatch:
         self.proposer.add(seq_id, prompt)
         self.rows.append(Row(seq_id, list(prompt[:-1]), prompt[-1], False, sampler, processors, max_tokens))
 
-    def step(self) -> list[Token]:
+    def step(self, waiting: int = 0) -> list[Token]:
         """Verify every sequence's proposals in one forward pass; each sequence's new tokens, in
-        order (finished ones leave the batch with their KV)."""
+        order (finished ones leave the batch with their KV). `waiting`: prompts queued behind
+        this step, whose wait a wider step lengthens (verify_width.py)."""
         t0 = time.perf_counter()
         proposed = self.proposer.propose([(r.seq_id, r.fed, self._left(r)) for r in self.rows])
         proposals = [self._allowed(r, p) for r, p in zip(self.rows, proposed)]
-        width = self.width.choose([len(p) for p in proposals], [self.proposer.rate(r.seq_id) for r in self.rows])
+        rates = [self.proposer.rate(r.seq_id) for r in self.rows]
+        width = self.width.choose([len(p) for p in proposals], rates, waiting)
         proposals = [p[: width - 1] for p in proposals]
         inputs = [[r.fed, *p] + [r.fed] * (width - 1 - len(p)) for r, p in zip(self.rows, proposals)]
         logits = self.model(mx.array(inputs), cache=self.cache)
