@@ -1,10 +1,11 @@
 """EngineCore: the engine thread's work, and only that thread's (it touches MLX).
 
 Each `step()` reads as nano-vllm's: the scheduler's decision (`_schedule`: does the batch
-decode, which planned sequence prefills a chunk), running it (`_execute`: one decode step of
-the whole batch, one prefill chunk), then applying the results (`_apply`: tokens to their
-requests, sequences that finished leave, a prefilled one joins the batch). A sequence ends
-through one path, `_end`, that releases, commits and reports once.
+decode, which planned sequence prefills a chunk), then running and applying each part: one
+decode step of the whole batch (`_decode`) whose tokens go to their requests at once
+(`_apply_decoded`: sequences that finished leave), then one prefill chunk (`_prefill`; a
+prefilled sequence joins the batch). A sequence ends through one path, `_end`, that releases,
+commits and reports once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from agent_memory.agent_key import AgentKey
@@ -44,13 +45,12 @@ class Work:
 
 
 @dataclass
-class Outcome:
-    """What a step gave: each decoding sequence's new tokens (one, or with speculation any
-    number); whether the prefill's plan is all in."""
+class Decoded:
+    """What a decode step gave: each decoding sequence's new tokens (one, or with speculation
+    any number), and with speculation each sequence's proposals."""
 
-    tokens: list[Token] = field(default_factory=list)
-    verified: list[Verified] = field(default_factory=list)  # speculation: each sequence's proposals
-    prefilled: bool = False
+    tokens: list[Token]
+    verified: list[Verified]
 
 
 class EngineCore:
@@ -91,9 +91,13 @@ class EngineCore:
     # -- one step -----------------------------------------------------------------------
 
     def step(self) -> None:
+        """The scheduler's decision, then each part run and applied in turn: decoded tokens
+        reach their clients before the prefill chunk (as long as several decode steps) runs."""
         work = self._schedule()
-        outcome = self._execute(work)
-        self._apply(work, outcome)
+        if work.decode:
+            self._apply_decoded(self._decode(work))
+        if work.prefill is not None and self._prefill(work.prefill):
+            self._guard(lambda: self._prefill_done(work.prefill), [work.prefill])
 
     def _schedule(self) -> Work:
         seq = self._next_prefill()
@@ -101,28 +105,29 @@ class EngineCore:
             seq = None
         return Work(self.decoding > 0, seq, self.scheduler.waiting_prompts(self.seqs.values()))
 
-    def _execute(self, work: Work) -> Outcome:
-        outcome = Outcome()
-        if work.decode:
-            t0, n = time.perf_counter(), self.decoding
-            self.metrics.batch_size.observe(n)
-            batch = [self.seqs[i] for i in self.parts.batch.seq_ids]
-            outcome.tokens = self._guard(lambda: self.parts.batch.step(work.waiting), batch) or []
-            outcome.verified = self.parts.batch.verified
-            self.trace.decoded(t0, n)
-        if work.prefill is not None:
-            seq, t0, pos = work.prefill, time.perf_counter(), work.prefill.pos
-            done = self._guard(lambda: self.parts.prefiller.run(seq, self.scheduler.chunk_tokens), [seq])
-            outcome.prefilled = bool(done)
-            self.trace.prefilled(seq, t0, seq.pos - pos)
-        return outcome
+    def _decode(self, work: Work) -> Decoded:
+        t0, n = time.perf_counter(), self.decoding
+        self.metrics.batch_size.observe(n)
+        batch = [self.seqs[i] for i in self.parts.batch.seq_ids]
+        tokens = self._guard(lambda: self.parts.batch.step(work.waiting), batch) or []
+        self.trace.decoded(t0, n)
+        return Decoded(tokens, self.parts.batch.verified)
 
-    def _apply(self, work: Work, outcome: Outcome) -> None:
-        self._count_proposals(outcome.verified)
-        if outcome.tokens:
-            self._apply_tokens(outcome.tokens)
-        if outcome.prefilled:
-            self._guard(lambda: self._prefill_done(work.prefill), [work.prefill])
+    def _prefill(self, seq: Sequence) -> bool:
+        """One chunk of the sequence's prefill; whether its plan is all in."""
+        t0, pos = time.perf_counter(), seq.pos
+        done = self._guard(lambda: self.parts.prefiller.run(seq, self.scheduler.chunk_tokens), [seq])
+        self.trace.prefilled(seq, t0, seq.pos - pos)
+        return bool(done)
+
+    def _apply_decoded(self, decoded: Decoded) -> None:
+        for v in decoded.verified:  # speculation: what each sequence's proposals gave
+            seq = self.seqs[v.seq_id]
+            seq.usage.accepted_prediction_tokens += v.accepted
+            seq.usage.rejected_prediction_tokens += v.proposed - v.accepted
+            self.metrics.speculated(v.proposed, v.accepted)
+        if decoded.tokens:
+            self._apply_tokens(decoded.tokens)
 
     def _guard(self, work: Callable[[], T], seqs: list[Sequence]) -> T | None:
         """Run one unit of MLX work; if it fails, fail the sequences it touched, not the server."""
@@ -156,13 +161,6 @@ class EngineCore:
         return None
 
     # -- applying results -------------------------------------------------------------------
-
-    def _count_proposals(self, verified: list[Verified]) -> None:
-        for v in verified:
-            seq = self.seqs[v.seq_id]
-            seq.usage.accepted_prediction_tokens += v.accepted
-            seq.usage.rejected_prediction_tokens += v.proposed - v.accepted
-            self.metrics.speculated(v.proposed, v.accepted)
 
     def _apply_tokens(self, tokens: list[Token]) -> None:
         stopped: dict[int, Sequence] = {}
@@ -266,6 +264,8 @@ class EngineCore:
             sink(Failed(f"the request could not be started: {e}"))
             return
         self.metrics.prompt_tokens.inc(len(request.prompt))
+        for queued in self.scheduler.superseded(self.seqs.values(), seq.agent):
+            self._end(queued, "superseded")
         self.seqs[seq_id] = seq
         if seq.discovery is not None:  # the shared warm tier's answer: adopt it, then plan the request
             seq.discovery.add_done_callback(lambda _: self._post(self.store.sync.apply))

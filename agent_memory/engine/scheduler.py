@@ -23,12 +23,14 @@ class Scheduler:
     def planning_order(self, seqs: Iterable[Sequence], now: float) -> list[Sequence]:
         """Waiting sequences, the one with the least new work first, so that a returning
         agent's short turn does not wait behind a newcomer's long prompt, unless that one
-        has waited longer than the patience allows. A request the shared warm tier has not
-        answered about yet (Sequence.discovery) is not planned until it has."""
+        has waited longer than the patience allows. Follow-ups (prefill only: the canonical
+        reply's KV, which no client waits for) come after every request a client waits for.
+        A request the shared warm tier has not answered about yet (Sequence.discovery) is not
+        planned until it has."""
         waiting = [
             s for s in seqs if s.status is Status.WAITING and (s.discovery is None or s.discovery.done())
         ]
-        return sorted(waiting, key=lambda s: (now - s.submitted < self.patience_s, s.new_tokens))
+        return sorted(waiting, key=lambda s: (s.prefill_only, now - s.submitted < self.patience_s, s.new_tokens))
 
     @staticmethod
     def waiting_prompts(seqs: Iterable[Sequence]) -> int:
@@ -36,6 +38,12 @@ class Scheduler:
         (follow-ups, which nobody waits for, do not count): what a speculative step's width
         weighs against its decoding sequences' gain (verify_width.py)."""
         return sum(1 for s in seqs if s.status in (Status.WAITING, Status.PREFILLING) and not s.prefill_only)
+
+    @staticmethod
+    def superseded(seqs: Iterable[Sequence], agent) -> list[Sequence]:
+        """The agent's follow-ups not started yet: its next turn, arriving, computes the same KV
+        first (and a follow-up ending after that turn would point the agent back at the old one)."""
+        return [s for s in seqs if s.prefill_only and s.status is Status.WAITING and agent and s.agent == agent]
 
     def ready_to_prefill(self, seqs: Iterable[Sequence]) -> Sequence | None:
         """The first planned sequence whose disk reads are done."""
