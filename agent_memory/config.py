@@ -113,6 +113,12 @@ class Settings(BaseSettings):
         description="Sampling fields a request omits (temperature, top_p, top_k) come from the model's "
         "generation_config.json; off: temperature 1, top_p 1, no top_k.",
     )
+    default_max_tokens: Repeated = Field(
+        [],
+        description="Most tokens a request that sends no limit generates (Codex sends none), so a model that "
+        "does not stop cannot write to the end of its context: N for every model, NAME=N for one (again for "
+        "more) (default: as many as the context has room for).",
+    )
     speculation: Annotated[str, one_of("off", "lookup", "draft")] = Field(
         "lookup",
         description="Speculative decoding: 'lookup' proposes tokens from each request's own prompt and output "
@@ -173,6 +179,14 @@ class Settings(BaseSettings):
     @classmethod
     def expand_home(cls, v: Path) -> Path:
         return v.expanduser()
+
+    @field_validator("default_max_tokens")
+    @classmethod
+    def output_limits(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            if not OUTPUT_LIMIT.match(entry):
+                raise ValueError(f"takes N or NAME=N, N a positive number of tokens, not '{entry}'")
+        return v
 
     @field_validator("warm_store")
     @classmethod
@@ -263,6 +277,7 @@ def _explain(error: ValidationError) -> str:
     return "; ".join(lines)
 
 
+OUTPUT_LIMIT = re.compile(r"^(?:(.+)=)?([1-9][0-9]*)$")  # --default-max-tokens: N or NAME=N
 TENANT_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 

@@ -5,6 +5,7 @@ call is returned as written and the log says so, once per tool and keyword."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from agent_memory.chat.call_check import check_call
 from agent_memory.chat.conversation import ToolCall
@@ -36,6 +37,20 @@ def test_a_call_is_checked_against_the_whole_schema():
     assert check_call(ToolCall("c1", "create", '{"title": '), CREATE) is None  # cut off: read as such elsewhere
     nowhere = {"type": "object", "properties": {"title": {"$ref": "#/$defs/missing"}}}  # refused where it is compiled
     assert check_call(ToolCall("c1", "create", '{"title": "x"}'), nowhere) is None
+
+
+def test_a_call_loosened_from_one_of_is_checked_against_it():
+    """Qwen Code's agent tool: under `auto` its fork_turns oneOf is enforced as anyOf; the check
+    holds the call to the oneOf itself."""
+    tool = json.loads((Path(__file__).parent / "data" / "qwen_code" / "agent_tool.json").read_text())
+    schema = tool["function"]["parameters"]
+
+    def why(fork_turns: str) -> str | None:
+        arguments = {"description": "d", "prompt": "p", "subagent_type": "fork", "fork_turns": fork_turns}
+        return check_call(ToolCall("c1", "agent", json.dumps(arguments)), schema)
+
+    assert why("all") is None and why("3") is None
+    assert why("0") is not None and why("0").endswith("at fork_turns")
 
 
 def test_a_loosened_call_that_fails_its_schema_is_returned_and_said(tmp_path):

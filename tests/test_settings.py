@@ -32,6 +32,7 @@ VALUES = {
     "disk_kv_bits": (8, 16, 4),
     "decode_quantized": (True, False, True),
     "model_defaults": (False, True, False),
+    "default_max_tokens": (["4096"], ["2048", "small=512"], ["1024", "a=16"]),
     "speculation": ("off", "lookup", "draft"),
     "draft_model": ("/tmp/draft-file", "/tmp/draft-env", "draft-flag/hub-id"),
     "max_batch": (3, 4, 5),
@@ -115,6 +116,8 @@ def test_flag_beats_env_beats_file_beats_default(name, tmp_path, monkeypatch):
         ('warm_store = "http://cache:6379"\n', "--warm-store"),
         ("hot_budjet_mb = 10\n", "hot_budjet_mb"),
         ("kv_bits = \n", "config file"),
+        ('default_max_tokens = ["0"]\n', "--default-max-tokens"),
+        ('default_max_tokens = ["a=lots"]\n', "--default-max-tokens"),
     ],
 )
 def test_a_wrong_setting_is_a_clear_error_at_start(toml, named, tmp_path, tiny_model):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import httpx
 import jsonschema
@@ -38,6 +39,8 @@ TOOLS = [
     {"type": "function", "function": {"name": "add", "description": "Add two digits.", "parameters": ADD}},
 ]
 SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+# Qwen Code 0.24.4's `agent` tool, whose fork_turns is a oneOf (tests/data/qwen_code/README.md).
+QWEN_AGENT = json.loads((Path(__file__).parent / "data" / "qwen_code" / "agent_tool.json").read_text())
 QUESTION = [{"role": "system", "content": "You answer with tools."}, {"role": "user", "content": "Weather in Oslo?"}]
 ANSWER = {
     "type": "object",
@@ -289,6 +292,43 @@ def test_an_unenforceable_tool_schema(server, choice):
     assert "propertyNames" in error["message"] and "\n" not in error["message"] and "%json" not in error["message"]
 
 
+def test_qwen_codes_agent_tool_is_served_under_auto(server):
+    """Qwen Code sends no tool_choice; its `agent` tool's fork_turns is a oneOf llguidance cannot
+    prove disjoint. The request is served, the tool's calls constrained with oneOf as anyOf,
+    said once in the log (a finished call is still checked against the whole schema)."""
+    messages = [{"role": "user", "content": "Fork a helper."}]
+    body = {"messages": messages, "max_tokens": 8, "tools": [QWEN_AGENT, TOOLS[0]]}
+    for _ in range(2):
+        r = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+    said = [line for line in server.log().splitlines() if "tool 'agent': its calls are constrained" in line]
+    assert len(said) == 1 and "with oneOf as anyOf" in said[0], said
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "agent"}}])
+def test_a_required_call_to_qwen_codes_agent_tool_is_refused_in_the_users_terms(server, choice):
+    """A call the client requires must follow the whole schema: a 400 naming the tool, its
+    parameters and the keyword, never the grammar engine's option names."""
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"messages": messages, "max_tokens": 8, "tools": [QWEN_AGENT], "tool_choice": choice}
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tools.0.parameters" and error["code"] == "invalid_schema"
+    assert "tool 'agent'" in error["message"] and "oneOf" in error["message"], error
+    assert "coerce" not in error["message"] and "Enable" not in error["message"] and "option" not in error["message"]
+
+
+def test_a_named_call_is_constrained_by_its_own_tool_alone(server, client):
+    """Naming get_weather beside Qwen Code's agent tool: only get_weather can be called, so the
+    agent tool's oneOf refuses nothing."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = create(client, tools=[QWEN_AGENT, TOOLS[0]], tool_choice=named)
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+
+
 @pytest.mark.parametrize(
     "ref, said",
     [
@@ -333,6 +373,30 @@ def test_loosen_drops_only_what_cannot_be_enforced():
         "properties": {"not": {"type": "string"}, "m": {"type": "object", "default": {"not": 1}}},
     }
     assert loosen(schema, lambda s: "Pointer '/$defs/x' does not exist") is None
+
+
+def test_loosen_enforces_one_of_as_any_of():
+    from agent_memory.chat.loosen import loosen
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "oneOf": {"oneOf": [{"const": 1}, {"type": "integer"}]},  # a property named like a keyword stays
+            "both": {"anyOf": [{"type": "string"}], "oneOf": [{"minLength": 1}, {"maxLength": 3}]},
+        },
+        "default": {"oneOf": 1},
+    }
+    refusals = iter(["oneOf constraints are not supported. Enable 'coerce_one_of' option to approximate oneOf with anyOf"])
+    fitted, dropped = loosen(schema, lambda s: next(refusals, None))
+    assert dropped == ["oneOf as anyOf"]
+    assert fitted == {
+        "type": "object",
+        "properties": {
+            "oneOf": {"anyOf": [{"const": 1}, {"type": "integer"}]},
+            "both": {"anyOf": [{"type": "string"}], "allOf": [{"anyOf": [{"minLength": 1}, {"maxLength": 3}]}]},
+        },
+        "default": {"oneOf": 1},
+    }
 
 
 def test_the_openai_agents_sdk_runs_an_agent_with_a_tool(server):

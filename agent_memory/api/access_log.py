@@ -1,6 +1,8 @@
 """One log line per HTTP request, when it is over: method, path, status, time, request id, and
 for a generation its agent, prompt / cached (hot, warm) / completion tokens, time to first
 token, tokens per second and finish reason (the request path fills `scope.state["trace"]`).
+A client that left before the response ended is `status=499`, as nginx logs it, on every route,
+streamed (the 200 already sent) or not.
 Errors say why at INFO; polls (`/health`, `/metrics`, the dashboard) are DEBUG, a 503 "loading" from
 /health included (only a crash, 500, lifts a poll to INFO). Agent ids are hashed unless the operator
 asked for them (`--log-agent-ids`): logs travel further than the cache does.
@@ -17,6 +19,7 @@ from agent_memory.agent_key import AgentKey
 log = logging.getLogger("agent_memory.requests")
 
 QUIET_PATHS = {"/health", "/metrics"}
+CLIENT_LEFT = 499  # nginx's status for a client that closed the connection before the response ended
 AGENT_PATH = "/v1/agents/"
 
 
@@ -47,21 +50,30 @@ class AccessLogMiddleware:
             return await self.app(scope, receive, send)
         started = time.perf_counter()
         status = 500
+        ended = left = False  # the response's last byte went out; the client left before it
 
         async def send_status(message):
-            nonlocal status
+            nonlocal status, ended
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                ended = True
             await send(message)
 
+        async def receive_watched():
+            nonlocal left
+            message = await receive()
+            left = left or (message["type"] == "http.disconnect" and not ended)
+            return message
+
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, receive_watched, send_status)
         finally:
             state = scope.get("state", {})
             fields = {
                 "method": scope["method"],
                 "path": self.shown_path(scope["path"], state.get("tenant", "")),
-                "status": status,
+                "status": CLIENT_LEFT if left else status,
                 "ms": round((time.perf_counter() - started) * 1000, 1),
                 "request_id": state.get("request_id"),
                 **state.get("trace", {}),

@@ -17,6 +17,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.api.access_log import shown_agent
 from agent_memory.api.agent_ids import check_agent_id
 from agent_memory.api.errors import APIError, failure
+from agent_memory.api.output_limit import output_limit
 from agent_memory.api.state import ServedModel, ServerState
 from agent_memory.chat.call_check import CheckedReader
 from agent_memory.chat.conversation import Conversation
@@ -163,9 +164,10 @@ def generation_request(
     grammar: ConstrainedOutput | None = None,
     cache_salt: str | None = None,
 ) -> GenerationRequest:
-    """Check the prompt and the tokens to generate against the context, then build the
-    engine's request. `sampling`: SamplingParams' fields but max_tokens; a field the request
-    left out (None) takes the model's own default (its generation_config.json), else ours."""
+    """Check the prompt and the tokens to generate against the context (`limit`: the request's
+    own, or None; clamped to the room left: output_limit.py), then build the engine's request.
+    `sampling`: SamplingParams' fields but max_tokens; a field the request left out (None)
+    takes the model's own default (its generation_config.json), else ours."""
     if not prompt:
         raise APIError(400, "the prompt is empty", param=prompt_param)
     if (health := model.engine.health()).status == "unavailable":  # before a stream starts
@@ -177,30 +179,14 @@ def generation_request(
             code="server_busy",
             headers={"Retry-After": str(1 + len(state.waiting) // model.engine.max_batch)},
         )
-    room = model.context_length - len(prompt)
-    if room < 1 or (limit is not None and limit > room):
-        wanted = len(prompt) + (limit or 1)
-        raise APIError(
-            400,
-            f"This model's maximum context length is {model.context_length} tokens, but "
-            f"{wanted} were requested ({len(prompt)} in the prompt, {limit or 1} to generate).",
-            param=prompt_param,
-            code="context_length_exceeded",
-        )
-    if grammar is not None and limit is not None and grammar.min_tokens is not None and limit < grammar.min_tokens:
-        raise APIError(
-            400,
-            f"the constrained output needs at least {grammar.min_tokens} tokens (its shortest valid form), "
-            f"but max_tokens is {limit}",
-            param="max_tokens",
-        )
+    output = output_limit(model.facts, len(prompt), limit, grammar, prompt_param)  # clamped to the room left
     sampling = {**model.facts.sampling_defaults, **{k: v for k, v in sampling.items() if v is not None}}
     bias = sampling.get("logit_bias") or {}
     if any(not 0 <= t < model.vocabulary for t in bias):
         raise APIError(400, f"logit_bias token ids must be in [0, {model.vocabulary})", param="logit_bias")
     generation = GenerationRequest(
         prompt=prompt,
-        params=SamplingParams(max_tokens=limit or room, **sampling),
+        params=SamplingParams(max_tokens=output.max_tokens, **sampling),
         agent=agent,
         request_id=request.scope.get("state", {}).get("request_id", ""),
         grammar=grammar,
@@ -209,6 +195,8 @@ def generation_request(
     )
     state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
     trace = {"agent": shown_agent(agent, state.log_agent_ids), "prompt_tokens": len(prompt)}
+    if output.clamped:  # the request asked for more than the room left
+        trace["clamped"] = output.clamped
     if len(state.models) > 1:  # which model served it, where there is a choice
         trace = {"model": model.id, **trace}
     request.scope.setdefault("state", {})["trace"] = state.traces[generation] = trace

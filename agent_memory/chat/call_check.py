@@ -1,11 +1,11 @@
-"""Every finished tool call checked against its tool's whole schema. Constrained decoding
-enforces what llguidance can; what it cannot (a keyword chat/loosen.py dropped under `auto`:
-`propertyNames`, `if`/`then`, `not`, an unknown `format`; or a family whose calls are read but
-not constrained) is checked here once the call is whole. A call that fails is returned as the
-model wrote it, and said in the log once per tool and keyword: the client validates its tools'
-input itself and tells the model (Claude Code and Codex send the error back as the tool's
-result), which is what the model needs to correct it; returning it as text instead would end
-an agent's turn on a call it asked for."""
+"""Every finished tool call checked against its tool's whole schema. Constrained decoding enforces
+what llguidance can; what it cannot (a keyword chat/loosen.py dropped under `auto`:
+`propertyNames`, `if`/`then`, `not`, an unknown `format`, a `oneOf` enforced as `anyOf`; or a
+family whose calls are read but not constrained) is checked here once the call is whole. A call
+that fails is returned as the model wrote it, and said in the log once per tool and keyword:
+the client validates its tools' input itself and tells the model (Claude Code and Codex send
+the error back as the tool's result), which is what the model needs to correct it; returning it
+as text instead would end an agent's turn on a call it asked for."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from agent_memory.chat.finish import ConstrainedOutput, Finisher
 from agent_memory.chat.formats.calls import ANY_OBJECT, JSON_STYLE, Wanted
 from agent_memory.chat.formats.markup import Markup
 from agent_memory.chat.formats.reply import reply_format
-from agent_memory.chat.loosen import loosen
+from agent_memory.chat.loosen import AS_ANY_OF, ONE_OF, loosen
 
 log = logging.getLogger(__name__)
 _LOOSENED: set[tuple[str, tuple[str, ...]]] = set()  # (tool, keywords dropped) already logged
@@ -59,6 +59,11 @@ def _cause(message: str) -> str:
         return f"it uses {', '.join(keys)}, which this server cannot enforce"
     if first.startswith("Unknown format: "):
         return f"it uses the string format '{first.removeprefix('Unknown format: ')}', which this server does not know"
+    if first.startswith(ONE_OF):  # never the engine's option names: nothing a client can set
+        return (
+            "it uses oneOf with alternatives a value might match more than one of, and this server can "
+            "enforce 'at least one' (anyOf) but not 'exactly one'"
+        )
     if found := re.match(r"Pointer '(.*)' does not exist", first):
         return f"its $ref '#{found[1]}' points to nothing in the schema"
     if found := re.match(r"Resource '(.*)' is not present in a registry", first):
@@ -154,13 +159,12 @@ class GrammarCompiler:
         elif output.kind == "json_schema":
             answer = check_schema(output.schema, format_param)
         tools: list[Tool] = []
-        if conversation.calls_tools:
+        if conversation.calls_tools:  # a named call constrains that tool only: the others cannot be called
             tools = [
                 self._constrainable(tool, f"{tools_param}.{i}.parameters", loosen_ok=choice.mode == "auto")
                 for i, tool in enumerate(conversation.tools)
+                if choice.mode != "named" or tool.name == choice.name
             ]
-            if choice.mode == "named":
-                tools = [t for t in tools if t.name == choice.name]
         if answer is not None:
             self._enforceable(answer, format_param, "the answer")
         thinking = conversation.thinking.enabled
@@ -182,8 +186,11 @@ class GrammarCompiler:
         fitted, dropped = loosened
         if dropped and (tool.name, tuple(dropped)) not in _LOOSENED:
             _LOOSENED.add((tool.name, tuple(dropped)))
-            dropped_text = ", ".join(dropped)
-            log.info("tool %r: its calls are constrained without %s, which cannot be enforced", tool.name, dropped_text)
+            keywords = [d for d in dropped if d != AS_ANY_OF]
+            how = [f"without {', '.join(keywords)}"] if keywords else []
+            how += ["with oneOf as anyOf"] if AS_ANY_OF in dropped else []
+            how_text = " and ".join(how)
+            log.info("tool %r: its calls are constrained %s, which cannot be enforced exactly", tool.name, how_text)
         return replace(tool, parameters=fitted) if dropped else tool
 
     def _refusal(self, schema: dict) -> str | None:

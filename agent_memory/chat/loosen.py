@@ -1,9 +1,17 @@
 """The nearest schema constrained decoding can enforce: a tool schema with keywords llguidance
 does not implement (`propertyNames`, `not`, `if`/`then`, an unknown string `format`) loses
-them, and only them, so that a request whose `tool_choice` is `auto` is served with its calls
-constrained by everything else instead of refused (Claude Code's TaskCreate describes its
-`metadata` with `propertyNames`). A call the model writes then follows the looser schema; the
-whole schema is checked once the call is finished (call_check.py)."""
+them, and only them, and a `oneOf` whose alternatives llguidance cannot prove disjoint is
+enforced as `anyOf` (a value may then match more than one), so that a request whose
+`tool_choice` is `auto` is served with its calls constrained by everything else instead of
+refused (Claude Code's TaskCreate describes its `metadata` with `propertyNames`; Qwen Code's
+`agent` tool its `fork_turns` with `oneOf`). A call the model writes then follows the looser
+schema; the whole schema is checked once the call is finished (call_check.py).
+
+`oneOf` becomes `anyOf` in the schema rather than through llguidance's `coerce_one_of` option,
+which compiles each `oneOf` as its `anyOf` (the same grammar): the loosened schema stays a plain
+JSON schema that travels alone into the reply format's Lark grammar (whose `x-guidance` is the
+JSON style the template writes back, never a client's), and the refusal check compiles exactly
+what the grammar will."""
 
 from __future__ import annotations
 
@@ -15,13 +23,16 @@ NAMED_SCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dep
 DATA = ("enum", "const", "default", "examples")  # values, not schemas: kept as they are
 UNIMPLEMENTED = "Unimplemented keys: "
 UNKNOWN_FORMAT = "Unknown format: "
+ONE_OF = "oneOf constraints are not supported"  # llguidance's words for a oneOf it cannot prove disjoint
+AS_ANY_OF = "oneOf as anyOf"  # what `loosen` reports for it among the keywords dropped
 MAX_ROUNDS = 8  # llguidance names what it lacks a few keywords at a time
 
 
 def loosen(schema: dict, refusal: Callable[[dict], str | None]) -> tuple[dict, list[str]] | None:
-    """(the schema without what `refusal` names, the keywords dropped), or None when what it
-    refuses is not a keyword that can be dropped (a broken `$ref`, say). `refusal(schema)`:
-    llguidance's reason for refusing it, None once it compiles."""
+    """(the schema without what `refusal` names, the keywords dropped and AS_ANY_OF where its
+    `oneOf`s became `anyOf`s), or None when what it refuses is not a keyword that can be
+    dropped or relaxed (a broken `$ref`, say). `refusal(schema)`: llguidance's reason for
+    refusing it, None once it compiles."""
     dropped: list[str] = []
     for _ in range(MAX_ROUNDS):
         reason = refusal(schema)
@@ -36,9 +47,36 @@ def loosen(schema: dict, refusal: Callable[[dict], str | None]) -> tuple[dict, l
             name = first.removeprefix(UNKNOWN_FORMAT)
             schema = _without(schema, lambda key, value: key == "format" and value == name)
             dropped.append(f"format {name}")
+        elif first.startswith(ONE_OF):
+            schema = _one_of_as_any_of(schema)
+            dropped.append(AS_ANY_OF)
         else:
             return None
     return None
+
+
+def _one_of_as_any_of(schema):
+    """The schema with every `oneOf` an `anyOf`, at any depth (merged into an `anyOf` beside it:
+    a value must then match one of each)."""
+    if isinstance(schema, list):
+        return [_one_of_as_any_of(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in DATA:
+            out[key] = value
+        elif key in NAMED_SCHEMAS and isinstance(value, dict):
+            out[key] = {name: _one_of_as_any_of(s) for name, s in value.items()}
+        else:
+            out[key] = _one_of_as_any_of(value)
+    if "oneOf" in out:
+        alternatives = out.pop("oneOf")
+        if "anyOf" in out:  # both must hold: keep the anyOf, and the alternatives under allOf
+            out["allOf"] = [*out.get("allOf", []), {"anyOf": alternatives}]
+        else:
+            out["anyOf"] = alternatives
+    return out
 
 
 def _without(schema, drop: Callable[[str, object], bool]):

@@ -18,12 +18,12 @@ from pydantic import SecretStr
 from typer.core import TyperCommand
 
 from agent_memory.cli.common import ProgressReporter, error, progress
-from agent_memory.config import ENV_PREFIX, ConfigError, Settings, config_file_path, load_settings
+from agent_memory.config import ENV_PREFIX, OUTPUT_LIMIT, ConfigError, Settings, config_file_path, load_settings
 
 
 # `serve --help` shows the flags in these groups, in this order; every setting is in one.
 HELP_GROUPS = {
-    "Model": ("model", "keep_loaded", "unload_idle_s", "model_defaults"),
+    "Model": ("model", "keep_loaded", "unload_idle_s", "model_defaults", "default_max_tokens"),
     "Network": ("host", "port", "api_key", "api_keys_file", "seal_key_file"),
     "Requests": ("max_batch", "max_waiting", "speculation", "draft_model"),
     "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized"),
@@ -176,8 +176,8 @@ def _serve(settings: Settings) -> int:
 def _served_models(settings: Settings) -> dict:
     """Each --model's engine config by the id it is served under (its NAME= if given, else its
     own), in the order given: the first loads at start (and any --keep-loaded), the others on
-    their first request. Ids, aliases and --keep-loaded names are checked here, before anything
-    loads."""
+    their first request. Ids, aliases, --keep-loaded and --default-max-tokens names are checked
+    here, before anything loads."""
     from agent_memory.engine.config import EngineConfig
     from agent_memory.models.demo import aliases
     from agent_memory.models.registry import ModelSpec, served_name
@@ -185,6 +185,8 @@ def _served_models(settings: Settings) -> dict:
     configs: dict[str, EngineConfig] = {}
     taken: dict[str, str] = {}  # every name a request may give -> the model id it picks
     pinned = set(settings.keep_loaded)
+    # --default-max-tokens: NAME -> N for one model, None -> N for every other
+    limits = {name: int(n) for name, n in (OUTPUT_LIMIT.match(e).groups() for e in settings.default_max_tokens)}
     for n, text in enumerate(settings.model):
         spec = ModelSpec.parse(text)
         path = resolve_model_with_progress(spec.spec, settings.models_dir)
@@ -203,9 +205,13 @@ def _served_models(settings: Settings) -> dict:
             model_aliases=tuple(n for n in names if n != own),
             load_at_start=n == 0 or keep,
             pinned=keep,
+            default_max_tokens=next((limits[name] for name in names if name in limits), limits.get(None)),
         )
     if unknown := sorted(pinned - set(taken)):
         raise ConfigError(f"--keep-loaded {', '.join(unknown)}: not a served model's name ({', '.join(taken)})")
+    if unknown := sorted(set(limits) - {None} - set(taken)):
+        served = ", ".join(taken)
+        raise ConfigError(f"--default-max-tokens {', '.join(unknown)}=…: not a served model's name ({served})")
     return configs
 
 

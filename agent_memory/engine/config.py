@@ -26,6 +26,7 @@ class EngineConfig:
     # Memory for weights, hot KV and running requests' working caches; None: no limit.
     memory_limit_bytes: int | None = None
     model_defaults: bool = True  # requests' omitted sampling fields from generation_config.json
+    default_max_tokens: int | None = None  # --default-max-tokens: a request's limit when it sends none
     trace_path: Path | None = None  # --trace-file: where the engine's time goes (trace.py)
     load_at_start: bool = True  # else on its first request (a second served model: engine/residency.py)
     pinned: bool = False  # --keep-loaded: never unloaded to make room for another model

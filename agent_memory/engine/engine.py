@@ -207,7 +207,7 @@ class BatchEngine(Loading, EngineClient):
             self._load_error = str(e)
             self._loaded.set()
             return
-        self._facts = self._described.facts(self.config.model_aliases)
+        self._facts = self._described.facts(self.config.model_aliases, self.config.default_max_tokens)
         self._loaded.set()
         while self._drain(block=not self._busy()):
             if self._busy():  # the inbox may have unloaded the weights

@@ -179,8 +179,9 @@ class ModelText:
     sampling_defaults: dict[str, float | int]
     config: dict  # config.json's text model part (a multimodal config's text_config merged in)
 
-    def facts(self, aliases: tuple[str, ...]) -> ModelFacts:
-        """What the API knows of the model (engine/protocol.py), served also as `aliases`."""
+    def facts(self, aliases: tuple[str, ...], default_max_tokens: int | None = None) -> ModelFacts:
+        """What the API knows of the model (engine/protocol.py), served also as `aliases`, its
+        requests that send no limit generating at most `default_max_tokens`."""
         return ModelFacts(
             name=self.name,
             ids=(self.name, *aliases),
@@ -190,6 +191,7 @@ class ModelText:
             max_token_chars=self.max_token_chars,
             reply_format=self.reply_format,
             sampling_defaults=self.sampling_defaults,
+            default_max_tokens=default_max_tokens,
         )
 
 

@@ -38,6 +38,8 @@ class ModelFacts:
     # What a request that omits them samples with (temperature, top_p, top_k): the model
     # folder's generation_config.json, unless --no-model-defaults.
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
+    # The most tokens a request that sends no limit generates (--default-max-tokens); None: the room left.
+    default_max_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -205,9 +205,10 @@ async def create_message(
             param="messages",
             code="context_length_exceeded",
         )
-    # Claude Code asks for 32k-64k tokens: more than the room left is the room left, and a
-    # reply that fills it ends with stop_reason model_context_window_exceeded.
-    limit = max(1, min(body.max_tokens, room))
+    # Claude Code asks for 32k-64k tokens: more than the room left is the room left (as on
+    # every API: output_limit.py), and a reply that fills it ends with stop_reason
+    # model_context_window_exceeded. 0 computes the prompt: one token, not returned.
+    limit = max(1, body.max_tokens)
     sampling = {
         "temperature": body.temperature,
         "top_p": body.top_p,

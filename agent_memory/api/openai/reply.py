@@ -40,10 +40,14 @@ def usage_dict(usage: Usage, reasoning_tokens: int | None = None) -> dict:
 def model_object(model_id: str, root: str, created: int, facts: ModelFacts | None) -> dict:
     """A model object; `root` names the served model an alias stands for, `max_model_len` its
     context (as vLLM's do); once loaded, `sampling_defaults`: what a request that leaves out
-    temperature, top_p or top_k samples with (the model's generation_config.json)."""
+    temperature, top_p or top_k samples with (the model's generation_config.json), and
+    `max_tokens` where --default-max-tokens bounds a request that sends no limit."""
     obj = {"id": model_id, "object": "model", "created": created, "owned_by": "agent-memory", "root": root}
     if facts is not None:
-        obj.update(max_model_len=facts.context_length, sampling_defaults=facts.sampling_defaults)
+        defaults = dict(facts.sampling_defaults)
+        if facts.default_max_tokens is not None:
+            defaults["max_tokens"] = facts.default_max_tokens
+        obj.update(max_model_len=facts.context_length, sampling_defaults=defaults)
     return obj
 
 
