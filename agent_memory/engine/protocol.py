@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from agent_memory.agent_key import AgentKey
+from agent_memory.embeddings.layout import EmbeddingLayout
 from agent_memory.engine.requests import GenerationRequest, Sink
 from agent_memory.memory.index.store_records import AgentInfo
 
@@ -38,6 +39,13 @@ class ModelFacts:
     # What a request that omits them samples with (temperature, top_p, top_k): the model
     # folder's generation_config.json, unless --no-model-defaults.
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
+    # An embedding model's pooling and size (embeddings/layout.py); None: a chat model.
+    embedding: EmbeddingLayout | None = None
+
+    @property
+    def kind(self) -> str:
+        """What it serves: "chat" (chat, completions, messages, responses) or "embedding"."""
+        return "chat" if self.embedding is None else "embedding"
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,11 @@ class EngineClient(ABC):
     @abstractmethod
     def cancel(self, request_id: int) -> None:
         """Stop a submitted request (its client left); what it computed is kept."""
+
+    def embed(self, inputs: list[list[int]]) -> Future:
+        """An embedding model's vectors for `inputs` (token ids each): a Future of an np.ndarray,
+        one float32 row per input, or of a Failed. Only a model of kind "embedding" has them."""
+        raise NotImplementedError(f"{type(self).__name__} serves no embeddings")
 
     # -- agents -------------------------------------------------------------------------
 

@@ -39,11 +39,14 @@ def usage_dict(usage: Usage, reasoning_tokens: int | None = None) -> dict:
 
 def model_object(model_id: str, root: str, created: int, facts: ModelFacts | None) -> dict:
     """A model object; `root` names the served model an alias stands for, `max_model_len` its
-    context (as vLLM's do); once loaded, `sampling_defaults`: what a request that leaves out
-    temperature, top_p or top_k samples with (the model's generation_config.json)."""
+    context (as vLLM's do); once loaded, its `kind` ("chat" or "embedding"), a chat model's
+    `sampling_defaults` (what a request that leaves out temperature, top_p or top_k samples with:
+    its generation_config.json), an embedding model's `dimensions`."""
     obj = {"id": model_id, "object": "model", "created": created, "owned_by": "agent-memory", "root": root}
-    if facts is not None:
-        obj.update(max_model_len=facts.context_length, sampling_defaults=facts.sampling_defaults)
+    if facts is not None and facts.embedding is not None:
+        obj.update(kind="embedding", max_model_len=facts.context_length, dimensions=facts.embedding.dimensions)
+    elif facts is not None:
+        obj.update(kind="chat", max_model_len=facts.context_length, sampling_defaults=facts.sampling_defaults)
     return obj
 
 
