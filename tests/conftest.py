@@ -110,6 +110,14 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny(tmp_path_factory.mktemp("models") / "tiny")
 
 
+@pytest.fixture(scope="session")
+def tiny_embedding(tmp_path_factory) -> Path:
+    """A tiny Qwen3-Embedding-like model (models/tiny_embedding.py)."""
+    from agent_memory.models.tiny_embedding import build_tiny_embedding
+
+    return build_tiny_embedding(tmp_path_factory.mktemp("models") / "qwen3-embedding")
+
+
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
     with Server(tiny_model, tmp_path_factory.mktemp("cache")) as s:

@@ -4,7 +4,8 @@ Each ```python block runs in its own interpreter (this one's), and each `curl` a
 `agent-memory cache` command of the ```bash blocks through bash, against a server on the tiny
 test model. One substitution, and only it, is made first: `http://127.0.0.1:8000` becomes that
 server's URL and the model id `demo` (also as `openai/demo`) becomes `tiny`, the id the tiny
-server lists. Nothing is installed here: a block whose imports this interpreter lacks runs in
+server lists (a tiny embedding model beside it is served as `embed`, the docs' name for one).
+Nothing is installed here: a block whose imports this interpreter lacks runs in
 `.venv-frameworks` (scripts/test puts CrewAI there: it needs `openai<3`, the rest of the test
 extra `openai>=3`), or is skipped, naming what to install (the block's `# pip install ...` line).
 
@@ -175,10 +176,11 @@ def test_every_doc_has_its_examples_found():
 
 
 @pytest.fixture(scope="module")
-def docs_server(tiny_model, tmp_path_factory):
+def docs_server(tiny_model, tiny_embedding, tmp_path_factory):
+    """The tiny chat model, and beside it a tiny embedding model as `embed` (docs/usage.md, "Embeddings")."""
     from tests.conftest import Server
 
-    with Server(tiny_model, tmp_path_factory.mktemp("examples-cache")) as s:
+    with Server(tiny_model, tmp_path_factory.mktemp("examples-cache"), "--model", f"embed={tiny_embedding}") as s:
         yield s
 
 

@@ -18,8 +18,8 @@ MIB = 1 << 20
 class Engine:
     """A stand-in: idle since `idle` (None: busy), unloads when asked if still idle."""
 
-    def __init__(self, name: str, idle: float | None = 0.0, pinned: bool = False) -> None:
-        self.name, self.idle, self.pinned = name, idle, pinned
+    def __init__(self, name: str, idle: float | None = 0.0, pinned: bool = False, keeps_kv: bool = True) -> None:
+        self.name, self.idle, self.pinned, self.keeps_kv = name, idle, pinned, keeps_kv
         self.budgets: list[tuple[int, int | None]] = []
         self.unloaded = False
 
@@ -52,6 +52,15 @@ def test_the_idle_longest_leaves_and_the_shares_follow():
     assert not old.unloaded and new.budgets[-1] == (200 * MIB, 100 * MIB // 3)
     res.make_room(Engine("bigger"), 150 * MIB)  # 300 + 150 + 600 > 1000: the one idle longest goes
     assert old.unloaded and not recent.unloaded and not new.unloaded
+
+
+def test_an_embedding_model_counts_its_weights_but_takes_no_hot_budget():
+    res = Residency(limit_bytes=1000 * MIB, hot_budget_bytes=600 * MIB)
+    chat, embedder = Engine("chat", idle=1.0), Engine("embedder", idle=2.0, keeps_kv=False)
+    loaded(res, chat, embedder)  # 200 MiB of weights + 600 hot: 200 left for running requests, in two
+    assert chat.budgets[-1] == (600 * MIB, 100 * MIB)
+    res.make_room(Engine("bigger"), 250 * MIB)  # 200 + 250 + 600 > 1000: the chat model, idle longest, goes
+    assert chat.unloaded and not embedder.unloaded
 
 
 def test_a_pinned_or_busy_model_stays_and_a_load_that_cannot_wait_is_refused(monkeypatch):

@@ -15,6 +15,7 @@ import pytest
 from agent_memory.models.folders import ModelError
 from agent_memory.models.tiny import UnknownArchError, build_tiny
 from agent_memory.models.tiny_archs import ARCHS
+from agent_memory.models.tiny_embedding import EMBEDDING_ARCHS
 
 # Longer than the sliding window (32 tokens), so rotating caches wrap while it is read.
 PROMPT = "Write a short story about a dragon and a knight who meet at a river and talk about the weather all day."
@@ -121,7 +122,7 @@ def test_build_tiny_cli_lists_the_families_and_refuses_an_unknown_one(tmp_path):
     listed = run("--list")
     assert listed.returncode == 0, listed.stderr
     rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
-    assert list(rows) == list(ARCHS)
+    assert list(rows) == list(ARCHS) + list(EMBEDDING_ARCHS)
     assert "ArraysCache x3, KVCache" in rows["qwen3_5"]
     refused = run(str(tmp_path / "m"), "--arch", "nope")
     assert refused.returncode == 1 and "unknown arch 'nope'" in refused.stderr and "gemma3_text" in refused.stderr

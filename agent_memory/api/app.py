@@ -20,6 +20,7 @@ from agent_memory.api.anthropic import routes as anthropic
 from agent_memory.api.errors import APIError, ErrorShapes
 from agent_memory.api.exported import exported
 from agent_memory.api.middleware import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware, RequestIdMiddleware
+from agent_memory.api.openai import embeddings
 from agent_memory.api.openai import routes as openai
 from agent_memory.api.pipeline import tenant
 from agent_memory.api.responses import routes as responses_api
@@ -80,6 +81,7 @@ def create_app(
     errors.install(app, shapes)
     for wire in WIRE_FORMATS:
         app.include_router(wire.router)
+    app.include_router(embeddings.router)
     app.include_router(agents.router)
     app.include_router(dashboard.router)
 

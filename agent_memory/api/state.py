@@ -160,15 +160,22 @@ class ServerState:
     log_agent_ids: bool = False
     started: int = field(default_factory=lambda: int(time.time()))
 
-    def model_for(self, requested: str | None) -> ServedModel:
-        """The model a request's `model` names. A server of one model answers every name with
-        it (clients send their own names: Claude Code's, Codex's); with several, a request
-        without a name gets the first and an unknown name is a 404 that lists the served ones."""
+    def model_for(self, requested: str | None, kind: str = "chat") -> ServedModel:
+        """The model a request's `model` names, of the kind its route serves ("chat" or
+        "embedding"): a model of the other kind is a 400 naming it and what it serves. A server
+        of one model of the kind answers every other name with it (clients send their own names:
+        Claude Code's, Codex's, LangChain's); with several, a request without a name gets the
+        first and an unknown name is a 404 that lists the served ones."""
         models = list(self.models.values())
         found = next((m for m in models if requested in m.ids), None)
-        if found is not None or len(models) == 1 or not requested:
-            return found or models[0]
-        served = ", ".join(i for m in models for i in m.ids)
+        if found is not None and found.facts.kind != kind:
+            raise APIError(400, wrong_kind(requested, found.facts.kind), param="model", code="model_not_supported")
+        same = [m for m in models if m.facts.kind == kind]
+        if found is not None or (same and (len(same) == 1 or not requested)):
+            return found or same[0]
+        if not same:
+            raise APIError(400, f"this server serves no {kind} model", param="model", code="model_not_supported")
+        served = ", ".join(i for m in same for i in m.ids)
         raise APIError(
             404,
             f"The model '{requested}' does not exist; this server serves {served}",
@@ -179,6 +186,15 @@ class ServerState:
     @property
     def loaded(self) -> bool:
         return all(m.engine.model is not None for m in self.models.values())
+
+
+def wrong_kind(name: str, kind: str) -> str:
+    """Why a model of `kind` cannot answer a request of the other kind."""
+    if kind == "embedding":
+        serves = "it serves /v1/embeddings, not chat, completions, messages or responses"
+        return f"the model '{name}' is an embedding model: {serves}"
+    serves = "it serves chat, completions, messages and responses, not /v1/embeddings"
+    return f"the model '{name}' is a chat model: {serves}"
 
 
 def ready_state(request: Request) -> ServerState:

@@ -100,7 +100,8 @@ def models_build_tiny(
     ),
 ) -> None:
     """Build a deterministic tiny random model: the llama one the tests use, or one of any
-    mlx-lm text family (`--arch gemma3_text`) to reproduce a bug or benchmark, offline."""
+    mlx-lm text family (`--arch gemma3_text`) to reproduce a bug or benchmark, or an embedding
+    model (`--arch qwen3_embedding`, `embeddinggemma`), offline."""
     from agent_memory.models.folders import ModelError
 
     if list_archs or arch == "help":
@@ -120,6 +121,14 @@ def models_build_tiny(
             sep = ""
         if not sep or not key:
             raise typer.BadParameter(f"{setting!r} is not KEY=VALUE with a JSON value", param_hint="--set")
+    from agent_memory.models.tiny_embedding import EMBEDDING_ARCHS, build_tiny_embedding
+
+    if arch in EMBEDDING_ARCHS:
+        if bits is not None or changes:
+            raise typer.BadParameter("an embedding arch is built as it is", param_hint="--quantize/--set")
+        with progress() as bars:
+            typer.echo(build_tiny_embedding(directory, arch=arch, progress=ProgressReporter(bars)))
+        return
     try:
         tiny_arch(arch)  # before the progress bar: an unknown one is said alone
         if bits is not None and bits not in QUANTIZATIONS:
@@ -134,14 +143,23 @@ def models_build_tiny(
 def _list_archs() -> None:
     from agent_memory.models.tiny_archs import ARCHS, caches_summary
 
+    from agent_memory.models.tiny_embedding import EMBEDDING_ARCHS
+
     rows = [(name, a.model_type, caches_summary(a.caches), a.about) for name, a in ARCHS.items()]
+    rows += [(name, ARCHS[e.base].model_type, "none (embeddings)", e.about) for name, e in EMBEDDING_ARCHS.items()]
     table(("arch", "model_type", "caches", "what it shows"), rows)
 
 
 def _served(folder: Path) -> str:
     """"yes", or why this server refuses the model (the check `serve` makes at start)."""
+    from agent_memory.embeddings.layout import NotEmbeddingModel, embedding_layout, is_embedding_model
     from agent_memory.engine.loader import served
 
+    if is_embedding_model(folder):
+        try:
+            return f"yes: embeddings, {embedding_layout(folder).dimensions} dimensions"
+        except (NotEmbeddingModel, OSError, ValueError, KeyError) as e:
+            return f"no: {e}"
     try:
         why_not = served(folder)
     except Exception as e:  # a folder mlx-lm cannot even describe: an unknown family, a bad config

@@ -216,12 +216,18 @@ def _served_models(settings: Settings) -> dict:
 
 
 def _engine(settings: Settings, config, residency, draft: Path | None):
-    """A served model's engine, with the settings every model shares (the draft model too)."""
+    """A served model's engine, with the settings every model shares (the draft model too); an
+    embedding model's folder (embeddings/layout.py) gets an EmbeddingEngine."""
     from dataclasses import replace
 
+    from agent_memory.embeddings.layout import is_embedding_model
     from agent_memory.engine.engine import BatchEngine
     from agent_memory.precision import Precisions
 
+    if is_embedding_model(config.model_path):
+        from agent_memory.embeddings.engine import EmbeddingEngine
+
+        return EmbeddingEngine(replace(config, memory_limit_bytes=settings.memory_limit_bytes), residency)
     return BatchEngine(
         replace(
             config,

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 
 class BatchEngine(Loading, EngineClient):
+    keeps_kv = True  # its share of the hot KV budget (residency.py)
+
     def __init__(self, config: EngineConfig, residency: Residency | None = None) -> None:
         """`residency`: the memory limit this engine shares with other served models' engines
         (None: its own, for a server of one model)."""

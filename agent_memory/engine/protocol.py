@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from agent_memory.agent_key import AgentKey
+from agent_memory.embeddings.layout import EmbeddingLayout
 from agent_memory.engine.requests import GenerationRequest, Sink
 from agent_memory.memory.index.store_records import AgentInfo
 
@@ -40,6 +41,13 @@ class ModelFacts:
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
     # The most tokens a request that sends no limit generates (--default-max-tokens); None: the room left.
     default_max_tokens: int | None = None
+    # An embedding model's pooling and size (embeddings/layout.py); None: a chat model.
+    embedding: EmbeddingLayout | None = None
+
+    @property
+    def kind(self) -> str:
+        """What it serves: "chat" (chat, completions, messages, responses) or "embedding"."""
+        return "chat" if self.embedding is None else "embedding"
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,11 @@ class EngineClient(ABC):
     @abstractmethod
     def cancel(self, request_id: int) -> None:
         """Stop a submitted request (its client left); what it computed is kept."""
+
+    def embed(self, inputs: list[list[int]]) -> Future:
+        """An embedding model's vectors for `inputs` (token ids each): a Future of an np.ndarray,
+        one float32 row per input, or of a Failed. Only a model of kind "embedding" has them."""
+        raise NotImplementedError(f"{type(self).__name__} serves no embeddings")
 
     # -- agents -------------------------------------------------------------------------
 

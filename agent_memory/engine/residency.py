@@ -33,6 +33,7 @@ class Resident(Protocol):
 
     name: str
     pinned: bool
+    keeps_kv: bool  # False for an embedding model: no share of the hot KV budget
 
     def idle_since(self) -> float | None:
         """When it last had work, if it has none now (None: requests are running or waiting)."""
@@ -73,10 +74,11 @@ class Residency:
 
     def _share(self) -> tuple[int, int | None]:
         n = max(len(self._weights), 1)
+        hot = self.hot_budget // max(sum(e.keeps_kv for e in self._weights), 1)
         if self.limit is None:
-            return self.hot_budget // n, None
+            return hot, None
         working = self.limit - sum(self._weights.values()) - self.hot_budget
-        return self.hot_budget // n, max(working, 0) // n
+        return hot, max(working, 0) // n
 
     def make_room(self, engine: Resident, weights_bytes: int) -> None:
         """Reserve room for the engine's weights, unloading idle models as needed; raises

@@ -39,15 +39,18 @@ def usage_dict(usage: Usage, reasoning_tokens: int | None = None) -> dict:
 
 def model_object(model_id: str, root: str, created: int, facts: ModelFacts | None) -> dict:
     """A model object; `root` names the served model an alias stands for, `max_model_len` its
-    context (as vLLM's do); once loaded, `sampling_defaults`: what a request that leaves out
-    temperature, top_p or top_k samples with (the model's generation_config.json), and
-    `max_tokens` where --default-max-tokens bounds a request that sends no limit."""
+    context (as vLLM's do); once loaded, its `kind` ("chat" or "embedding"), a chat model's
+    `sampling_defaults` (what a request that leaves out temperature, top_p or top_k samples with:
+    its generation_config.json; `max_tokens` where --default-max-tokens bounds a request that
+    sends no limit), an embedding model's `dimensions`."""
     obj = {"id": model_id, "object": "model", "created": created, "owned_by": "agent-memory", "root": root}
-    if facts is not None:
+    if facts is not None and facts.embedding is not None:
+        obj.update(kind="embedding", max_model_len=facts.context_length, dimensions=facts.embedding.dimensions)
+    elif facts is not None:
         defaults = dict(facts.sampling_defaults)
         if facts.default_max_tokens is not None:
             defaults["max_tokens"] = facts.default_max_tokens
-        obj.update(max_model_len=facts.context_length, sampling_defaults=defaults)
+        obj.update(kind="chat", max_model_len=facts.context_length, sampling_defaults=defaults)
     return obj
 
 

@@ -1,0 +1,1 @@
+"""Embedding models served beside chat models: which folders hold one, their forward pass, their engine."""

@@ -1,0 +1,314 @@
+"""EmbeddingEngine: an embedding model served beside chat models (`--model NAME=FOLDER`).
+
+Like BatchEngine it owns one thread, the only one that touches its MLX arrays, and takes work
+from an inbox; it keeps no KV and remembers no agents. Each turn of its loop takes every
+request waiting and embeds their inputs together, sorted by length into forward passes of at
+most BATCH_TOKENS padded tokens. Its weights are in the residency's count (residency.py): loaded
+at start or on the first request, unloaded when idle or to make room, as a chat model's are.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import agent_memory.blas  # noqa: F401
+import mlx.core as mx
+import numpy as np
+from mlx_lm.utils import load_tokenizer
+from prometheus_client import CollectorRegistry
+
+from agent_memory.agent_key import AgentKey
+from agent_memory.embeddings.layout import NotEmbeddingModel, embedding_layout
+from agent_memory.embeddings.metrics import EmbeddingMetrics
+from agent_memory.engine.budget import give_back_memory, tell_mlx, weights_bytes
+from agent_memory.engine.config import EngineConfig
+from agent_memory.engine.loader import weights_damage, weights_file_bytes
+from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
+from agent_memory.engine.requests import MODEL_UNAVAILABLE, Failed, GenerationRequest, Sink
+from agent_memory.engine.residency import NoRoom, Residency
+
+log = logging.getLogger(__name__)
+
+BATCH_TOKENS = 8192  # padded tokens per forward pass: a batch's activations stay small
+MAX_INPUTS = 64  # sequences per forward pass
+
+
+@dataclass
+class Job:
+    """One request's inputs (token ids each) and where its vectors go."""
+
+    inputs: list[list[int]]
+    result: Future  # of an np.ndarray (one row per input) or a Failed
+    submitted: float  # time.perf_counter() when it came
+
+
+class EmbeddingEngine(EngineClient):
+    keeps_kv = False  # the residency shares the hot KV budget among the chat models alone
+
+    def __init__(self, config: EngineConfig, residency: Residency) -> None:
+        self.config = config
+        self.name = config.served_as or config.model_name or config.model_path.name
+        self.pinned = config.pinned
+        self.residency = residency
+        self._metrics = EmbeddingMetrics()
+        self._facts: ModelFacts | None = None
+        self._model = None  # embeddings/model.py's EmbeddingModel while loaded (the thread's to change)
+        self._loaded = threading.Event()
+        self._load_error: str | None = None
+        self._load_failure: str | None = None  # a load on demand that failed for good
+        self._pending = 0  # jobs submitted and not yet answered
+        self._pending_lock = threading.Lock()
+        self._last_used = time.monotonic()
+        self._inbox: queue.SimpleQueue[Job | Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="embedding", daemon=True)
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_loaded(self) -> str | None:
+        self._loaded.wait()
+        return self._load_error
+
+    def announce(self, url: str) -> None:
+        """No warm folder: nothing of this model is kept for the `cache` commands."""
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._inbox.put(None)
+            self._thread.join()
+
+    @property
+    def model(self) -> ModelFacts | None:
+        return self._facts
+
+    @property
+    def max_batch(self) -> int:
+        return MAX_INPUTS
+
+    # -- requests -----------------------------------------------------------------------
+
+    def embed(self, inputs: list[list[int]]) -> Future:
+        """The vectors of `inputs` (token ids each, none empty): a Future of an np.ndarray, one
+        float32 row per input, or of a Failed when the model cannot be loaded."""
+        job = Job(inputs, Future(), time.perf_counter())
+        with self._pending_lock:
+            self._pending += 1
+        job.result.add_done_callback(self._answered)
+        self._inbox.put(job)
+        return job.result
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> int:
+        """An embedding model writes no text (the routes refuse such requests before they come here)."""
+        sink(Failed(f"the model {self.name} is an embedding model: it serves /v1/embeddings only", 400))
+        return -1
+
+    def cancel(self, request_id: int) -> None:
+        """A job is one forward pass, never cut short: a client that leaves just gets no answer."""
+
+    # -- agents: none -------------------------------------------------------------------
+
+    def agents(self, tenant: str | None) -> list[AgentInfo]:
+        return []
+
+    def agent(self, key: AgentKey) -> AgentInfo | None:
+        return None
+
+    def totals(self, tenant: str | None = None) -> dict[str, int]:
+        return {}
+
+    def end_agent(self, key: AgentKey) -> Future:
+        ended: Future = Future()
+        ended.set_result(False)
+        return ended
+
+    # -- the operator's view ------------------------------------------------------------
+
+    def health(self) -> Health:
+        if not self._loaded.is_set():
+            return Health("loading")
+        if self._load_error:
+            return Health("error", self._load_error)
+        if not self._thread.is_alive():
+            return Health("error", "the embedding thread has stopped")
+        if why := self._unavailable():
+            return Health("unavailable", why, loaded=False)
+        return Health("ok", loaded=self._model is not None)
+
+    def summary(self) -> str:
+        layout = self._facts.embedding
+        shape = f"{layout.dimensions} dimensions, {layout.pooling} pooling, context {layout.context_length}"
+        when = "loaded" if self._model is not None else "loads on its first request"
+        return f"embedding model {self.name} ({shape}): {when}"
+
+    @property
+    def metrics(self) -> CollectorRegistry:
+        return self._metrics.registry
+
+    # -- residency.Resident -------------------------------------------------------------
+
+    def idle_since(self) -> float | None:
+        if self._model is None or self._pending:
+            return None
+        return self._last_used
+
+    def unload(self) -> Future:
+        done: Future = Future()
+        self._inbox.put(lambda: done.set_result(self._unload()))
+        return done
+
+    def set_budgets(self, hot_bytes: int, working_bytes: int | None) -> None:
+        """No KV kept: its forward passes are bounded by BATCH_TOKENS instead."""
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        path = self.config.model_path
+        try:
+            if why := weights_damage(path):
+                raise NotEmbeddingModel(why)
+            layout = embedding_layout(path)
+            tokenizer = load_tokenizer(path)
+            self._facts = ModelFacts(
+                name=self.config.model_name or path.name,
+                ids=tuple(dict.fromkeys((self.config.model_name or path.name, *self.config.model_aliases))),
+                tokenizer=tokenizer,
+                context_length=layout.context_length,
+                vocab_size=len(tokenizer),
+                max_token_chars=max(len(t) for t in tokenizer.get_vocab()),
+                reply_format=None,
+                embedding=layout,
+            )
+            if self.config.load_at_start:
+                self._load()
+        except (NotEmbeddingModel, NoRoom) as e:
+            self._facts, self._load_error = None, f"{self.name}: {e}"
+        except Exception as e:
+            log.exception("could not load %s", path)
+            self._facts, self._load_error = None, f"{self.name}: {e}"
+        self._loaded.set()
+        if self._load_error:
+            return
+        while (item := self._inbox.get()) is not None:
+            if isinstance(item, Job):
+                self._answer([item, *self._waiting_jobs()])
+            else:
+                item()
+            if self._inbox.empty():
+                give_back_memory()
+        mx.synchronize()
+        mx.clear_streams()  # by the thread that used them (ml-explore/mlx#4327)
+
+    def _waiting_jobs(self) -> list[Job]:
+        """Every job queued behind the first, to embed together (other work is run first)."""
+        jobs = []
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return jobs
+            if isinstance(item, Job):
+                jobs.append(item)
+            elif item is None:
+                self._inbox.put(None)  # stop once these are answered
+                return jobs
+            else:
+                item()
+
+    def _answer(self, jobs: list[Job]) -> None:
+        self._last_used = time.monotonic()
+        if self._model is None and (failed := self._load_on_demand()):
+            for job in jobs:
+                job.result.set_result(failed)
+                self._metrics.failed.inc()
+            return
+        inputs = [tokens for job in jobs for tokens in job.inputs]
+        vectors = np.empty((len(inputs), self._facts.embedding.dimensions), np.float32)
+        try:
+            for batch in batches([len(tokens) for tokens in inputs]):
+                vectors[batch] = self._model.embed([inputs[i] for i in batch])
+                self._metrics.batch_size.observe(len(batch))
+        except Exception as e:  # one bad pass must not stop the thread: its requests fail, the next ones run
+            log.exception("embedding %d inputs failed", len(inputs))
+            for job in jobs:
+                job.result.set_result(Failed(f"the model {self.name} failed: {e}"))
+                self._metrics.failed.inc()
+            return
+        at = 0
+        for job in jobs:
+            job.result.set_result(vectors[at : at + len(job.inputs)])
+            at += len(job.inputs)
+            self._metrics.answered(len(job.inputs), sum(map(len, job.inputs)), time.perf_counter() - job.submitted)
+        self._last_used = time.monotonic()
+
+    def _answered(self, _: Future) -> None:
+        with self._pending_lock:
+            self._pending -= 1
+
+    def _unavailable(self) -> str | None:
+        if self._load_failure is not None or self._model is not None:
+            return self._load_failure
+        return weights_damage(self.config.model_path)
+
+    def _load_on_demand(self) -> Failed | None:
+        if why := self._unavailable():
+            return Failed(f"the model {self.name} cannot be loaded: {why}", 500, MODEL_UNAVAILABLE)
+        log.info("loading %s for a request", self.name)
+        try:
+            self._load()
+        except NoRoom as e:
+            log.warning("could not load %s: %s", self.name, e)
+            return Failed(f"the model {self.name} could not be loaded: {e}", 503, "model_not_loaded")
+        except Exception as e:
+            self._load_failure = str(e)
+            log.exception("%s cannot be loaded; its requests fail until the server restarts", self.name)
+            return Failed(f"the model {self.name} cannot be loaded: {e}", 500, MODEL_UNAVAILABLE)
+        return None
+
+    def _load(self) -> None:
+        from agent_memory.embeddings.model import EmbeddingModel
+
+        path = self.config.model_path
+        dense = sum(weights_file_bytes(folder) for folder in self._facts.embedding.dense)
+        self.residency.make_room(self, weights_file_bytes(path) + dense)
+        try:
+            tell_mlx(self.config.memory_limit_bytes)
+            self._model = EmbeddingModel.load(path, self._facts.embedding)
+        except BaseException:
+            self.residency.unloaded(self)
+            raise
+        self.residency.loaded_as(self, weights_bytes(self._model.backbone) + dense)
+        self._metrics.loaded.set(1)
+        self._metrics.loads.inc()
+        log.info("loaded %s", self.summary())
+
+    def _unload(self) -> bool:
+        if self._model is None or self._pending:
+            return False
+        self._model = None
+        self._metrics.loaded.set(0)
+        self._metrics.unloads.inc()
+        mx.clear_cache()
+        give_back_memory()
+        return True
+
+
+def batches(lengths: list[int]) -> list[list[int]]:
+    """Indices of the inputs, shortest first, in groups of at most MAX_INPUTS whose padded size
+    (count × the longest) stays within BATCH_TOKENS (a longer input alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        group = groups[-1] if groups else None
+        if group is not None and len(group) < MAX_INPUTS and (len(group) + 1) * lengths[i] <= BATCH_TOKENS:
+            group.append(i)
+        else:
+            groups.append([i])
+    return groups
