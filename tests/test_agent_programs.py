@@ -231,7 +231,8 @@ def test_claude_code_sub_agents_each_reuse_their_own_turns(tmp_path):
 
 def test_opencode_turns_reuse_the_previous_one(models, tmp_path):
     """opencode through the OpenAI route (its openai-compatible provider): a run and a second
-    one continuing the session; with each turn it also sends a short title request."""
+    one continuing the session, set up by hand as docs/usage.md shows, then the same through
+    launch (its session's id names the agent); with each turn it also sends a short title request."""
     opencode = program("opencode-latest", "opencode")
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
@@ -252,17 +253,23 @@ def test_opencode_turns_reuse_the_previous_one(models, tmp_path):
         requests = logged_requests(server, "/v1/chat/completions")
         (work / "opencode.json").unlink()  # now through launch: its own config, the session's cache key
         env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
-        third = launch(opencode, ["opencode", "--base-url", server.base_url, "--", "run", "Say hello."], work, env)
+        first_launch = ["opencode", "--base-url", server.base_url, "--", "run", "Say hello."]
+        third = launch(opencode, first_launch, work, dict(env))
         launched = logged_requests(server, "/v1/chat/completions")[len(requests) :]
+        again = ["opencode", "--base-url", server.base_url, "--", "run", "--continue", "Once more."]
+        fourth = launch(opencode, again, work, dict(env))
+        continued = logged_requests(server, "/v1/chat/completions")[len(requests) + len(launched) :]
 
     assert first.stdout.strip().endswith(ANSWER) and second.stdout.strip().endswith(ANSWER)
     assert {r["status"] for r in requests} == {"200"} and len(requests) > len(turn_one)
     main, next_main = (max(rs, key=lambda r: int(r["prompt_tokens"])) for rs in (turn_one, requests[len(turn_one) :]))
     assert int(main["prompt_tokens"]) > 5_000
     assert int(next_main["cached_tokens"]) >= int(main["prompt_tokens"]) - 64
-    assert third.stdout.strip().endswith(ANSWER) and {r["status"] for r in launched} == {"200"}
-    turn = max(launched, key=lambda r: int(r["prompt_tokens"]))
-    assert "agent" in turn, launched  # its session's id as promptCacheKey (setCacheKey; not on its title request)
+    assert third.stdout.strip().endswith(ANSWER) and fourth.stdout.strip().endswith(ANSWER)
+    assert {r["status"] for r in launched + continued} == {"200"}
+    turn, next_turn = (max(rs, key=lambda r: int(r["prompt_tokens"])) for rs in (launched, continued))
+    assert "agent" in turn and turn["agent"] == next_turn["agent"], launched  # the session (setCacheKey)
+    assert int(next_turn["cached_tokens"]) >= int(turn["prompt_tokens"]) - 64
 
 
 def test_qwen_code_answers_through_launch(models, tmp_path):
