@@ -15,16 +15,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import free_port
+
 PROGRAMS = ["claude", "codex", "opencode", "qwen", "aider", "llm"]
 USER_PLACES = ("XDG_CONFIG_HOME", "CLAUDE_CONFIG_DIR", "CODEX_HOME", "LLM_USER_PATH", "AGENT_MEMORY_")
 
 
-def launch(home: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess:
+def launch(home: Path, *args: str, path: str | None = None, cache: Path | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(USER_PLACES)}
-    env.update(HOME=str(home), AGENT_MEMORY_CONFIG=str(home / "no-config.toml"))
+    env.update(HOME=str(home), AGENT_MEMORY_CONFIG=str(home / "no-config.toml"), AGENT_MEMORY_PORT=str(free_port()))
     if path is not None:
         env["PATH"] = path
-    cmd = [sys.executable, "-m", "agent_memory", "launch", *args, "--cache-dir", str(home / "cache")]
+    cmd = [sys.executable, "-m", "agent_memory", "launch", *args, "--cache-dir", str(cache or home / "cache")]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -50,7 +52,8 @@ def test_write_config_changes_only_its_own_settings(server, tmp_path):
     codex = tmp_path / ".codex" / "config.toml"
     opencode = tmp_path / ".config" / "opencode" / "opencode.json"
     claude = tmp_path / ".claude" / "settings.json"
-    for path in (codex, opencode, claude):
+    qwen = tmp_path / ".qwen" / "settings.json"
+    for path in (codex, opencode, claude, qwen):
         path.parent.mkdir(parents=True)
     codex.write_text(
         'approval_policy = "never"  # mine\n\n[profiles.agent-memory]\nmodel = "old"\n\n'
@@ -58,9 +61,10 @@ def test_write_config_changes_only_its_own_settings(server, tmp_path):
     )
     opencode.write_text(json.dumps({"theme": "tokyonight", "provider": {"other": {"npm": "x"}}}))
     claude.write_text(json.dumps({"permissions": {"allow": ["Bash"]}, "env": {"MINE": "1"}}))
-    before = {path: path.read_text() for path in (codex, opencode, claude)}
+    qwen.write_text(json.dumps({"ui": {"theme": "Dracula"}, "model": {"name": "qwen3-coder", "maxSessionTurns": 9}}))
+    before = {path: path.read_text() for path in (codex, opencode, claude, qwen)}
 
-    for program in ("codex", "opencode", "claude", "aider"):
+    for program in ("codex", "opencode", "claude", "aider", "qwen"):
         done = launch(tmp_path, program, "--write-config", "--base-url", server.base_url, path="/nonexistent")
         assert done.returncode == 0, done.stderr
         assert done.stdout.startswith("---") and "+" in done.stdout  # the diff
@@ -82,6 +86,9 @@ def test_write_config_changes_only_its_own_settings(server, tmp_path):
     for path, text in before.items():  # the old file kept beside it
         [backup] = path.parent.glob(f"{path.name}.*.bak")
         assert backup.read_text() == text
+    mine = json.loads(qwen.read_text())
+    assert mine["ui"] == {"theme": "Dracula"} and mine["security"] == {"auth": {"selectedType": "openai"}}
+    assert mine["model"] == {"name": "tiny", "maxSessionTurns": 9, "generationConfig": {"contextWindowSize": 4096}}
     aider = yaml.safe_load((tmp_path / ".aider.conf.yml").read_text())
     assert aider["model"] == "openai/tiny" and aider["openai-api-base"] == server.base_url + "/v1"
     metadata = json.loads((tmp_path / ".aider.model.metadata.json").read_text())
@@ -102,3 +109,10 @@ def test_unknown_program_or_model(server, tmp_path):
     assert unknown.returncode == 2 and "one of: claude, codex, opencode, qwen, aider, llm" in unknown.stderr
     other = launch(tmp_path, "claude", "--print", "--base-url", server.base_url, "--model", "gpt-9")
     assert other.returncode == 1 and "serves no model 'gpt-9' (it serves: tiny)" in other.stderr
+
+
+def test_a_running_server_is_found_by_its_record(server, tmp_path):
+    """No --base-url: the server recorded in the cache folder (server.json) is the one used."""
+    done = launch(tmp_path, "codex", "--print", path="/nonexistent", cache=server.cache_dir)
+    assert done.returncode == 0, done.stderr
+    assert f'base_url = "{server.base_url}/v1"' in done.stdout and "starting" not in done.stderr

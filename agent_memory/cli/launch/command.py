@@ -21,6 +21,7 @@ from agent_memory.cli.launch.programs import Program
 from agent_memory.cli.launch.python_programs import Aider, Llm
 from agent_memory.cli.launch.server import ServerError, StartedServer, free_port, running_servers
 from agent_memory.cli.launch.target import Target, TargetError, read_target
+from agent_memory.config import Settings
 from agent_memory.files import write_atomic
 
 PROGRAMS: dict[str, Program] = {p.name: p for p in (ClaudeCode(), Codex(), OpenCode(), QwenCode(), Aider(), Llm())}
@@ -67,7 +68,9 @@ def launch(
             started.stop()
 
 
-def _target(base_url, model, key, config, cache_dir) -> tuple[Target, StartedServer | None]:
+def _target(
+    base_url: str | None, model: str | None, key: str | None, config: Settings, cache_dir: Path | None
+) -> tuple[Target, StartedServer | None]:
     """The model to point the program at, on the given server, a running one, or one started."""
     ids = _ids(model)
     try:

@@ -39,7 +39,7 @@ class Written:
 
 
 def write_user_file(file: UserFile) -> Written:
-    path = file.path.expanduser()
+    path = file.path.expanduser().resolve()  # a dotfile linked from elsewhere stays a link
     old = path.read_text() if path.exists() else None
     new = file.merge(old)
     if new == old:

@@ -157,8 +157,7 @@ class QwenCode(Program):
         settings = self.settings(target)
 
         def update(data: dict) -> None:
-            for key, values in settings.items():
-                _deep_update(data.setdefault(key, {}), values)
+            _deep_update(data, settings)
 
         return [UserFile(path, json.dumps(settings, indent=2), json_merge(path, update))]
 
