@@ -91,6 +91,7 @@ def anthropic_refusal(r: httpx.Response, param: str) -> None:
     "path, body, headers, param",
     [
         ("/v1/chat/completions", chat_body(prompt_cache_key="line1\nline2"), {}, "prompt_cache_key"),
+        ("/v1/chat/completions", chat_body(promptCacheKey="line1\nline2"), {}, "promptCacheKey"),  # the AI SDK's
         ("/v1/chat/completions", chat_body(), {"X-Agent-Id": "tab\there".encode()}, "X-Agent-Id"),
         ("/v1/chat/completions", chat_body(user="\u202egnp.exe\u202c-rtl"), {}, "user"),
         ("/v1/chat/completions", chat_body(metadata={"user_id": "del\x7f"}), {}, "metadata.user_id"),

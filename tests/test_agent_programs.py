@@ -1,10 +1,11 @@
 """The coding agents people point at a local server, run for real from their npm packages
-(scripts/test installs them in .agent-programs/): Codex CLI, Claude Code and opencode at their
-newest releases, Claude Code 2.1.197, whose tool schemas (`propertyNames`) once failed its
-first request, and simonw's `llm` and aider from PyPI (in .venv-programs/). Each runs non-interactively
-against the real server on a scripted tiny model (tests/scripted.py) that calls a tool where
-the task needs one and then answers, so a whole task completes; each test checks what the
-program did and what the server logged."""
+(scripts/test installs them in .agent-programs/): Codex CLI, Claude Code, opencode and Qwen Code
+at their newest releases, Claude Code 2.1.197, whose tool schemas (`propertyNames`) once failed
+its first request, and simonw's `llm` and aider from PyPI (in .venv-programs/). Each runs
+non-interactively through `agent-memory launch` (or, for the set-ups docs/usage.md gives by
+hand, with those settings) against the real server on a scripted tiny model (tests/scripted.py)
+that calls a tool where the task needs one and then answers, so a whole task completes; each
+test checks what the program did and what the server logged."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.conftest import REPO, Server
+from tests.conftest import REPO, Server, free_port
 from tests.scripted import CONTEXT, scripted_model
 
 PROGRAMS = REPO / ".agent-programs"
@@ -46,12 +49,29 @@ def logged_requests(server: Server, path: str) -> list[dict[str, str]]:
     return [f for f in fields if f.get("path") == path and f.get("method") == "POST"]
 
 
-def run(cmd: list[str], cwd: Path, env: dict[str, str], code: int = 0) -> subprocess.CompletedProcess:
+def run(cmd: list[str], cwd: Path, env: dict[str, str], code: int | None = 0) -> subprocess.CompletedProcess:
+    """The command's run; its exit code must be `code` (None: any, the caller looks)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "CODEX_", "CLAUDE_"))}
     env = {**base, "PWD": str(cwd), **env}  # opencode takes its project folder from PWD
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_LIMIT)
-    assert done.returncode == code, f"{cmd[0]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    output = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert code is None or done.returncode == code, f"{cmd[0]} exited {done.returncode}:\n{output}"
     return done
+
+
+def launch(binary: Path, args: list[str], cwd: Path, env: dict[str, str], code: int | None = 0):
+    """`agent-memory launch` with the program's folder first on PATH; its own files under the
+    test's cache folder (`env["CACHE"]`), no config file, and a port of its own should it start a server."""
+    cache = env.pop("CACHE")
+    env = {
+        **env,
+        "PATH": f"{binary.parent}{os.pathsep}{os.environ['PATH']}",
+        "AGENT_MEMORY_CONFIG": str(Path(cache) / "no-config.toml"),
+        "PYTHONPATH": str(REPO),  # this checkout's agent_memory, from the program's folder
+        "AGENT_MEMORY_PORT": env.pop("PORT", None) or str(free_port()),
+    }
+    cmd = [sys.executable, "-m", "agent_memory", "launch", *args[:1], "--cache-dir", cache, *args[1:]]
+    return run(cmd, cwd, env, code)
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +88,10 @@ def test_codex_exec_completes_a_task_with_a_tool_call(models, tmp_path, model):
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    with Server(models["calls"], tmp_path / "cache") as server:
-        (home / "config.toml").write_text(  # docs/usage.md's block
-            f'model = "{model}"\nmodel_provider = "agent-memory"\n\n[model_providers.agent-memory]\n'
-            f'name = "agent-memory"\nbase_url = "{server.base_url}/v1"\nwire_api = "responses"\n'
-        )
+    with Server(f"{model}={models['calls']}", tmp_path / "cache") as server:  # served as `model`
         task = "What is the current goal? Use the get_goal tool."
-        done = run([str(codex), "exec", "--skip-git-repo-check", "--json", task], work, {"CODEX_HOME": str(home)})
+        args = ["codex", "--base-url", server.base_url, "--", "exec", "--skip-git-repo-check", "--json", task]
+        done = launch(codex, args, work, {"CODEX_HOME": str(home), "CACHE": str(tmp_path / "launch")})
         requests = logged_requests(server, "/v1/responses")
         log = server.log()
 
@@ -118,9 +135,10 @@ def test_claude_code_turns_reuse_the_previous_one(models, tmp_path, release):
     home.mkdir()
     work.mkdir()
     with Server(models["answers"], tmp_path / "cache") as server:
-        env = claude_env(server, home, CONTEXT)
-        first = run([str(claude), "-p", "Say hello."], work, env)
-        second = run([str(claude), "-p", "--continue", "Once more."], work, env)
+        env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
+        first = launch(claude, ["claude", "--base-url", server.base_url, "--", "-p", "Say hello."], work, dict(env))
+        again = ["claude", "--base-url", server.base_url, "--", "-p", "--continue", "Once more."]
+        second = launch(claude, again, work, dict(env))
         requests = logged_requests(server, "/v1/messages")
         log = server.log()
 
@@ -213,7 +231,8 @@ def test_claude_code_sub_agents_each_reuse_their_own_turns(tmp_path):
 
 def test_opencode_turns_reuse_the_previous_one(models, tmp_path):
     """opencode through the OpenAI route (its openai-compatible provider): a run and a second
-    one continuing the session; with each turn it also sends a short title request."""
+    one continuing the session, set up by hand as docs/usage.md shows, then the same through
+    launch (its session's id names the agent); with each turn it also sends a short title request."""
     opencode = program("opencode-latest", "opencode")
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
@@ -232,13 +251,53 @@ def test_opencode_turns_reuse_the_previous_one(models, tmp_path):
         turn_one = logged_requests(server, "/v1/chat/completions")
         second = run([str(opencode), "run", "--continue", "Once more."], work, {"HOME": str(home)})
         requests = logged_requests(server, "/v1/chat/completions")
+        (work / "opencode.json").unlink()  # now through launch: its own config, the session's cache key
+        env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
+        first_launch = ["opencode", "--base-url", server.base_url, "--", "run", "Say hello."]
+        third = launch(opencode, first_launch, work, dict(env))
+        launched = logged_requests(server, "/v1/chat/completions")[len(requests) :]
+        again = ["opencode", "--base-url", server.base_url, "--", "run", "--continue", "Once more."]
+        fourth = launch(opencode, again, work, dict(env))
+        continued = logged_requests(server, "/v1/chat/completions")[len(requests) + len(launched) :]
 
     assert first.stdout.strip().endswith(ANSWER) and second.stdout.strip().endswith(ANSWER)
     assert {r["status"] for r in requests} == {"200"} and len(requests) > len(turn_one)
     main, next_main = (max(rs, key=lambda r: int(r["prompt_tokens"])) for rs in (turn_one, requests[len(turn_one) :]))
     assert int(main["prompt_tokens"]) > 5_000
     assert int(next_main["cached_tokens"]) >= int(main["prompt_tokens"]) - 64
+    assert third.stdout.strip().endswith(ANSWER) and fourth.stdout.strip().endswith(ANSWER)
+    assert {r["status"] for r in launched + continued} == {"200"}
+    turn, next_turn = (max(rs, key=lambda r: int(r["prompt_tokens"])) for rs in (launched, continued))
+    assert "agent" in turn and turn["agent"] == next_turn["agent"], launched  # the session (setCacheKey)
+    assert int(next_turn["cached_tokens"]) >= int(turn["prompt_tokens"]) - 64
 
+
+def test_qwen_code_answers_through_launch(models, tmp_path):
+    """Qwen Code (OpenAI's chat route, its OPENAI_* variables) through launch: a prompt answered,
+    then the session continued, its prompt reused from memory (it sends no agent id: the prefix
+    cache serves it)."""
+    qwen = program("qwen-latest", "qwen")
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    with Server(models["answers"], tmp_path / "cache") as server:
+        env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
+        args = ["qwen", "--base-url", server.base_url, "--"]
+        first = launch(qwen, [*args, "-p", "Say hello."], work, dict(env), code=None)
+        requests = logged_requests(server, "/v1/chat/completions")
+        if "oneOf constraints are not supported" in server.log():
+            # Its `agent` tool's `fork_turns` is a oneOf: servable once schemas the grammar engine
+            # cannot compile are loosened under tool_choice auto (issue 37, point 2).
+            pytest.xfail("Qwen Code's agent tool (oneOf) is refused until point 2 of issue 37 is merged")
+        assert first.returncode == 0, first.stderr[-3000:]
+        second = launch(qwen, [*args, "-p", "Once more.", "--continue"], work, dict(env))
+        later = logged_requests(server, "/v1/chat/completions")[len(requests) :]
+
+    assert first.stdout.strip().endswith(ANSWER) and second.stdout.strip().endswith(ANSWER)
+    assert {r["status"] for r in requests + later} == {"200"}, requests + later
+    main, next_main = (max(rs, key=lambda r: int(r["prompt_tokens"])) for rs in (requests, later))
+    assert int(main["prompt_tokens"]) > 5_000
+    assert int(next_main["cached_tokens"]) >= int(main["prompt_tokens"]) // 2
 
 def test_llm_continues_a_conversation_from_memory(models, tmp_path):
     """simonw's `llm` CLI through the OpenAI route (an extra OpenAI model with the server as
@@ -272,15 +331,42 @@ def test_aider_answers_and_its_next_turn_reuses_its_head(models, tmp_path):
     work.mkdir()
     (work / "hello.py").write_text("print('hello')\n")
     with Server(models["answers"], tmp_path / "cache") as server:
-        flags = ["--model", "openai/local", "--openai-api-base", f"{server.base_url}/v1", "--openai-api-key", "unused"]
-        flags += ["--yes-always", "--no-git", "--no-check-update", "--no-analytics", "--no-show-model-warnings"]
-        flags += ["--no-pretty", "--no-stream", "hello.py"]  # docs/usage.md's command line
-        env = {"HOME": str(home), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-        first = run([str(aider), *flags, "--message", "Say hello."], work, env)
-        second = run([str(aider), *flags, "--restore-chat-history", "--message", "Once more."], work, env)
+        flags = ["aider", "--base-url", server.base_url, "--", "--yes-always", "--no-git", "--no-pretty", "--no-stream"]
+        flags += ["hello.py"]
+        env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
+        first = launch(aider, [*flags, "--message", "Say hello."], work, dict(env))
+        second = launch(aider, [*flags, "--restore-chat-history", "--message", "Once more."], work, dict(env))
         requests = logged_requests(server, "/v1/chat/completions")
 
     assert ANSWER in first.stdout and ANSWER in second.stdout
+    assert "Unknown context window" not in first.stdout + first.stderr  # told by its metadata file
     assert [r["status"] for r in requests] == ["200", "200"], requests
     one, two = requests
     assert int(one["prompt_tokens"]) > 500 and int(two["cached_tokens"]) > int(one["prompt_tokens"]) // 2
+
+
+def test_launch_llm_writes_its_model_once_then_starts_and_stops_a_server(models, tmp_path):
+    """llm reads its models only from its own yaml: launch says so until --write-config adds the
+    entry (supports_schema, so `llm --schema` works); then each launch starts a server for the
+    run, on the configured port, and stops it when llm is done."""
+    llm = python_program("llm")
+    user, port = tmp_path / "llm", str(free_port())
+    user.mkdir()
+    (user / "extra-openai-models.yaml").write_text("- model_id: other\n  model_name: other\n")  # the user's own
+    env = {"LLM_USER_PATH": str(user), "CACHE": str(tmp_path / "launch"), "PORT": port}
+    args = ["llm", "--model", str(models["answers"])]
+    refused = launch(llm, [*args, "--", "Say hello."], tmp_path, dict(env), code=1)
+    assert "--write-config" in refused.stderr and "has no entry for scripted-answer" in refused.stderr
+
+    written = launch(llm, [*args, "--write-config"], tmp_path, dict(env))
+    assert "+  supports_schema: true" in written.stdout
+    assert "model_id: other" in (user / "extra-openai-models.yaml").read_text()  # the user's own kept
+    assert len(list(user.glob("extra-openai-models.yaml.*.bak"))) == 1
+
+    done = launch(llm, [*args, "--", "Say hello."], tmp_path, dict(env))
+    assert done.stdout.strip() == ANSWER
+    log = (tmp_path / "launch" / "launch" / "server.log").read_text()
+    assert re.search(r"method=POST path=/v1/chat/completions .*status=200", log), log[-2000:]
+    assert f"127.0.0.1:{port}" in log and not list((tmp_path / "launch" / "kv").glob("*/server.json"))
+    with pytest.raises(httpx.ConnectError):  # stopped with llm
+        httpx.get(f"http://127.0.0.1:{port}/health")

@@ -3,6 +3,8 @@ the GGUF conversion undoes llama.cpp's q/k layout, and the demo model (when fetc
 
 from __future__ import annotations
 
+import json
+
 import os
 import subprocess
 import sys
@@ -121,6 +123,13 @@ def test_models_cli(tmp_path):
 
     built = run("build-tiny", str(tmp_path / "models" / "tiny"))
     assert built.returncode == 0, built.stderr
+    # Room for a coding agent's prompt by default (the tests' own build_tiny keeps 4,096).
+    config = json.loads((tmp_path / "models" / "tiny" / "config.json").read_text())
+    tokenizer = json.loads((tmp_path / "models" / "tiny" / "tokenizer_config.json").read_text())
+    assert config["max_position_embeddings"] == tokenizer["model_max_length"] == 65536
+    small = run("build-tiny", str(tmp_path / "small"), "--context", "8192")
+    assert small.returncode == 0, small.stderr
+    assert json.loads((tmp_path / "small" / "config.json").read_text())["max_position_embeddings"] == 8192
     listed = run("ls", "--cache-dir", str(tmp_path))
     assert listed.returncode == 0 and "tiny" in listed.stdout and "llama" in listed.stdout
     refused = run("fetch", "something-else", "--cache-dir", str(tmp_path))

@@ -60,6 +60,8 @@ def openai_agent(body: Any, request: Request) -> AgentKey | None:
         request,
         [
             ("prompt_cache_key", body.prompt_cache_key),
+            # The AI SDK's name for it, which its openai-compatible provider sends as it is (opencode's sessions)
+            ("promptCacheKey", (body.model_extra or {}).get("promptCacheKey")),
             ("X-Agent-Id", utf8_header(request, "X-Agent-Id")),
             ("user", body.user),
             ("metadata.user_id", (body.metadata or {}).get("user_id")),

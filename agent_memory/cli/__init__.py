@@ -1,4 +1,4 @@
-"""The `agent-memory` command line: serve, models, cache.
+"""The `agent-memory` command line: serve, models, cache, launch.
 
 Nothing here imports MLX at module level: `cache` commands must work without it.
 """
@@ -11,6 +11,7 @@ import typer
 
 from agent_memory import __version__
 from agent_memory.cli.cache.commands import cache_app
+from agent_memory.cli.launch import launch
 from agent_memory.cli.models import models_app
 from agent_memory.cli.serve import GroupedHelp, serve
 
@@ -24,6 +25,7 @@ app = typer.Typer(
 app.add_typer(models_app, name="models")
 app.add_typer(cache_app, name="cache")
 app.command(cls=GroupedHelp)(serve)
+app.command()(launch)
 
 
 def _version(value: bool) -> None:

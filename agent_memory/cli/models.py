@@ -98,6 +98,9 @@ def models_build_tiny(
     sets: list[str] = typer.Option(
         [], "--set", metavar="KEY=VALUE", help="Change a config field (JSON value), e.g. --set hidden_size=512: a bigger model."
     ),
+    context: int | None = typer.Option(
+        None, "--context", min=1, help="Its context window in tokens (default 65,536: a coding agent's prompt fits)."
+    ),
 ) -> None:
     """Build a deterministic tiny random model: the llama one the tests use, or one of any
     mlx-lm text family (`--arch gemma3_text`) to reproduce a bug or benchmark, or an embedding
@@ -109,10 +112,10 @@ def models_build_tiny(
         return
     if directory is None:
         raise typer.BadParameter("the folder to write the model into", param_hint="DIRECTORY")
-    from agent_memory.models.tiny import QUANTIZATIONS, build_tiny, tiny_arch
+    from agent_memory.models.tiny import QUANTIZATIONS, SERVING_CONTEXT, build_tiny, tiny_arch
 
     bits = int(quantize) if quantize in ("4", "8") else quantize
-    changes = {}
+    changes = {"max_position_embeddings": context or SERVING_CONTEXT}
     for setting in sets:
         key, sep, value = setting.partition("=")
         try:

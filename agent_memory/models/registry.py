@@ -57,9 +57,10 @@ def resolve_model(spec: str, models_dir: Path, progress: Progress | None = None)
 
         return fetch_demo(models_dir, progress=progress)
     if spec == "tiny":
-        from agent_memory.models.tiny import build_tiny
+        from agent_memory.models.tiny import SERVING_CONTEXT, build_tiny
 
-        return build_tiny(models_dir / "tiny", progress=progress)
+        config = {"max_position_embeddings": SERVING_CONTEXT}
+        return build_tiny(models_dir / "tiny", config=config, progress=progress)
     for folder in (Path(spec).expanduser(), models_dir / spec):
         if complete(folder):
             return folder.resolve()

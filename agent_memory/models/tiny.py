@@ -40,7 +40,10 @@ EOS = ("<|im_end|>", "<|endoftext|>")  # the default model's end-of-turn tokens
 TRAINING_BYTES = 3 << 20
 SEED = 1234  # the llama's; other families' seeds also hash their name (see _seed)
 STAGE = "building the tiny model"
-MAX_POSITIONS = 4096
+MAX_POSITIONS = 4096  # the tests' models: a context error is a few thousand tokens away
+# What `models build-tiny` and `--model tiny` build for people: room for a coding agent's
+# prompt and answer (Claude Code's prompt is 19-32k tokens of this tokenizer, Codex's 15k).
+SERVING_CONTEXT = 65536
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\\nYou are a helpful AI assistant.<|im_end|>\\n' }}{% endif %}"
@@ -117,10 +120,11 @@ def build_tiny(
         step(STAGE, 0, 2)
         tokenizer = _tokenizer(template)
         tokenizer.save(str(work / "tokenizer.json"))
-        _write_tokenizer_config(work, template)
         step(STAGE, 1, 2)
         eos = [tokenizer.token_to_id(token) for token in _eos(template)]
         config = _config(spec, tokenizer.get_vocab_size(), eos, config or {})
+        text_config = config.get("text_config", config)
+        _write_tokenizer_config(work, template, text_config.get("max_position_embeddings", MAX_POSITIONS))
         weights = random_weights(config, _seed(arch), embed_std=spec.embed_std)
         if quantize:
             weights, config = _quantized(config, weights, quantize)
@@ -226,7 +230,7 @@ def _training_files() -> list[str]:
     return files
 
 
-def _write_tokenizer_config(folder: Path, template: ChatTemplate | None = None) -> None:
+def _write_tokenizer_config(folder: Path, template: ChatTemplate | None, context: int) -> None:
     bos, eos = (template.bos if template else None), _eos(template)[0]
     special = {"bos_token": bos, "eos_token": eos, "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
     (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=1))
@@ -235,7 +239,7 @@ def _write_tokenizer_config(folder: Path, template: ChatTemplate | None = None) 
         "tokenizer_class": "PreTrainedTokenizerFast",
         "chat_template": template.text if template else CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
-        "model_max_length": MAX_POSITIONS,
+        "model_max_length": context,  # else transformers warns of every longer prompt
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
 
