@@ -6,6 +6,7 @@ logprobs (top 5) and penalties (frequency, presence, repetition) cost them.
 
     .venv/bin/python scripts/bench_engine.py                 # the demo model
     .venv/bin/python scripts/bench_engine.py --model DIR --json out.json
+    .venv/bin/python scripts/bench_engine.py --only-sampling --concurrency 8   # logprobs and penalties only
 
 Each configuration runs in its own process (OpenBLAS is chosen at import time), side by side
 in one run, so the ratios hold on a noisy machine. Requests go straight to the BatchEngine
@@ -36,6 +37,34 @@ SAMPLING = {
     "logprobs": {"logprobs": 5},
     "penalties": {"frequency_penalty": 0.5, "presence_penalty": 0.5, "repetition_penalty": 1.1},
 }
+
+
+def per_token_costs(vocab_size: int, batch: int) -> dict:
+    """What penalties and logprobs add per generated token, in milliseconds, timed on their
+    own (medians of 100): steadier than the end-to-end ratios on a shared machine."""
+    import mlx.core as mx
+
+    from agent_memory.engine.logprobs import token_logprobs
+    from agent_memory.engine.penalties import Penalties
+
+    def median_ms(fn) -> float:
+        times = []
+        for _ in range(100):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1000
+
+    logits = mx.random.normal((1, vocab_size))
+    rows = mx.random.normal((batch, vocab_size))
+    rows = rows - mx.logsumexp(rows, axis=-1, keepdims=True)
+    mx.eval(logits, rows)
+    penalties = Penalties(list(range(0, 2000, 3)), vocab_size, 0.5, 0.5, 1.1)
+    token = mx.array([5])
+    return {
+        "penalties": median_ms(lambda: mx.eval(penalties(token, logits))),
+        "logprobs": median_ms(lambda: token_logprobs(rows, [1] * batch, [5] * batch)) / batch,
+    }
 
 
 def run_worker(args) -> dict:
@@ -127,7 +156,8 @@ def run_worker(args) -> dict:
             for kind, sampling in SAMPLING.items():
                 r = run([prompt(16) for _ in range(n)], args.decode_tokens, sampling=sampling)
                 rates[kind].append(r["tokens"] / r["span"])
-        result["sampling"] = {"concurrency": n, "decode_tok_s": rates}
+        costs = per_token_costs(engine.model.vocab_size, n)
+        result["sampling"] = {"concurrency": n, "decode_tok_s": rates, "ms": costs}
     engine.stop()
     return result
 
@@ -183,7 +213,9 @@ def main() -> None:
         for kind in SAMPLING:
             tps = statistics.median(c["decode_tok_s"][kind])
             print(f"| {kind} | {tps:.1f} | {tps / plain:.2f}x |")
-        print()
+        ms, step = c["ms"], c["concurrency"] / plain * 1000
+        print(f"\nper token, timed alone: penalties {ms['penalties']:.2f} ms, logprobs (top 5) {ms['logprobs']:.2f} ms;"
+              f" a step of {c['concurrency']} takes {step:.0f} ms here\n")
     if args.only_sampling:
         return
     slow, single = runs["reference BLAS"], fast["decode_tok_s"]["1"]

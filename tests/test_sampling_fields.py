@@ -5,13 +5,14 @@ without it, outputs and logprobs."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from tests.conftest import Server
 # `models`: the tied tiny model, whose greedy output repeats itself.
-from tests.test_speculation import FEW, PROMPTS, models  # noqa: F401
+from tests.test_speculation import ANSWER, FEW, PROMPTS, models  # noqa: F401
 
 TOLERANCE = 1e-3  # a verify pass computes a position in a wider matmul than a one-token step
 
@@ -182,3 +183,13 @@ def test_n_samples(pair):
         assert [c.index for c in completions.choices] == [0, 1]
         got[server] = texts
     assert got[off] == got[lookup]
+
+
+def test_n_samples_each_follow_the_grammar(pair):
+    """Each sample has its own copy of the grammar's matcher: each choice is a valid answer."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+    body = chat(PROMPTS[3], 60, temperature=1.0, seed=5, n=3, response_format=fmt)
+    for server in pair:
+        reply = server.client().chat.completions.create(**body)
+        answers = [json.loads(c.message.content) for c in reply.choices]
+        assert all(set(a) == {"city", "days"} and isinstance(a["days"], int) for a in answers)
