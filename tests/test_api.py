@@ -175,7 +175,8 @@ def test_context_length_exceeded_by_prompt(client):
         ({"messages": "Hi"}, "messages"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "wizard", "content": "Hi"}]}, "role"),
-        ({"messages": [{"role": "user", "content": "Hi"}], "n": 2}, "n"),
+        ({"messages": [{"role": "user", "content": "Hi"}], "n": 0}, "n"),
+        ({"messages": [{"role": "user", "content": "Hi"}], "n": 17}, "n"),
         ({"model": "tiny"}, "messages"),
     ],
 )
@@ -227,7 +228,7 @@ def test_completion_token_ids_out_of_vocab_are_400(server):
 
 
 def test_completion_unsupported_options_are_400(server):
-    for extra in ({"echo": True}, {"best_of": 3}, {"prompt": ["a", "b"]}, {"n": 3}):
+    for extra in ({"echo": True}, {"best_of": 3}, {"prompt": ["a", "b"]}, {"n": 0}):
         status, _ = _error(server, "POST", "/v1/completions", json={"prompt": "a", "max_tokens": 2, **extra})
         assert status == 400, extra
 

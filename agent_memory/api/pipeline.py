@@ -183,6 +183,9 @@ def generation_request(
         )
     output = output_limit(model.facts, len(prompt), limit, grammar, prompt_param)  # clamped to the room left
     sampling = {**model.facts.sampling_defaults, **{k: v for k, v in sampling.items() if v is not None}}
+    if sampling.get("n", 1) > model.engine.max_batch:
+        why = f"n is at most the batch limit, {model.engine.max_batch} samples decoding side by side"
+        raise APIError(400, why, param="n")
     bias = sampling.get("logit_bias") or {}
     if any(not 0 <= t < model.vocabulary for t in bias):
         raise APIError(400, f"logit_bias token ids must be in [0, {model.vocabulary})", param="logit_bias")
@@ -221,6 +224,7 @@ async def events(state: ServerState, model: ServedModel, generation: GenerationR
     started = time.perf_counter()
     first: float | None = None
     done = False
+    left = generation.params.n  # samples still to finish
     try:
         while not done:
             event = await queue.get()
@@ -241,7 +245,8 @@ async def events(state: ServerState, model: ServedModel, generation: GenerationR
                     trace["tok_s"] = round((u.completion_tokens - 1) / (now - first), 1)
             elif isinstance(event, Failed):
                 trace["finish"] = f"error ({event.code})"
-            done = isinstance(event, (Finished, Failed))
+            left -= isinstance(event, Finished)
+            done = isinstance(event, Failed) or left == 0
             yield event
     finally:
         state.waiting.discard(generation)

@@ -25,6 +25,7 @@ import numpy as np
 from mlx_lm.sample_utils import make_logits_processors
 
 from agent_memory.chat.finish import ConstrainedOutput
+from agent_memory.engine.penalties import penalties
 from agent_memory.engine.requests import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -136,9 +137,13 @@ class GrammarProcessor:
 
 
 def logits_processors(request: GenerationRequest, vocab_size: int, eos_token_ids) -> list:
-    """A sequence's mlx-lm logits processors: its logit bias, then its grammar's mask."""
+    """A sequence's mlx-lm logits processors: its logit bias, its penalties, then its grammar's
+    mask (what the grammar rules out stays out, whatever the penalties did)."""
     params = request.params
     out = make_logits_processors(params.logit_bias) if params.logit_bias else []
+    out += penalties(
+        request.prompt, vocab_size, params.frequency_penalty, params.presence_penalty, params.repetition_penalty
+    )
     if request.grammar is not None:
         out.append(GrammarProcessor(request.grammar, vocab_size, sorted(eos_token_ids), params.max_tokens))
     return out

@@ -24,6 +24,7 @@ from agent_memory.engine.metrics import Metrics
 from agent_memory.engine.parts import Parts
 from agent_memory.engine.planner import Planner
 from agent_memory.engine.requests import Failed, GenerationRequest, SamplingParams, Sink
+from agent_memory.engine.samples import samples
 from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status, new_sequence
 from agent_memory.engine.speculative_batch import Verified
@@ -169,7 +170,7 @@ class EngineCore:
             if seq.id in stopped:  # its run went on past a stop string: the rest is not output
                 continue
             seq.usage.completion_tokens += 1
-            hit = seq.output.take(t.token, t.finish)
+            hit = seq.output.take(t.token, t.finish, t.logprob)
             now = time.perf_counter()
             self.metrics.generated_tokens.inc()
             if seq.usage.completion_tokens == 1:
@@ -194,9 +195,12 @@ class EngineCore:
             return
         self._share_prompt(seq)
         params = seq.request.params
-        self.parts.batch.add(seq.id, seq.prompt, seq.cache, seq.sampler, seq.processors, params.max_tokens)
+        for sample in [seq, *samples(seq, self._ids, self.parts.loaded)]:  # n > 1: all from one prefill
+            self.seqs[sample.id] = sample
+            args = (sample.sampler, sample.processors, params.max_tokens, params.logprobs)
+            self.parts.batch.add(sample.id, seq.prompt, seq.cache, *args)
+            sample.status = Status.DECODING
         seq.cache = None
-        seq.status = Status.DECODING
 
     def _share_prompt(self, seq: Sequence) -> None:
         """Offer the prompt's new whole blocks for reuse now, not when the request ends, so
@@ -279,15 +283,13 @@ class EngineCore:
         )
 
     def cancel(self, seq_id: int) -> None:
-        seq = self.seqs.get(seq_id)
-        if seq is None:
-            return
-        if seq.discovery is not None:  # its question to the shared tier, if not asked yet, is not
-            self.store.sync.drop(seq.discovery)
-        if seq.status is Status.DECODING:
-            self._end(seq, "cancelled", *self.parts.batch.remove([seq.id])[seq.id])
-        else:  # waiting or prefilling: keep what was computed
-            self._end(seq, "cancelled", seq.cache, seq.prompt[: seq.pos])
+        for seq in [s for s in list(self.seqs.values()) if seq_id in (s.id, s.parent)]:  # and its samples
+            if seq.discovery is not None:  # its question to the shared tier, if not asked yet, is not
+                self.store.sync.drop(seq.discovery)
+            if seq.status is Status.DECODING:
+                self._end(seq, "cancelled", *self.parts.batch.remove([seq.id])[seq.id])
+            else:  # waiting or prefilling: keep what was computed
+                self._end(seq, "cancelled", seq.cache, seq.prompt[: seq.pos])
 
     def end_agent(self, agent: AgentKey) -> bool | Future:
         for seq in self.seqs.values():

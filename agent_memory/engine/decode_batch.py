@@ -19,6 +19,7 @@ from mlx_lm.generate import GenerationBatch, StopSequences
 from mlx_lm.models.cache import QuantizedKVCache
 from mlx_lm.sample_utils import greedy_sampler
 
+from agent_memory.engine.logprobs import TokenLogprob, token_logprobs
 from agent_memory.engine.quantized import BatchQuantizedKVCache
 
 
@@ -30,6 +31,7 @@ class Token:
     finish: str | None
     cache: list | None  # when finished: the sequence's single-sequence caches, one per layer
     tokens: list[int] | None  # when finished: the tokens that cache holds
+    logprob: TokenLogprob | None = None  # where the request asked for logprobs
 
 
 class DecodeBatch:
@@ -39,6 +41,7 @@ class DecodeBatch:
         self.model = model
         self._eos = StopSequences([(t,) for t in eos_token_ids])
         self._batch = GenerationBatch.empty(model, greedy_sampler)
+        self._tops: dict[int, int] = {}  # seq id -> its top_logprobs, for those that asked for logprobs
 
     def __len__(self) -> int:
         return len(self._batch)
@@ -47,9 +50,14 @@ class DecodeBatch:
     def seq_ids(self) -> list[int]:
         return list(self._batch.uids)
 
-    def add(self, seq_id: int, prompt: list[int], cache: list, sampler, processors: list, max_tokens: int) -> None:
+    def add(
+        self, seq_id: int, prompt: list[int], cache: list, sampler, processors: list, max_tokens: int, logprobs=None
+    ) -> None:
         """Join the batch with a prefilled cache holding every prompt token but the last,
-        which is fed as the first decode step's input."""
+        which is fed as the first decode step's input (the cache is read, not changed: n
+        samples join from one). `logprobs`: None, or how many alternatives each token reports."""
+        if logprobs is not None:
+            self._tops[seq_id] = logprobs
         joining = GenerationBatch(
             self.model,
             [seq_id],
@@ -67,7 +75,18 @@ class DecodeBatch:
     def step(self, waiting: int = 0) -> list[Token]:
         """One token for every sequence; finished ones leave the batch with their KV. (A plain
         step has no width to weigh against the `waiting` prompts: SpeculativeBatch's has.)"""
-        return [Token(r.uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens) for r in self._batch.next()]
+        responses = self._batch.next()
+        out = [Token(r.uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens) for r in responses]
+        asked = [i for i, r in enumerate(responses) if r.uid in self._tops]
+        if asked:  # from the distribution each was sampled from (logprobs.py), in one evaluation
+            rows = mx.stack([responses[i].logprobs for i in asked])
+            tops = [self._tops[responses[i].uid] for i in asked]
+            for i, lp in zip(asked, token_logprobs(rows, [responses[i].token for i in asked], tops)):
+                out[i].logprob = lp
+        for t in out:
+            if t.finish is not None:
+                self._tops.pop(t.seq_id, None)
+        return out
 
     def remove(self, seq_ids: list[int]) -> dict[int, tuple[list, list[int]]]:
         """Take sequences out before they finish: seq id -> (its caches, the tokens they hold)."""
@@ -75,11 +94,14 @@ class DecodeBatch:
         index = {seq_id: uids.index(seq_id) for seq_id in seq_ids}
         taken = {seq_id: (self._batch.extract_cache(i), list(self._batch.tokens[i])) for seq_id, i in index.items()}
         self._batch.filter([i for i in range(len(uids)) if i not in index.values()])
+        for seq_id in seq_ids:
+            self._tops.pop(seq_id, None)
         return taken
 
     def reset(self) -> None:
         """Start over empty (after a failed step left the batch in an unknown state)."""
         self._batch = GenerationBatch.empty(self.model, greedy_sampler)
+        self._tops = {}
 
 
 def _batched(cache):

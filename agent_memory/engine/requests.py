@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_memory.agent_key import AgentKey
+from agent_memory.engine.logprobs import TokenLogprob
 
 
 @dataclass
@@ -18,6 +19,12 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k cut
     stop: list[str] = field(default_factory=list)
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # None: no logprobs; k: each token's logprob and its k likeliest alternatives (logprobs.py).
+    logprobs: int | None = None
+    frequency_penalty: float = 0.0  # OpenAI's, over the generated tokens (penalties.py)
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # vLLM's, over the prompt's and generated tokens; 1: none
+    n: int = 1  # samples of one prompt, prefilled once: each its own `index` in the events
 
 
 @dataclass(eq=False)  # by identity: the API counts requests in flight in a weak set
@@ -50,6 +57,8 @@ class Usage:
 @dataclass
 class TextDelta:
     text: str
+    logprobs: list[TokenLogprob] | None = None  # the tokens this text completes (when asked)
+    index: int = 0  # which of the request's n samples
 
 
 @dataclass
@@ -57,6 +66,7 @@ class Finished:
     reason: str  # "stop" | "length" | "cancelled"
     usage: Usage
     stop_sequence: str | None = None  # reason "stop" by a stop string: which one (None: end of sequence)
+    index: int = 0  # which of the request's n samples
 
 
 # A served model whose weights cannot be loaded (engine/loading.py): no retry mends it, so the

@@ -61,6 +61,7 @@ class Sequence:
     last_token: float = 0.0  # perf_counter() of its latest token
     # A follow-up that only computes KV for its agent (see canonical_reply): no decoding.
     prefill_only: bool = False
+    parent: int | None = None  # a request's sample 1..n-1 (samples.py): its sample 0's id
 
     @property
     def prompt(self) -> list[int]:

@@ -26,7 +26,9 @@ import mlx.core as mx
 from agent_memory.engine.constraint import GrammarProcessor
 from agent_memory.engine.decode_batch import Token
 from agent_memory.engine.draft import Draft
+from agent_memory.engine.logprobs import TokenLogprob, token_logprobs
 from agent_memory.engine.lookup import Lookups, Settled
+from agent_memory.engine.penalties import Penalties
 from agent_memory.engine.ragged_kv import drop, join
 from agent_memory.engine.sampling import SeededSampler, accept_greedy, verify
 from agent_memory.engine.verify_width import VerifyWidth
@@ -41,11 +43,19 @@ class Row:
     sampler: Any
     processors: list
     max_tokens: int
+    tops: int | None = None  # None: no logprobs; k: each token's and its k likeliest (logprobs.py)
+    pending: TokenLogprob | None = None  # `fed`'s logprob, computed in the step that sampled it
     emitted: int = 0
 
     @property
     def grammar(self) -> GrammarProcessor | None:
         return next((p for p in self.processors if isinstance(p, GrammarProcessor)), None)
+
+    @property
+    def stateful(self) -> list:
+        """The processors that follow the tokens fed (the grammar, penalties): saved after each
+        verified position, restored to the last accepted one."""
+        return [p for p in self.processors if isinstance(p, (GrammarProcessor, Penalties))]
 
 
 @dataclass
@@ -75,11 +85,15 @@ class SpeculativeBatch:
     def seq_ids(self) -> list[int]:
         return [r.seq_id for r in self.rows]
 
-    def add(self, seq_id: int, prompt: list[int], cache: list, sampler, processors: list, max_tokens: int) -> None:
-        """Join with a prefilled cache holding every prompt token but the last (fed first)."""
+    def add(
+        self, seq_id: int, prompt: list[int], cache: list, sampler, processors: list, max_tokens: int, logprobs=None
+    ) -> None:
+        """Join with a prefilled cache holding every prompt token but the last (fed first); the
+        cache is read, not changed (n samples join from one)."""
         self.cache = join(self.cache, cache)
         self.proposer.add(seq_id, prompt)
-        self.rows.append(Row(seq_id, list(prompt[:-1]), prompt[-1], False, sampler, processors, max_tokens))
+        row = Row(seq_id, list(prompt[:-1]), prompt[-1], False, sampler, processors, max_tokens, logprobs)
+        self.rows.append(row)
 
     def step(self, waiting: int = 0) -> list[Token]:
         """Verify every sequence's proposals in one forward pass; each sequence's new tokens, in
@@ -98,19 +112,25 @@ class SpeculativeBatch:
         plain = [not r.processors and not isinstance(r.sampler, SeededSampler) for r in self.rows]
         best = mx.argmax(logprobs, axis=-1).tolist() if any(plain) else None  # one evaluation for them all
 
+        outs = [
+            accept_greedy(best[i], p) if plain[i] else verify(r.sampler, logprobs[i, : len(p) + 1], p)
+            for i, (r, p) in enumerate(zip(self.rows, proposals))
+        ]
+        picked = self._logprobs(logprobs, outs)
+
         tokens: list[Token] = []
         kept, finished, settled = [], [], []
-        for i, (r, p) in enumerate(zip(self.rows, proposals)):
-            if plain[i]:
-                out = accept_greedy(best[i], p)
-            else:
-                out = verify(r.sampler, logprobs[i, : len(p) + 1], p)
+        for i, (r, p, out) in enumerate(zip(self.rows, proposals, outs)):
             a = len(out) - 1
             if saved[i] is not None and a < len(p):
-                r.grammar.restore(saved[i][a])
+                for processor, state in zip(r.stateful, saved[i][a]):
+                    processor.restore(state)
             fed = inputs[i][: a + 1]
+            # Each fed token's logprob: `fed`'s from the step that sampled it, the accepted proposals' from this one.
+            fed_logprobs = [r.pending, *picked[i][:a]] if picked[i] is not None else [None] * len(fed)
+            skip = 0 if r.output else 1
             news, n, finish = self._emit(r, fed)
-            tokens.extend(Token(r.seq_id, t, None, None, None) for t in news)
+            tokens.extend(Token(r.seq_id, t, None, None, None, fed_logprobs[skip + k]) for k, t in enumerate(news))
             kept.append(n)
             r.tokens.extend(fed[:n])
             settled.append(Settled(r.seq_id, r.fed, p, a, None if finish is not None else out[-1]))
@@ -119,6 +139,7 @@ class SpeculativeBatch:
                 finished.append((i, tokens[-1]))
             else:
                 r.fed, r.output = out[-1], True
+                r.pending = picked[i][a] if picked[i] is not None else None
         self.proposer.settle(settled)
         self.verified = [Verified(s.seq_id, len(s.proposed), s.accepted) for s in settled if s.proposed]
         drop(self.cache, [width - n for n in kept])  # positions past each row's kept ones
@@ -128,6 +149,19 @@ class SpeculativeBatch:
         if finished:
             self._keep([i for i in range(len(self.rows)) if i not in {i for i, _ in finished}])
         return tokens
+
+    def _logprobs(self, logprobs: mx.array, outs: list[list[int]]) -> list[list[TokenLogprob] | None]:
+        """Each row's logprobs of its verified positions' tokens (None: it asked for none), read
+        from this forward pass's distributions — the ones each was sampled or accepted from —
+        in one evaluation."""
+        asked = [(i, j) for i, r in enumerate(self.rows) if r.tops is not None for j in range(len(outs[i]))]
+        picked: list[list[TokenLogprob] | None] = [None if r.tops is None else [] for r in self.rows]
+        if asked:
+            rows = logprobs[mx.array([i for i, _ in asked]), mx.array([j for _, j in asked])]
+            tops = [self.rows[i].tops for i, _ in asked]
+            for (i, _), lp in zip(asked, token_logprobs(rows, [outs[i][j] for i, j in asked], tops)):
+                picked[i].append(lp)
+        return picked
 
     def _left(self, r: Row) -> int:
         """How many tokens it may be proposed: as many as it may emit after `fed`."""
@@ -140,20 +174,21 @@ class SpeculativeBatch:
             return proposed[: grammar.allows(r.fed, proposed)]
         return proposed
 
-    def _constrain(self, r: Row, fed: list[int], logits: mx.array, i: int) -> list[tuple] | None:
+    def _constrain(self, r: Row, fed: list[int], logits: mx.array, i: int) -> list[list] | None:
         """Run a sequence's logits processors over its fed positions in order, in place in
-        `logits`; its grammar's state after each position, to go back to (None: no grammar)."""
+        `logits`, each seeing the tokens fed before its position; the stateful processors'
+        states after each position, to go back to (None: none of them)."""
         if not r.processors:
             return None
-        grammar, saved = r.grammar, []
+        stateful, saved = r.stateful, []
         for j, token in enumerate(fed):
             row = logits[i : i + 1, j]
             for processor in r.processors:
                 row = processor(mx.array([token]), row)
             logits[i, j] = row[0]
-            if grammar is not None:
-                saved.append(grammar.save())
-        return saved if grammar is not None else None
+            if stateful:
+                saved.append([p.save() for p in stateful])
+        return saved if stateful else None
 
     def _emit(self, r: Row, fed: list[int]) -> tuple[list[int], int, str | None]:
         """The output among the fed tokens, up to the first that ends the sequence (an

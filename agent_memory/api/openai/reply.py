@@ -7,6 +7,9 @@ Reasoning is `reasoning_content`, as vLLM and DeepSeek return it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from agent_memory.api.logprobs import LogprobWriter
 from agent_memory.chat.conversation import ToolCall
 from agent_memory.chat.events import CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
 from agent_memory.engine.protocol import ModelFacts
@@ -37,6 +40,16 @@ def usage_dict(usage: Usage, reasoning_tokens: int | None = None) -> dict:
     return out
 
 
+def total_usage(finished: list[Finished]) -> Usage:
+    """n samples' usage as OpenAI counts it: the prompt once, the completions added up."""
+    return replace(
+        finished[0].usage,
+        completion_tokens=sum(f.usage.completion_tokens for f in finished),
+        accepted_prediction_tokens=sum(f.usage.accepted_prediction_tokens for f in finished),
+        rejected_prediction_tokens=sum(f.usage.rejected_prediction_tokens for f in finished),
+    )
+
+
 def model_object(model_id: str, root: str, created: int, facts: ModelFacts | None) -> dict:
     """A model object; `root` names the served model an alias stands for, `max_model_len` its
     context (as vLLM's do); once loaded, its `kind` ("chat" or "embedding"), a chat model's
@@ -54,9 +67,9 @@ def model_object(model_id: str, root: str, created: int, facts: ModelFacts | Non
     return obj
 
 
-def text_choice(text: str, finish_reason: str | None = None) -> dict:
+def text_choice(text: str, finish_reason: str | None = None, index: int = 0, logprobs: dict | None = None) -> dict:
     """A text completion's choice, whole or as a stream's chunk."""
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def call_dict(call: ToolCall) -> dict:
@@ -68,20 +81,50 @@ class ChatReply:
     content deltas; a call's first delta with its index, id, type and name, then fragments of
     its arguments) and, once finished, its JSON message."""
 
-    def __init__(self, reader, count=len) -> None:
+    def __init__(self, reader, count=len, index: int = 0, logprobs: LogprobWriter | None = None) -> None:
         self.reader = reader  # chat/reader.py's ReplyReader, or harmony's
         self.count = count  # text -> its tokens (the reasoning's, for usage)
+        self.index = index  # which of the request's n choices
+        self.writer = logprobs  # None: the request asked for no logprobs
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.calls: list[ToolCall] = []  # as written so far; a cut-off one with `{}` arguments
+        self.logprobs: list[dict] = []  # every token's, for the JSON reply
+        self.pending: list[dict] = []  # those the stream has not sent: on its next chunk
 
     def feed(self, event: TextDelta | Finished) -> list[dict]:
-        """The chunks for one engine event: deltas, and after Finished the finish reason."""
+        """The chunks for one engine event: deltas (the first with the logprobs of the tokens
+        read since the last chunk), and after Finished the finish reason."""
+        if self.writer is not None and isinstance(event, TextDelta) and event.logprobs:
+            entries = self.writer.entries(event.logprobs)
+            self.logprobs += entries
+            self.pending += entries
         outs = self.reader.read(event.text if isinstance(event, TextDelta) else None)
-        chunks = [_chunk(delta) for out in outs if (delta := self._write(out)) is not None]
+        chunks = [self._chunk(delta) for out in outs if (delta := self._write(out)) is not None]
         if isinstance(event, Finished):
-            chunks.append(_chunk({}, self.finish_reason(event)))
+            chunks.append(self._chunk({}, self.finish_reason(event)))
+        if chunks and self.pending:
+            chunks[0]["choices"][0]["logprobs"] = {"content": self.pending, "refusal": None}
+            self.pending = []
         return chunks
+
+    def choice(self, finished: Finished) -> dict:
+        """The JSON reply's choice."""
+        logprobs = {"content": self.logprobs, "refusal": None} if self.writer is not None else None
+        return {
+            "index": self.index,
+            "message": self.message(),
+            "logprobs": logprobs,
+            "finish_reason": self.finish_reason(finished),
+        }
+
+    def first_chunk(self) -> dict:
+        """What a chat stream sends first for each choice: the assistant's role."""
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
+        choice = {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"choices": [choice]}
 
     def message(self) -> dict:
         """The JSON reply's message: content (None when there are calls and no text), calls."""
@@ -93,9 +136,10 @@ class ChatReply:
             message["tool_calls"] = [call_dict(c) for c in self.calls]
         return message
 
-    def usage(self, usage: Usage) -> dict:
+    def reasoning_tokens(self, usage: Usage) -> int:
+        """How many of its completion's tokens were reasoning."""
         reasoning = self.count("".join(self.reasoning)) if self.reasoning else 0
-        return usage_dict(usage, min(reasoning, usage.completion_tokens))
+        return min(reasoning, usage.completion_tokens)
 
     def finish_reason(self, finished: Finished) -> str:
         whole_calls = self.reader.calls
@@ -119,11 +163,3 @@ class ChatReply:
         self.calls[-1] = ToolCall(last.id, last.name, last.arguments + out.text)
         return {"tool_calls": [{"index": out.index, "function": {"arguments": out.text}}]}
 
-
-def _chunk(delta: dict, finish_reason: str | None = None) -> dict:
-    return {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
-
-
-def first_chunk() -> dict:
-    """What a chat stream sends first: the assistant's role."""
-    return _chunk({"role": "assistant", "content": ""})

@@ -13,12 +13,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agent_memory.api import pipeline
 from agent_memory.api.errors import APIError, ErrorShape, error_body
-from agent_memory.api.openai.reply import ChatReply, first_chunk, model_object, text_choice, usage_dict
+from agent_memory.api.logprobs import LogprobWriter
+from agent_memory.api.openai.reply import ChatReply, model_object, text_choice, total_usage, usage_dict
 from agent_memory.api.openai.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
 from agent_memory.api.state import ServedModel, ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice, effort_thinking
 from agent_memory.chat.render import TemplateVariableError, check_variables
-from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta, Usage
+from agent_memory.engine.requests import Failed, Finished, GenerationRequest, TextDelta
 
 router = APIRouter()
 ERROR_SHAPES: dict[str, ErrorShape] = {}  # OpenAI's shape is every route's unless claimed
@@ -64,6 +65,11 @@ def _generation(
         "seed": body.seed,
         "stop": body.stop_strings(),
         "logit_bias": body.logit_bias or {},
+        "logprobs": body.top_logprobs_asked(),
+        "frequency_penalty": body.frequency_penalty,
+        "presence_penalty": body.presence_penalty,
+        "repetition_penalty": body.repetition_penalty,
+        "n": body.n,
     }
     return pipeline.generation_request(
         state, model, prompt, agent, body.token_limit(), sampling, request, prompt_param, grammar, body.cache_salt
@@ -111,35 +117,45 @@ async def chat_completions(
     prepared = await pipeline.prepare_chat(model, conv)
     generation = _generation(state, model, body, request, prepared.prompt, "messages", prepared.grammar)
     completion_id = "chatcmpl-" + uuid.uuid4().hex
-    reply = ChatReply(pipeline.reply_reader(model, conv, prepared), pipeline.token_counter(model))
+    writer = LogprobWriter(model.counter) if body.logprobs else None
+    count = pipeline.token_counter(model)
+    replies = [ChatReply(pipeline.reply_reader(model, conv, prepared), count, i, writer) for i in range(body.n)]
+
+    def usage(finished: list[Finished]) -> dict:
+        reasoning = sum(replies[f.index].reasoning_tokens(f.usage) for f in finished)
+        return usage_dict(total_usage(finished), reasoning)
+
     if body.stream:
         frames = _sse(
             pipeline.events(state, model, generation),
             completion_id,
             "chat.completion.chunk",
             body.include_usage(),
-            first_chunk(),
-            reply.feed,
+            [r.first_chunk() for r in replies],
+            lambda event: replies[event.index].feed(event),
             model.answering(body.model),
-            reply.usage,
+            usage,
         )
         return StreamingResponse(frames, media_type="text/event-stream")
     events = await pipeline.collect(state, model, generation, request)
     if events is None:
         return Response(status_code=499)
+    finished = _finished(events)
     for event in events:
-        reply.feed(event)
-    finished = events[-1]
+        replies[event.index].feed(event)
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model.answering(body.model),
-        "choices": [
-            {"index": 0, "message": reply.message(), "logprobs": None, "finish_reason": reply.finish_reason(finished)}
-        ],
-        "usage": reply.usage(finished.usage),
+        "choices": [r.choice(f) for r, f in zip(replies, finished)],
+        "usage": usage(finished),
     }
+
+
+def _finished(events: list) -> list[Finished]:
+    """Each sample's Finished event, in index order."""
+    return sorted((e for e in events if isinstance(e, Finished)), key=lambda e: e.index)
 
 
 @router.post("/v1/completions")
@@ -155,29 +171,42 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
             raise APIError(400, f"prompt token ids must be in [0, {model.vocabulary})", param="prompt")
     generation = _generation(state, model, body, request, prompt, "prompt")
     completion_id = "cmpl-" + uuid.uuid4().hex
+    asked = body.logprobs is not None
+    writers = [LogprobWriter(model.counter) for _ in range(body.n)]
+
+    def logprobs(event: TextDelta) -> dict | None:
+        return writers[event.index].legacy(event.logprobs or []) if asked else None
+
+    def usage(finished: list[Finished]) -> dict:
+        return usage_dict(total_usage(finished))
+
     if body.stream:
 
         def chunks(event: TextDelta | Finished) -> list[dict]:
             if isinstance(event, TextDelta):
-                return [{"choices": [text_choice(event.text)]}]
-            return [{"choices": [text_choice("", event.reason)]}]
+                return [{"choices": [text_choice(event.text, None, event.index, logprobs(event))]}]
+            return [{"choices": [text_choice("", event.reason, event.index)]}]
 
         events = pipeline.events(state, model, generation)
-        frames = _sse(
-            events, completion_id, "text_completion", body.include_usage(), None, chunks, model.answering(body.model)
-        )
+        answering = model.answering(body.model)
+        frames = _sse(events, completion_id, "text_completion", body.include_usage(), [], chunks, answering, usage)
         return StreamingResponse(frames, media_type="text/event-stream")
-    collected = await pipeline.collect_text(state, model, generation, request)
-    if collected is None:
+    events = await pipeline.collect(state, model, generation, request)
+    if events is None:
         return Response(status_code=499)
-    text, finished = collected
+    finished = _finished(events)
+    deltas = [[e for e in events if isinstance(e, TextDelta) and e.index == f.index] for f in finished]
+    choices = []
+    for f, mine in zip(finished, deltas):
+        merged = TextDelta("".join(e.text for e in mine), [lp for e in mine for lp in e.logprobs or []], f.index)
+        choices.append(text_choice(merged.text, f.reason, f.index, logprobs(merged)))
     return {
         "id": completion_id,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model.answering(body.model),
-        "choices": [text_choice(text, finished.reason)],
-        "usage": usage_dict(finished.usage),
+        "choices": choices,
+        "usage": usage(finished),
     }
 
 
@@ -186,13 +215,13 @@ async def _sse(
     completion_id: str,
     object_name: str,
     include_usage: bool,
-    first: dict | None,
+    first: list[dict],
     chunks: Callable[[TextDelta | Finished], list[dict]],
     model_id: str,
-    usage: Callable[[Usage], dict] = usage_dict,
+    usage: Callable[[list[Finished]], dict],
 ) -> AsyncIterator[str]:
-    """A completion's SSE frames: `first`, the chunks of each engine event, the usage chunk
-    when asked, then [DONE]; a failure is an error frame."""
+    """A completion's SSE frames: `first`, the chunks of each engine event, once every choice
+    has finished the usage chunk when asked, then [DONE]; a failure is an error frame."""
     created = int(time.time())
 
     def frame(payload: dict) -> str:
@@ -201,14 +230,18 @@ async def _sse(
             payload.setdefault("usage", None)
         return f"data: {json.dumps(payload)}\n\n"
 
-    if first is not None:
-        yield frame(first)
+    for payload in first:
+        yield frame(payload)
+    finished: list[Finished] = []
     async for event in events:
         if isinstance(event, Failed):
             yield f"data: {json.dumps(error_body(event.status, event.message, code=event.code))}\n\n"
+            finished = []  # no usage after a failure
             break
         for payload in chunks(event):
             yield frame(payload)
-        if isinstance(event, Finished) and include_usage:
-            yield frame({"choices": [], "usage": usage(event.usage)})
+        if isinstance(event, Finished):
+            finished.append(event)
+    if include_usage and finished:
+        yield frame({"choices": [], "usage": usage(sorted(finished, key=lambda e: e.index))})
     yield "data: [DONE]\n\n"

@@ -9,6 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from agent_memory.api.bodies import PROMPT_CACHE_KEY, TOOL_NAME, RequestBody, field_error
+from agent_memory.engine.logprobs import TOP_LOGPROBS
+
+MAX_SAMPLES = 16  # n: samples of one prompt, decoding side by side in the batch
 
 
 class TextPart(BaseModel):
@@ -83,7 +86,10 @@ class SamplingFields(RequestBody):
     stop: str | list[str] | None = None
     stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, strict=True)
+    n: int = Field(default=1, ge=1, le=MAX_SAMPLES, strict=True)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0, strict=True)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0, strict=True)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, strict=True)  # vLLM's extension
     user: str | None = None
     prompt_cache_key: str | None = Field(default=None, max_length=PROMPT_CACHE_KEY)
     cache_salt: str | None = None  # vLLM's field: requests with different salts share no cached block
@@ -97,13 +103,6 @@ class SamplingFields(RequestBody):
             raise ValueError("logit_bias values must be between -100 and 100")
         return v
 
-    @field_validator("n")
-    @classmethod
-    def single_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only n=1 is supported")
-        return v
-
     @field_validator("stop")
     @classmethod
     def stop_list(cls, v):
@@ -114,6 +113,10 @@ class SamplingFields(RequestBody):
 
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    def top_logprobs_asked(self) -> int | None:
+        """None: no logprobs; k: each token's logprob and its k likeliest alternatives."""
+        return None
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -178,6 +181,17 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: variables for the chat template
+    logprobs: bool = Field(default=False, strict=True)
+    top_logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS, strict=True)
+
+    @model_validator(mode="after")
+    def top_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:  # as OpenAI refuses it
+            raise field_error("top_logprobs", "top_logprobs needs logprobs: true")
+        return self
+
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
     def choice_names_a_tool(self):
@@ -216,6 +230,11 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = Field(default=False, strict=True)
     best_of: int | None = Field(default=None, strict=True)
+    # The legacy shape: how many likeliest alternatives each token reports (0: its own logprob only).
+    logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS, strict=True)
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod

@@ -9,6 +9,7 @@ import json
 import secrets
 from collections.abc import Callable
 
+from agent_memory.api.logprobs import LogprobWriter
 from agent_memory.chat.conversation import ToolCall
 from agent_memory.chat.freeform import freeform_input
 from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
@@ -34,12 +35,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
-def _part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _part(text: str, logprobs: list[dict] | None = None) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> dict:
-    content = [_part(text)] if status == "completed" else []
+def message_item(item_id: str, text: str, status: str = "completed", logprobs: list[dict] | None = None) -> dict:
+    content = [_part(text, logprobs)] if status == "completed" else []
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
@@ -96,6 +97,7 @@ class Reply:
         namespaced: dict[str, tuple[str, str]] | None = None,
         seal: Callable[[str], str] | None = None,
         custom: set[str] | None = None,
+        logprobs: LogprobWriter | None = None,
     ) -> None:
         self.output = output  # the response's output items, filled in place
         self.reader = reader  # chat/reader.py's ReplyReader, or harmony's
@@ -108,6 +110,9 @@ class Reply:
         self.reasoning: list[str] = []  # the text of every reasoning item
         self.calls: list[ToolCall] = []
         self.sequence = 0
+        self.writer = logprobs  # None: no logprobs asked for (`include`, `top_logprobs`)
+        self.pending: list[dict] = []  # logprobs of tokens read but not yet in an output_text delta
+        self.logprobs: list[dict] = []  # the open message's
 
     @property
     def text(self) -> str:
@@ -121,7 +126,11 @@ class Reply:
 
     def feed(self, event: TextDelta | Finished) -> list[str]:
         """The SSE events for one engine event; after Finished, every item is closed."""
+        if self.writer is not None and isinstance(event, TextDelta) and event.logprobs:
+            self.pending += self.writer.entries(event.logprobs)
         outs = self.reader.read(event.text if isinstance(event, TextDelta) else None)
+        if outs and not any(isinstance(out, ContentDelta) for out in outs):
+            self.pending = []  # reasoning's or a call's tokens: no output_text's
         frames = [frame for out in outs for frame in self._write(out)]
         if isinstance(event, Finished):
             if not self.output:
@@ -161,13 +170,16 @@ class Reply:
                 )
             ]
         self.content.append(out.text)
+        logprobs, self.pending = self.pending, []
+        self.logprobs += logprobs
         ids = {"item_id": self.open["id"], "output_index": index, "content_index": 0}
-        return frames + [self.event("response.output_text.delta", **ids, delta=out.text, logprobs=[])]
+        return frames + [self.event("response.output_text.delta", **ids, delta=out.text, logprobs=logprobs)]
 
     def _start(self, item: dict) -> list[str]:
         frames = self._close()
         self.open = item
         self.parts = []
+        self.logprobs = []
         self.output.append(item)
         index = len(self.output) - 1
         frames.append(self.event("response.output_item.added", output_index=index, item=item))
@@ -189,11 +201,11 @@ class Reply:
                 self.event("response.output_item.done", output_index=index, item=done),
             ]
         if item["type"] == "message":
-            done = self.output[index] = message_item(item["id"], text)
+            done = self.output[index] = message_item(item["id"], text, logprobs=self.logprobs)
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
             return [
-                self.event("response.output_text.done", **ids, text=text, logprobs=[]),
-                self.event("response.content_part.done", **ids, part=_part(text)),
+                self.event("response.output_text.done", **ids, text=text, logprobs=self.logprobs),
+                self.event("response.content_part.done", **ids, part=_part(text, self.logprobs)),
                 self.event("response.output_item.done", output_index=index, item=done),
             ]
         name = f"{item['namespace']}.{item['name']}" if "namespace" in item else item["name"]  # as the model knows it

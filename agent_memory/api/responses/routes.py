@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from agent_memory.agent_key import RESPONSE, AgentKey
 from agent_memory.api import pipeline
 from agent_memory.api.errors import APIError, ErrorShape
+from agent_memory.api.logprobs import LogprobWriter
 from agent_memory.api.responses.reply import Reply, new_id, usage_dict
 from agent_memory.api.responses.schemas import ResponsesRequest, input_messages
 from agent_memory.api.responses.store import ResponseStore, StoredResponse
@@ -78,6 +79,7 @@ class Draft:
             "tool_choice": choice,
             "tools": tools,
             "top_p": self.params.top_p if self.params else body.top_p,
+            "top_logprobs": body.top_logprobs or 0,
             "truncation": "disabled",
             "usage": usage_dict(usage, self.reasoning_tokens(usage)) if usage is not None else None,
             "user": body.user,
@@ -128,7 +130,7 @@ async def create_response(
     draft = Draft(model.id, body, new_id("resp"), pipeline.token_counter(model))
     # A stored response is the unit of memory: its own agent, named by its id.
     agent = AgentKey(draft.id, tenant, RESPONSE) if body.store else pipeline.openai_agent(body, request)
-    sampling = {"temperature": body.temperature, "top_p": body.top_p}
+    sampling = {"temperature": body.temperature, "top_p": body.top_p, "logprobs": body.top_logprobs_asked()}
     generation = pipeline.generation_request(
         state,
         model,
@@ -143,7 +145,10 @@ async def create_response(
     )
     draft.params = generation.params
     reader = pipeline.reply_reader(model, conv, prepared)
-    reply = Reply(draft.output, reader, body.namespaced(), seal.seal if body.sealed else None, body.custom_tools())
+    writer = LogprobWriter(model.counter) if body.top_logprobs_asked() is not None else None
+    reply = Reply(
+        draft.output, reader, body.namespaced(), seal.seal if body.sealed else None, body.custom_tools(), writer
+    )
     ignored = body.ignored_tools()
     headers = {IGNORED_HEADER: ", ".join(ignored)} if ignored else {}
     for kind in ignored:
@@ -161,11 +166,11 @@ async def create_response(
     if body.stream:
         stream = _stream(state, model, generation, draft, reply, keep)
         return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-    collected = await pipeline.collect_text(state, model, generation, request)
+    collected = await pipeline.collect(state, model, generation, request)
     if collected is None:
         return Response(status_code=499)
-    text, finished = collected
-    reply.feed(TextDelta(text))
+    deltas, finished = [e for e in collected if isinstance(e, TextDelta)], collected[-1]
+    reply.feed(TextDelta("".join(e.text for e in deltas), [lp for e in deltas for lp in e.logprobs or []]))
     reply.feed(finished)
     return JSONResponse(keep(finished), headers=headers)
 

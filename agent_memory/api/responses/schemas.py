@@ -11,6 +11,7 @@ from agent_memory.api.errors import APIError
 from agent_memory.api.sealing import TenantSeal
 from agent_memory.chat.conversation import Message, OutputFormat, Thinking, Tool, ToolCall, ToolChoice, effort_thinking
 from agent_memory.chat.freeform import freeform_arguments, freeform_tool
+from agent_memory.engine.logprobs import TOP_LOGPROBS
 
 
 class FunctionTool(BaseModel):
@@ -135,11 +136,19 @@ class ResponsesRequest(RequestBody):
     cache_salt: str | None = None
     reasoning: ReasoningOptions | None = None
     include: list[str] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS, strict=True)
 
     @property
     def sealed(self) -> bool:
         """Reasoning items carry `encrypted_content` (asked for by `include`)."""
         return "reasoning.encrypted_content" in (self.include or [])
+
+    def top_logprobs_asked(self) -> int | None:
+        """None: no logprobs; k: the output text's tokens' logprobs, each with its k likeliest
+        alternatives (asked for by `include`, or by `top_logprobs` alone)."""
+        if "message.output_text.logprobs" in (self.include or []) or self.top_logprobs is not None:
+            return self.top_logprobs or 0
+        return None
 
     def thinking(self) -> Thinking:
         return effort_thinking(self.reasoning.effort if self.reasoning else None, {})

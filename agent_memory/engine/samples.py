@@ -1,0 +1,50 @@
+"""n > 1: a request's other samples, made once its prompt is prefilled.
+
+Sample 0 is the request's own sequence; samples 1..n-1 are sequences that join the decode batch
+from the same prefilled cache (the batch copies it when each joins), so the prompt is computed
+once. Each has its own output (its events carry its `index`), sampler, logits processors (its
+own copy of the grammar's matcher) and usage; only sample 0 speaks for the agent, the others'
+KV is kept for nobody. With a seed, sample i samples with seed + i: each is reproducible, and
+sample 0 is what the request gives with n = 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+from agent_memory.engine.constraint import logits_processors
+from agent_memory.engine.detokenizer import Detokenizer
+from agent_memory.engine.loader import LoadedModel
+from agent_memory.engine.output import Output
+from agent_memory.engine.sampling import make_sampler
+from agent_memory.engine.sequence import Sequence, Status
+
+
+def samples(seq: Sequence, ids: Iterator[int], loaded: LoadedModel) -> list[Sequence]:
+    """Samples 1..n-1 of `seq`'s request, ready to decode (their cache: the batch's copy of `seq`'s)."""
+    params = seq.request.params
+    out = []
+    for index in range(1, params.n):
+        seed = params.seed + index if params.seed is not None and params.seed >= 0 else None
+        grammar = seq.request.grammar
+        if grammar is not None:  # its own matcher, at the start as sample 0's is
+            grammar = replace(grammar, matcher=grammar.matcher.deep_copy())
+        request = replace(seq.request, params=replace(params, seed=seed, n=1), agent=None, grammar=grammar)
+        detokenizer = Detokenizer(loaded.decoder, loaded.hidden_tokens)
+        sample = Sequence(
+            id=next(ids),
+            request=request,
+            output=Output(seq.output.sink, detokenizer, params.stop, index),
+            submitted=seq.submitted,
+            sampler=make_sampler(params.temperature, params.top_p, seed, params.top_k),
+            processors=logits_processors(request, loaded.vocab_size, loaded.tokenizer.eos_token_ids),
+            usage=replace(seq.usage, completion_tokens=0),
+            cache=None,
+            agent=None,
+            root=seq.root,
+            status=Status.DECODING,
+            parent=seq.id,
+        )
+        out.append(sample)
+    return out
