@@ -50,7 +50,7 @@ def read_target(base_url: str, api_key: str | None, model: str | None = None) ->
         listed = [m for m in response.json()["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
         raise TargetError(f"the server at {base_url} sent no model list ({e})") from None
-    chosen = [m for m in listed if model is None or m["id"] == model][:1]
+    chosen = [m for m in listed if m["id"] == model or model is None and m.get("kind", "chat") == "chat"][:1]
     if not chosen:
         ids = ", ".join(m["id"] for m in listed) or "none"
         raise TargetError(f"the server at {base_url} serves no model {model!r} (it serves: {ids})")
@@ -58,7 +58,7 @@ def read_target(base_url: str, api_key: str | None, model: str | None = None) ->
     context = found.get("max_model_len")
     if not isinstance(context, int) or context <= 0:
         raise TargetError(f"the server at {base_url} does not say model {found['id']!r}'s context (max_model_len)")
-    output = found.get("max_output_tokens")
+    output = (found.get("sampling_defaults") or {}).get("max_tokens")  # the server's --default-max-tokens
     if not isinstance(output, int) or output <= 0:
         output = min(context // OUTPUT_SHARE, OUTPUT_CAP)
     return Target(base_url, found["id"], context, output, api_key)
