@@ -1,7 +1,10 @@
-"""The verified width of a speculative step (engine/verify_width.py): as wide as pays for the
-decoding sequences, and narrower while prompts wait for their prefill behind the step."""
+"""How much a speculative step verifies (engine/verify_width.py, engine/speculative_batch.py):
+as wide as pays for the decoding sequences, and nothing at all while a client waits for its
+first token, so that speculation never makes a returning agent wait."""
 
 from __future__ import annotations
+
+import pytest
 
 from agent_memory.engine.verify_width import VerifyWidth
 
@@ -23,19 +26,50 @@ def test_the_cost_is_learnt_from_the_steps_seen():
 
 
 def test_before_anything_is_learnt_every_proposal_is_verified():
-    assert VerifyWidth().choose([4] * 8, [0.9] * 8, waiting=30) == 5
+    assert VerifyWidth().choose([4] * 8, [0.9] * 8) == 5
 
 
-def test_with_nothing_waiting_likely_proposals_are_verified_whole():
+def test_likely_proposals_are_verified_whole_and_unlikely_ones_not_at_all():
     assert learnt().choose([4] * 8, [0.9] * 8) == 5
-
-
-def test_unlikely_proposals_are_not_verified():
     assert learnt().choose([4] * 8, [0.05] * 8) == 1
 
 
-def test_waiting_prompts_narrow_the_step_down_to_plain_decoding():
-    width = learnt()
-    widths = [width.choose([4] * 8, [0.6] * 8, waiting=q) for q in range(0, 41, 4)]
-    assert widths[0] > 1 and widths[-1] == 1
-    assert widths == sorted(widths, reverse=True)  # never wider for a longer queue
+@pytest.fixture(scope="module")
+def repeating_batch(tmp_path_factory):
+    """A speculative batch of one sequence whose prompt repeats itself, so prompt lookup has
+    proposals at every step, on a tiny model with tied embeddings (its greedy output repeats)."""
+    from agent_memory.engine.speculative_batch import SpeculativeBatch  # first: OpenBLAS before MLX
+
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from agent_memory.engine.sampling import make_sampler
+    from agent_memory.models.tiny import build_tiny
+
+    folder = build_tiny(tmp_path_factory.mktemp("models") / "tied", config={"tie_word_embeddings": True})
+    model, _ = load(str(folder))
+
+    def start() -> SpeculativeBatch:
+        prompt = [300, 301, 302, 303] * 16
+        cache = make_prompt_cache(model)
+        model(mx.array(prompt[:-1])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        batch = SpeculativeBatch(model, eos_token_ids=[0])
+        batch.add(1, prompt, cache, make_sampler(0.0, 1.0, None, 0), [], 200)
+        return batch
+
+    return start
+
+
+def proposed(batch, waiting: int) -> int:
+    batch.step(waiting)
+    return sum(v.proposed for v in batch.verified)
+
+
+def test_nothing_is_verified_while_a_client_waits_for_its_first_token(repeating_batch):
+    batch = repeating_batch()
+    assert proposed(batch, 0) == 0  # its own first token is still to come: a plain step
+    # Nobody waits: once its output repeats what it wrote, its continuation is proposed.
+    assert any(proposed(batch, 0) for _ in range(40))
+    assert [proposed(batch, 1) for _ in range(5)] == [0] * 5  # a prompt waits for its prefill

@@ -55,7 +55,7 @@ class Draft:
         catches up, or while drafting pauses)."""
         self._catch_up()
         self.drafted = {}
-        if self.ids and not self.backoff.paused():
+        if self.ids and not self.backoff.paused() and any(limit > 0 for _, _, limit in rows):
             self.drafted = dict(zip(self.ids, self._draft({s: fed for s, fed, _ in rows})))
         return [self.drafted.get(s, [])[: max(limit, 0)] for s, _, limit in rows]
 

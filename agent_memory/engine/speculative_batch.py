@@ -97,13 +97,19 @@ class SpeculativeBatch:
 
     def step(self, waiting: int = 0) -> list[Token]:
         """Verify every sequence's proposals in one forward pass; each sequence's new tokens, in
-        order (finished ones leave the batch with their KV). `waiting`: prompts queued behind
-        this step, whose wait a wider step lengthens (verify_width.py)."""
+        order (finished ones leave the batch with their KV).
+
+        Returning agents first: while a client waits for its first token — `waiting` prompts
+        queued for their prefill, or a row that has not emitted yet — nothing is proposed and
+        the step is a plain one. Verifying proposals never brings a waiting prompt's prefill
+        closer (one chunk runs per step, whatever the steps' widths), it only lengthens the
+        step it waits through; the decoding sequences speculate again once nobody waits."""
         t0 = time.perf_counter()
-        proposed = self.proposer.propose([(r.seq_id, r.fed, self._left(r)) for r in self.rows])
+        hold = waiting > 0 or not all(r.output for r in self.rows)
+        proposed = self.proposer.propose([(r.seq_id, r.fed, 0 if hold else self._left(r)) for r in self.rows])
         proposals = [self._allowed(r, p) for r, p in zip(self.rows, proposed)]
         rates = [self.proposer.rate(r.seq_id) for r in self.rows]
-        width = self.width.choose([len(p) for p in proposals], rates, waiting)
+        width = self.width.choose([len(p) for p in proposals], rates)
         proposals = [p[: width - 1] for p in proposals]
         inputs = [[r.fed, *p] + [r.fed] * (width - 1 - len(p)) for r, p in zip(self.rows, proposals)]
         logits = self.model(mx.array(inputs), cache=self.cache)

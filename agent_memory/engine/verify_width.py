@@ -6,14 +6,7 @@ the batch's positions pass a dozen or so, each position costs. So the step time 
 the steps run, as `fixed + per_position x positions` (least squares, recent steps weighing
 most), and each step verifies the width that maximizes expected tokens per second: each
 sequence's expected accepted run given its acceptance rate, over the predicted step time.
-
-Prompts waiting to prefill count too. A wider step advances the decoding sequences further but
-delays every waiting prompt by as long as it lasts (one prefill chunk runs per step, so a
-waiting prompt's start is a number of steps away, whatever their width). Counted in the time
-the batch's agents save (a decoding sequence's token saves the time of a plain step; a waiting
-prompt loses the step's extra time), the rate of saving is highest at the width that maximizes
-(expected tokens + waiting prompts) / step time: with nothing waiting, the tokens per second
-above; with a queue, a narrower step, down to none at all once the queue outweighs the runs.
+(While a client waits for its first token the step verifies nothing at all: speculative_batch.py.)
 """
 
 from __future__ import annotations
@@ -61,10 +54,9 @@ class VerifyWidth:
         per = max((n * spt - sp * st) / spread, 0.0)
         return max((st - per * sp) / n, 1e-6), per
 
-    def choose(self, lengths: list[int], rates: list[float], waiting: int = 0) -> int:
+    def choose(self, lengths: list[int], rates: list[float]) -> int:
         """The width (1 + proposals verified per sequence) for sequences proposing `lengths`
-        tokens, each accepting a proposal with probability `rates[i]` (until one is refused),
-        while `waiting` prompts wait for their prefill behind this step."""
+        tokens, each accepting a proposal with probability `rates[i]` (until one is refused)."""
         widest = 1 + max(lengths)
         cost = self.cost()
         if cost is None or widest == 1:  # nothing learnt yet: try them all, and learn
@@ -74,6 +66,6 @@ class VerifyWidth:
 
         def rate(width: int) -> float:
             tokens = sum(1 + sum(r**j for j in range(1, min(width - 1, n) + 1)) for n, r in zip(lengths, rates))
-            return (tokens + waiting) / (fixed + per * rows * width)
+            return tokens / (fixed + per * rows * width)
 
         return max(range(1, widest + 1), key=rate)
