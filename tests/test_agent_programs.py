@@ -285,10 +285,8 @@ def test_qwen_code_answers_through_launch(models, tmp_path):
         args = ["qwen", "--base-url", server.base_url, "--"]
         first = launch(qwen, [*args, "-p", "Say hello."], work, dict(env), code=None)
         requests = logged_requests(server, "/v1/chat/completions")
-        if "oneOf constraints are not supported" in server.log():
-            # Its `agent` tool's `fork_turns` is a oneOf: servable once schemas the grammar engine
-            # cannot compile are loosened under tool_choice auto (issue 37, point 2).
-            pytest.xfail("Qwen Code's agent tool (oneOf) is refused until point 2 of issue 37 is merged")
+        # Its `agent` tool's `fork_turns` is a oneOf llguidance cannot compile: loosened to anyOf.
+        assert "oneOf as anyOf" in server.log()
         assert first.returncode == 0, first.stderr[-3000:]
         second = launch(qwen, [*args, "-p", "Once more.", "--continue"], work, dict(env))
         later = logged_requests(server, "/v1/chat/completions")[len(requests) :]
@@ -298,6 +296,7 @@ def test_qwen_code_answers_through_launch(models, tmp_path):
     main, next_main = (max(rs, key=lambda r: int(r["prompt_tokens"])) for rs in (requests, later))
     assert int(main["prompt_tokens"]) > 5_000
     assert int(next_main["cached_tokens"]) >= int(main["prompt_tokens"]) // 2
+
 
 def test_llm_continues_a_conversation_from_memory(models, tmp_path):
     """simonw's `llm` CLI through the OpenAI route (an extra OpenAI model with the server as

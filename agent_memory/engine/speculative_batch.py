@@ -6,9 +6,10 @@ sequence only those its grammar accepts), right-padded to a common width (verify
 many as pay on this machine): one forward pass of the batch verifies them all. Each sequence
 keeps the proposals its model accepts (sampling.verify: exact at temperature 0, the rejection
 rule otherwise) and samples the token after them; its rejected positions leave its KV
-(ragged_kv.py), so the KV a sequence leaves with holds exactly its tokens. A token is
-emitted once it is in the KV, as in mlx-lm's `GenerationBatch`, whose interface (`DecodeBatch`)
-this keeps: a step gives each sequence its list of new tokens instead of one.
+(ragged_kv.py), so the KV a sequence leaves with holds exactly its tokens. A token is emitted
+as soon as it is sampled, not once it is fed (a request's first token a whole step sooner);
+the KV a sequence leaves with holds what was fed. It keeps mlx-lm's `GenerationBatch`'s
+interface (`DecodeBatch`): a step gives each sequence its list of new tokens instead of one.
 
 Only for models whose every layer keeps a plain `KVCache` (parts.py), the draft's too: a window
 or recurrent layer cannot drop rejected positions without a snapshot per proposal.
@@ -38,13 +39,11 @@ from agent_memory.engine.verify_width import VerifyWidth
 class Row:
     seq_id: int
     tokens: list[int]  # the tokens its KV holds
-    fed: int  # the token the next step feeds: the prompt's last, then each one sampled
-    output: bool  # whether `fed` is output (not the prompt's last token)
+    fed: int  # the token the next step feeds: the prompt's last, then each one sampled (emitted)
     sampler: Any
     processors: list
     max_tokens: int
     tops: int | None = None  # None: no logprobs; k: each token's and its k likeliest (logprobs.py)
-    pending: TokenLogprob | None = None  # `fed`'s logprob, computed in the step that sampled it
     emitted: int = 0
 
     @property
@@ -92,7 +91,7 @@ class SpeculativeBatch:
         cache is read, not changed (n samples join from one)."""
         self.cache = join(self.cache, cache)
         self.proposer.add(seq_id, prompt)
-        row = Row(seq_id, list(prompt[:-1]), prompt[-1], False, sampler, processors, max_tokens, logprobs)
+        row = Row(seq_id, list(prompt[:-1]), prompt[-1], sampler, processors, max_tokens, logprobs)
         self.rows.append(row)
 
     def step(self, waiting: int = 0) -> list[Token]:
@@ -105,7 +104,7 @@ class SpeculativeBatch:
         closer (one chunk runs per step, whatever the steps' widths), it only lengthens the
         step it waits through; the decoding sequences speculate again once nobody waits."""
         t0 = time.perf_counter()
-        hold = waiting > 0 or not all(r.output for r in self.rows)
+        hold = waiting > 0 or not all(r.emitted for r in self.rows)
         proposed = self.proposer.propose([(r.seq_id, r.fed, 0 if hold else self._left(r)) for r in self.rows])
         proposals = [self._allowed(r, p) for r, p in zip(self.rows, proposed)]
         rates = [self.proposer.rate(r.seq_id) for r in self.rows]
@@ -131,21 +130,20 @@ class SpeculativeBatch:
             if saved[i] is not None and a < len(p):
                 for processor, state in zip(r.stateful, saved[i][a]):
                     processor.restore(state)
-            fed = inputs[i][: a + 1]
-            # Each fed token's logprob: `fed`'s from the step that sampled it, the accepted proposals' from this one.
-            fed_logprobs = [r.pending, *picked[i][:a]] if picked[i] is not None else [None] * len(fed)
-            skip = 0 if r.output else 1
-            news, n, finish = self._emit(r, fed)
-            tokens.extend(Token(r.seq_id, t, None, None, None, fed_logprobs[skip + k]) for k, t in enumerate(news))
+            # Emitted as sampled: the accepted proposals and the token sampled after them, each
+            # with its logprob from this pass; the KV keeps the positions fed up to the last.
+            news, finish = self._emit(r, out)
+            lps = picked[i] if picked[i] is not None else [None] * len(out)
+            tokens.extend(Token(r.seq_id, t, None, None, None, lps[k]) for k, t in enumerate(news))
+            n = a + 1 if finish is None else min(a + 1, len(news) + 1)
             kept.append(n)
-            r.tokens.extend(fed[:n])
+            r.tokens.extend(inputs[i][:n])
             settled.append(Settled(r.seq_id, r.fed, p, a, None if finish is not None else out[-1]))
             if finish is not None:
                 tokens[-1].finish = finish
                 finished.append((i, tokens[-1]))
             else:
-                r.fed, r.output = out[-1], True
-                r.pending = picked[i][a] if picked[i] is not None else None
+                r.fed = out[-1]
         self.proposer.settle(settled)
         self.verified = [Verified(s.seq_id, len(s.proposed), s.accepted) for s in settled if s.proposed]
         drop(self.cache, [width - n for n in kept])  # positions past each row's kept ones
@@ -170,8 +168,9 @@ class SpeculativeBatch:
         return picked
 
     def _left(self, r: Row) -> int:
-        """How many tokens it may be proposed: as many as it may emit after `fed`."""
-        return 0 if r.fed in self.eos else r.max_tokens - r.emitted - (1 if r.output else 0)
+        """How many tokens it may be proposed: as many as it may emit besides the one sampled
+        after them."""
+        return r.max_tokens - r.emitted - 1
 
     def _allowed(self, r: Row, proposed: list[int]) -> list[int]:
         """The proposal up to what its grammar accepts."""
@@ -196,20 +195,18 @@ class SpeculativeBatch:
                 saved.append([p.save() for p in stateful])
         return saved if stateful else None
 
-    def _emit(self, r: Row, fed: list[int]) -> tuple[list[int], int, str | None]:
-        """The output among the fed tokens, up to the first that ends the sequence (an
-        end-of-sequence token or max_tokens); how many fed tokens the KV keeps; why it ended."""
+    def _emit(self, r: Row, out: list[int]) -> tuple[list[int], str | None]:
+        """The step's output tokens up to the first that ends the sequence (an end-of-sequence
+        token or max_tokens), and why it ended."""
         news = []
-        for n, token in enumerate(fed):
-            if n == 0 and not r.output:
-                continue
+        for token in out:
             news.append(token)
             r.emitted += 1
             if token in self.eos:
-                return news, n + 1, "stop"
+                return news, "stop"
             if r.emitted >= r.max_tokens:
-                return news, n + 1, "length"
-        return news, len(fed), None
+                return news, "length"
+        return news, None
 
     def _extract(self, i: int) -> list:
         return [c.extract(i) for c in self.cache]
