@@ -174,7 +174,9 @@ def _leave(server, api: str, stream: bool, request_id: str) -> None:
                 received += chunk
             assert received.startswith(b"HTTP/1.1 200")
         else:
+            deadline = time.monotonic() + 60
             while decoding(server) < 1:
+                assert time.monotonic() < deadline, "the request never started decoding"
                 time.sleep(0.05)
 
 

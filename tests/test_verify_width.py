@@ -62,14 +62,14 @@ def repeating_batch(tmp_path_factory):
     return start
 
 
-def proposed(batch, waiting: int) -> int:
+def proposed(batch, waiting: bool) -> int:
     batch.step(waiting)
     return sum(v.proposed for v in batch.verified)
 
 
 def test_nothing_is_verified_while_a_client_waits_for_its_first_token(repeating_batch):
     batch = repeating_batch()
-    assert proposed(batch, 0) == 0  # its own first token is still to come: a plain step
+    assert proposed(batch, False) == 0  # its own first token is still to come: a plain step
     # Nobody waits: once its output repeats what it wrote, its continuation is proposed.
-    assert any(proposed(batch, 0) for _ in range(40))
-    assert [proposed(batch, 1) for _ in range(5)] == [0] * 5  # a prompt waits for its prefill
+    assert any(proposed(batch, False) for _ in range(40))
+    assert [proposed(batch, True) for _ in range(5)] == [0] * 5  # a prompt waits for its prefill

@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def printable(text: str) -> str:
+def escape_surrogates(text: str) -> str:
     """`text` with each lone surrogate written as its escape (\\ud800): what an error may
     quote of a request, since a surrogate cannot be encoded as UTF-8 into a reply or a log."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -57,7 +57,7 @@ class RequestBody(BaseModel):
     def valid_unicode(cls, data: Any) -> Any:
         path = invalid_text_path(data)
         if path is not None:
-            param = printable(".".join(str(p) for p in path))  # a key may be the surrogate
+            param = escape_surrogates(".".join(str(p) for p in path))  # a key may be the surrogate
             raise PydanticCustomError("invalid_unicode", "{param}: not valid Unicode text", {"param": param})
         return data
 

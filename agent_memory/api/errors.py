@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from agent_memory.api.bodies import printable
+from agent_memory.api.bodies import escape_surrogates
 from agent_memory.engine.requests import MODEL_UNAVAILABLE, Failed
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class ErrorShapes:
         self, path: str, status: int, message: str, param: str | None = None, code: str | None = None
     ) -> tuple[int, dict]:
         """(status, body) of an error on `path`, in the shape of the wire format that path is."""
-        message, param = printable(message), None if param is None else printable(param)
+        message, param = escape_surrogates(message), None if param is None else escape_surrogates(param)
         for prefix, shape in self.claims.items():
             if path == prefix or path.startswith(prefix + "/"):
                 return shape(status, message, param, code)
@@ -118,7 +118,7 @@ def _describe(err: dict) -> tuple[str, str | None]:
 
 def _note(request: Request, message: str) -> None:
     """Why the request failed, for its access log line (api/access_log.py)."""
-    request.scope.setdefault("state", {})["error"] = printable(message)
+    request.scope.setdefault("state", {})["error"] = escape_surrogates(message)
 
 
 def install(app: FastAPI, shapes: ErrorShapes) -> None:

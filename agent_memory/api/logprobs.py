@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer
 
-from agent_memory.engine.logprobs import TokenLogprob
+from agent_memory.engine.requests import TokenLogprob
 
 
 class LogprobWriter:

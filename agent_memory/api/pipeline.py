@@ -154,6 +154,12 @@ def check_length(model: ServedModel, chars: int, param: str) -> None:
         )
 
 
+def check_available(model: ServedModel) -> None:
+    """Refuse, before a stream starts, a request to a model whose weights cannot be loaded."""
+    if (health := model.engine.health()).status == "unavailable":
+        raise failure(Failed(f"the model {model.id} cannot be loaded: {health.message}", 500, MODEL_UNAVAILABLE))
+
+
 def generation_request(
     state: ServerState,
     model: ServedModel,
@@ -172,8 +178,7 @@ def generation_request(
     takes the model's own default (its generation_config.json), else ours."""
     if not prompt:
         raise APIError(400, "the prompt is empty", param=prompt_param)
-    if (health := model.engine.health()).status == "unavailable":  # before a stream starts
-        raise failure(Failed(f"the model {model.id} cannot be loaded: {health.message}", 500, MODEL_UNAVAILABLE))
+    check_available(model)
     if len(state.waiting) >= state.max_waiting:
         raise APIError(
             503,
@@ -282,11 +287,7 @@ async def collect(
     return None
 
 
-async def collect_text(
-    state: ServerState, model: ServedModel, generation: GenerationRequest, request: Request
-) -> tuple[str, Finished] | None:
-    """Run a request to the end: its whole text and how it finished (None: the client left)."""
-    collected = await collect(state, model, generation, request)
-    if collected is None:
-        return None
-    return "".join(e.text for e in collected if isinstance(e, TextDelta)), collected[-1]
+def merged(events: list[Event], index: int = 0) -> TextDelta:
+    """One sample's collected text and logprobs as one delta (a JSON reply's whole text)."""
+    mine = [e for e in events if isinstance(e, TextDelta) and e.index == index]
+    return TextDelta("".join(e.text for e in mine), [lp for e in mine for lp in e.logprobs or []], index)

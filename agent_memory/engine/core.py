@@ -42,7 +42,7 @@ class Work:
 
     decode: bool
     prefill: Sequence | None
-    waiting: int  # prompts whose prefill has not ended: a speculative step weighs their wait
+    waiting: bool  # a request's prefill has not ended: a speculative step then verifies nothing
 
 
 @dataclass
@@ -104,7 +104,7 @@ class EngineCore:
         seq = self._next_prefill()
         if seq is not None and not (self.scheduler.may_prefill(self.decoding) and self._fits(seq)):
             seq = None
-        return Work(self.decoding > 0, seq, self.scheduler.waiting_prompts(self.seqs.values()))
+        return Work(self.decoding > 0, seq, self.scheduler.anyone_waiting(self.seqs.values()))
 
     def _decode(self, work: Work) -> Decoded:
         t0, n = time.perf_counter(), self.decoding

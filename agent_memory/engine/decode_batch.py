@@ -19,7 +19,8 @@ from mlx_lm.generate import GenerationBatch, StopSequences
 from mlx_lm.models.cache import QuantizedKVCache
 from mlx_lm.sample_utils import greedy_sampler
 
-from agent_memory.engine.logprobs import TokenLogprob, token_logprobs
+from agent_memory.engine.logprobs import token_logprobs
+from agent_memory.engine.requests import TokenLogprob
 from agent_memory.engine.quantized import BatchQuantizedKVCache
 
 
@@ -72,9 +73,10 @@ class DecodeBatch:
         )
         self._batch.extend(joining)
 
-    def step(self, waiting: int = 0) -> list[Token]:
+    def step(self, waiting: bool = False) -> list[Token]:
         """One token for every sequence; finished ones leave the batch with their KV. (A plain
-        step has no width to weigh against the `waiting` prompts: SpeculativeBatch's has.)"""
+        step is as short as a step gets, whoever `waiting` for a first token: see
+        SpeculativeBatch's.)"""
         responses = self._batch.next()
         out = [Token(r.uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens) for r in responses]
         asked = [i for i, r in enumerate(responses) if r.uid in self._tops]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -119,7 +120,17 @@ def weights_damage(path: Path) -> str | None:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         return "its folder holds no weights file (*.safetensors)"
-    for file in files:
+    try:  # the headers are read again only when a file changed: /health asks on the event loop
+        signature = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    except OSError as e:
+        return f"its weights files cannot be read ({e.strerror or e})"
+    return _damage_of(signature)
+
+
+@functools.lru_cache(maxsize=64)
+def _damage_of(signature: tuple[tuple[str, int, int], ...]) -> str | None:
+    for name, _, _ in signature:
+        file = Path(name)
         if why := _safetensors_damage(file):
             return f"its weights file {file.name} {why}"
     return None
@@ -141,7 +152,7 @@ def _safetensors_damage(file: Path) -> str | None:
             header = json.loads(f.read(length))
     except OSError as e:
         return f"cannot be read ({e.strerror or e})"
-    except ValueError:  # not JSON, or not UTF-8
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
         return unreadable
     if not isinstance(header, dict):
         return unreadable

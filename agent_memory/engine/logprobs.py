@@ -11,20 +11,13 @@ the processors ruled out has logprob -inf, written as OpenAI writes it: -9999.0.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
-TOP_LOGPROBS = 20  # the most alternatives a request may ask for (OpenAI's limit)
+from agent_memory.engine.requests import TokenLogprob
+
 RULED_OUT = -9999.0
-
-
-@dataclass
-class TokenLogprob:
-    token: int
-    logprob: float
-    top: list[tuple[int, float]]  # the likeliest tokens and their logprobs, likeliest first
 
 
 def _finite(x: float) -> float:

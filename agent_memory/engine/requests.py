@@ -7,7 +7,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.engine.logprobs import TokenLogprob
+
+TOP_LOGPROBS = 20  # the most alternatives a request may ask for (OpenAI's limit)
+
+
+@dataclass
+class TokenLogprob:
+    """A generated token's logprob and its likeliest alternatives (computed by logprobs.py)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]  # the likeliest tokens and their logprobs, likeliest first
 
 
 @dataclass

@@ -33,11 +33,11 @@ class Scheduler:
         return sorted(waiting, key=lambda s: (s.prefill_only, now - s.submitted < self.patience_s, s.new_tokens))
 
     @staticmethod
-    def waiting_prompts(seqs: Iterable[Sequence]) -> int:
-        """Requests whose prefill has not ended, each a step later for every step before it
-        (follow-ups, which nobody waits for, do not count): what a speculative step's width
-        weighs against its decoding sequences' gain (verify_width.py)."""
-        return sum(1 for s in seqs if s.status in (Status.WAITING, Status.PREFILLING) and not s.prefill_only)
+    def anyone_waiting(seqs: Iterable[Sequence]) -> bool:
+        """Whether a request's prefill has not ended (follow-ups, which nobody waits for, do not
+        count): its client waits a step longer for every step before it, and a speculative
+        step then verifies nothing (speculative_batch.py)."""
+        return any(s.status in (Status.WAITING, Status.PREFILLING) and not s.prefill_only for s in seqs)
 
     @staticmethod
     def superseded(seqs: Iterable[Sequence], agent) -> list[Sequence]:

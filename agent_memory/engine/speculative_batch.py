@@ -27,7 +27,8 @@ import mlx.core as mx
 from agent_memory.engine.constraint import GrammarProcessor
 from agent_memory.engine.decode_batch import Token
 from agent_memory.engine.draft import Draft
-from agent_memory.engine.logprobs import TokenLogprob, token_logprobs
+from agent_memory.engine.logprobs import token_logprobs
+from agent_memory.engine.requests import TokenLogprob
 from agent_memory.engine.lookup import Lookups, Settled
 from agent_memory.engine.penalties import Penalties
 from agent_memory.engine.ragged_kv import drop, join
@@ -94,17 +95,17 @@ class SpeculativeBatch:
         row = Row(seq_id, list(prompt[:-1]), prompt[-1], sampler, processors, max_tokens, logprobs)
         self.rows.append(row)
 
-    def step(self, waiting: int = 0) -> list[Token]:
+    def step(self, waiting: bool = False) -> list[Token]:
         """Verify every sequence's proposals in one forward pass; each sequence's new tokens, in
         order (finished ones leave the batch with their KV).
 
-        Returning agents first: while a client waits for its first token — `waiting` prompts
-        queued for their prefill, or a row that has not emitted yet — nothing is proposed and
+        Returning agents first: while a client waits for its first token — a prompt `waiting`
+        for its prefill, or a row that has not emitted yet — nothing is proposed and
         the step is a plain one. Verifying proposals never brings a waiting prompt's prefill
         closer (one chunk runs per step, whatever the steps' widths), it only lengthens the
         step it waits through; the decoding sequences speculate again once nobody waits."""
         t0 = time.perf_counter()
-        hold = waiting > 0 or not all(r.emitted for r in self.rows)
+        hold = waiting or not all(r.emitted for r in self.rows)
         proposed = self.proposer.propose([(r.seq_id, r.fed, 0 if hold else self._left(r)) for r in self.rows])
         proposals = [self._allowed(r, p) for r, p in zip(self.rows, proposed)]
         rates = [self.proposer.rate(r.seq_id) for r in self.rows]

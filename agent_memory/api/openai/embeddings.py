@@ -22,7 +22,7 @@ from agent_memory.api import pipeline
 from agent_memory.api.bodies import RequestBody
 from agent_memory.api.errors import APIError, failure
 from agent_memory.api.state import ServedModel, ServerState, ready_state
-from agent_memory.engine.requests import MODEL_UNAVAILABLE, Failed
+from agent_memory.engine.requests import Failed
 
 router = APIRouter()
 MAX_INPUTS = 2048  # OpenAI's limit on an array's inputs
@@ -51,8 +51,7 @@ async def embeddings(body: EmbeddingRequest, request: Request, state: ServerStat
     if body.dimensions is not None and (why := layout.truncation(body.dimensions)):
         raise APIError(400, f"dimensions: the model {model.id} gives {why}", param="dimensions")
     inputs = await _tokens(model, body.inputs())
-    if (health := model.engine.health()).status == "unavailable":
-        raise failure(Failed(f"the model {model.id} cannot be loaded: {health.message}", 500, MODEL_UNAVAILABLE))
+    pipeline.check_available(model)
     tokens = sum(map(len, inputs))
     trace = {"model": model.id, "inputs": len(inputs), "prompt_tokens": tokens}
     request.scope.setdefault("state", {})["trace"] = trace

@@ -195,11 +195,10 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
     if events is None:
         return Response(status_code=499)
     finished = _finished(events)
-    deltas = [[e for e in events if isinstance(e, TextDelta) and e.index == f.index] for f in finished]
     choices = []
-    for f, mine in zip(finished, deltas):
-        merged = TextDelta("".join(e.text for e in mine), [lp for e in mine for lp in e.logprobs or []], f.index)
-        choices.append(text_choice(merged.text, f.reason, f.index, logprobs(merged)))
+    for f in finished:
+        text = pipeline.merged(events, f.index)
+        choices.append(text_choice(text.text, f.reason, f.index, logprobs(text)))
     return {
         "id": completion_id,
         "object": "text_completion",

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from agent_memory.api.bodies import PROMPT_CACHE_KEY, TOOL_NAME, RequestBody, field_error
-from agent_memory.engine.logprobs import TOP_LOGPROBS
+from agent_memory.engine.requests import TOP_LOGPROBS
 
 MAX_SAMPLES = 16  # n: samples of one prompt, decoding side by side in the batch
 

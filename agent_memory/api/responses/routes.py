@@ -26,7 +26,7 @@ from agent_memory.api.responses.store import ResponseStore, StoredResponse
 from agent_memory.api.sealing import REASONING, Sealer, request_sealer
 from agent_memory.api.state import ServedModel, ServerState, ready_state
 from agent_memory.chat.conversation import Conversation, Message
-from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, TextDelta, Usage
+from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, Usage
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -169,8 +169,8 @@ async def create_response(
     collected = await pipeline.collect(state, model, generation, request)
     if collected is None:
         return Response(status_code=499)
-    deltas, finished = [e for e in collected if isinstance(e, TextDelta)], collected[-1]
-    reply.feed(TextDelta("".join(e.text for e in deltas), [lp for e in deltas for lp in e.logprobs or []]))
+    finished = collected[-1]
+    reply.feed(pipeline.merged(collected))
     reply.feed(finished)
     return JSONResponse(keep(finished), headers=headers)
 

@@ -11,7 +11,7 @@ from agent_memory.api.errors import APIError
 from agent_memory.api.sealing import TenantSeal
 from agent_memory.chat.conversation import Message, OutputFormat, Thinking, Tool, ToolCall, ToolChoice, effort_thinking
 from agent_memory.chat.freeform import freeform_arguments, freeform_tool
-from agent_memory.engine.logprobs import TOP_LOGPROBS
+from agent_memory.engine.requests import TOP_LOGPROBS
 
 
 class FunctionTool(BaseModel):

@@ -16,7 +16,8 @@ import typer
 
 from agent_memory.cli.cache import render
 from agent_memory.cli.cache.operations import PruneRun, Removal
-from agent_memory.cli.cache.render import Format, human_bytes, parse_duration, plural, printable
+from agent_memory.agent_key import shown_id
+from agent_memory.cli.cache.render import Format, human_bytes, parse_duration, plural
 from agent_memory.agent_key import RESPONSE
 from agent_memory.cli.cache.rows import FolderStats
 from agent_memory.cli.cache.scan import agent_rows, describe_agent, find_agent, locate_agent, open_cache
@@ -157,7 +158,7 @@ def rm_command(
         preview = plan.preview()
         blocks, freed = sum(len(a["removed_blocks"]) for a in preview), sum(a["freed_bytes"] for a in preview)
         (folder, first), *others = found
-        what = plural(len(found), "agent") if others else f"agent {printable(first.key.id)} from {folder.folder}"
+        what = plural(len(found), "agent") if others else f"agent {shown_id(first.key.id)} from {folder.folder}"
         typer.confirm(f"Remove {what} ({plural(blocks, 'block file')}, {human_bytes(freed)})?", abort=True, err=True)
     render.removal(plan.report(plan.execute(config.key_of, config.cache_dir / "responses"), dry_run=False), fmt)
 

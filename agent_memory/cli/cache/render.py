@@ -59,12 +59,6 @@ def human_age(when: float, now: float) -> str:
     return f"{int(seconds)}s ago"
 
 
-def printable(text: str) -> str:
-    """Agent ids (and names found on disk) on one line, without escape codes: ids of older
-    versions may hold anything; such ones are shown JSON-quoted, as the API's display_id."""
-    return shown_id(text)
-
-
 def plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' * (n != 1)}"
 
@@ -93,10 +87,10 @@ def _rel(path: Path, root: Path) -> str:
 def table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[str] = ()) -> None:
     """Plain columns on stdout: a header line, then one line per row, cells padded to their
     column and two spaces apart; `right` columns right-aligned, no trailing spaces. Cells
-    are shown as `printable` makes them. Not rich's Table: it fits a table to the console's
-    width, so at 80 columns a long id is cut to "…" and the last columns are dropped
+    are shown as `shown_id` makes them (JSON-quoted when they hold what does not print). Not
+    rich's Table: it fits a table to the console's width, so at 80 columns a long id is cut to "…" and the last columns are dropped
     (measured: `size` vanished), and it pads the last column with spaces."""
-    cells = [[printable(str(c)) for c in row] for row in rows]
+    cells = [[shown_id(str(c)) for c in row] for row in rows]
     widths = [max([cell_len(h), *(cell_len(r[i]) for r in cells)]) for i, h in enumerate(columns)]
 
     def line(row: Sequence[str]) -> str:
@@ -115,7 +109,7 @@ def ls(root: Path, rows: list[AgentRow], folders: list[ModelFolder], responses: 
         emit_json({"cache_dir": str(root), "agents": [asdict(r) for r in rows], "stored_responses": responses})
     elif fmt is Format.quiet:
         for row in rows:
-            typer.echo(printable(row.id))
+            typer.echo(shown_id(row.id))
     else:
         now = time.time()
         table(
@@ -149,8 +143,8 @@ def ls(root: Path, rows: list[AgentRow], folders: list[ModelFolder], responses: 
 def show(doc: dict, folder_path: Path) -> None:
     """`show` for people, from the document `--format json` prints."""
     console = _stdout()
-    console.print(Text.assemble(("agent     ", "bold"), printable(doc["id"])))
-    console.print(Text.assemble(("model     ", "bold"), printable(f"{doc['model']} ({folder_path})")))
+    console.print(Text.assemble(("agent     ", "bold"), shown_id(doc["id"])))
+    console.print(Text.assemble(("model     ", "bold"), shown_id(f"{doc['model']} ({folder_path})")))
     console.print(Text.assemble(("manifest  ", "bold"), doc["manifest"]))
     age = human_age(doc["last_used"], time.time())
     console.print(Text.assemble(("tokens    ", "bold"), f"{doc['tokens']}, last used {age}"))
@@ -238,7 +232,7 @@ def removal(doc: dict, fmt: Format) -> None:
         for a in doc["agents"]:
             blocks = plural(len(a["removed_blocks"]), "block file")
             say(
-                f"removed agent {printable(a['id'])} from {a['folder']}"
+                f"removed agent {shown_id(a['id'])} from {a['folder']}"
                 + (f" through the server at {a['server']}" if a["server"] else "")
                 + f": its manifest and {blocks}, freed {human_bytes(a['freed_bytes'])}"
             )

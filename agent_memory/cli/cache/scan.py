@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from agent_memory.agent_key import AGENT, AgentKey
-from agent_memory.cli.cache.render import printable
+from agent_memory.agent_key import AGENT, AgentKey, shown_id
 from agent_memory.cli.cache.rows import AgentRow
 from agent_memory.cli.cache.server import LiveServer
 from agent_memory.cli.common import fail, settings
@@ -76,17 +75,17 @@ def locate_agent(
         return found[0]
     if found and len({m.key.tenant for _, m in found}) > 1:
         tenants = ", ".join(sorted(repr(m.key.tenant) for _, m in found))
-        return f"agent {printable(agent)} exists for several tenants ({tenants}): pass --tenant"
+        return f"agent {shown_id(agent)} exists for several tenants ({tenants}): pass --tenant"
     if found:
         where = ", ".join(f.folder for f, _ in found)
-        return f"agent {printable(agent)} is cached for several models ({where}): pass --model"
+        return f"agent {shown_id(agent)} is cached for several models ({where}): pass --model"
     stems = stems_of(AgentKey(agent, tenant or ""))  # its name, or an older version's (warm/stems.py)
     damaged = [(f, why) for f in folders for p, why in f.files.bad_manifests if p.stem in stems]
     if damaged:
-        return f"agent {printable(agent)}: its manifest in {damaged[0][0].folder} is unusable ({damaged[0][1]})"
+        return f"agent {shown_id(agent)}: its manifest in {damaged[0][0].folder} is unusable ({damaged[0][1]})"
     return (
-        f"no agent {printable(agent)} on disk here; one a running server holds only in memory so far is in "
-        f"`agent-memory cache ls` (where: server) and at the server's GET /v1/agents/{printable(agent)}"
+        f"no agent {shown_id(agent)} on disk here; one a running server holds only in memory so far is in "
+        f"`agent-memory cache ls` (where: server) and at the server's GET /v1/agents/{shown_id(agent)}"
     )
 
 

@@ -98,7 +98,7 @@ class RedisBackend(RedisNamespace, WarmBackend):
         try:
             return blockfile.read_bytes(data, expect, layout)[1]
         except blockfile.BlockFileError as e:
-            gone = self._script(DISCARD_BLOCK)(keys=[self.block_key(block_hash)], args=[hashlib.sha1(data).hexdigest()])
+            gone = self.script(DISCARD_BLOCK)(keys=[self.block_key(block_hash)], args=[hashlib.sha1(data).hexdigest()])
             log.warning(
                 "damaged block %s in %s (%s): %s; it is recomputed and written again",
                 block_hash[:16],
@@ -118,12 +118,12 @@ class RedisBackend(RedisNamespace, WarmBackend):
         etag, data = self.client.hmget(name, ["etag", "data"])
         if etag is None or data is None:
             return None
-        return self._parse(name, data), etag.decode()
+        return self.parse_manifest(name, data), etag.decode()
 
     def write_manifest(self, manifest: Manifest, base: str | None, etag: str) -> ManifestWrite:
         self._write_model_info()
         blocks = " ".join(dict.fromkeys(manifest.names))
-        out = self._script(CAS_MANIFEST)(
+        out = self.script(CAS_MANIFEST)(
             keys=[self.manifest_key(manifest.key), self.refs_key],
             args=[base or "", etag, manifest.to_bytes(), blocks],
         )
@@ -132,7 +132,7 @@ class RedisBackend(RedisNamespace, WarmBackend):
         return ManifestWrite(False, out[1].decode() or None)
 
     def delete_manifest(self, key: AgentKey) -> ManifestWrite:
-        out = self._script(DELETE_MANIFEST)(keys=[self.manifest_key(key), self.refs_key], args=[])
+        out = self.script(DELETE_MANIFEST)(keys=[self.manifest_key(key), self.refs_key], args=[])
         return ManifestWrite(bool(int(out[0])), None, [h.decode() for h in out[1:]])
 
     def quarantine_manifest(self, manifest: Manifest, reason: str) -> None:
@@ -145,7 +145,7 @@ class RedisBackend(RedisNamespace, WarmBackend):
         pipe = self.client.pipeline(transaction=False)
         name = self.manifest_key(key) if key is not None else None
         if name is not None:
-            self._script(FETCH_IF_CHANGED)(keys=[name], args=[known or ""], client=pipe)
+            self.script(FETCH_IF_CHANGED)(keys=[name], args=[known or ""], client=pipe)
         for h in hashes:
             pipe.strlen(self.block_key(h))
         out = pipe.execute()
@@ -156,7 +156,7 @@ class RedisBackend(RedisNamespace, WarmBackend):
                 manifest = None
             elif len(found) == 2:
                 try:
-                    manifest = (self._parse(name, found[1]), found[0].decode())
+                    manifest = (self.parse_manifest(name, found[1]), found[0].decode())
                 except ValueError as e:
                     log.warning("unreadable manifest %s in %s: %s", name, self.location, e)
                     manifest = True  # as if unchanged: the next write replaces it

@@ -49,7 +49,7 @@ class RedisFolder(RedisNamespace):
     def scan(self, owns: Callable[[str], bool]) -> FolderScan:
         """Every manifest and block of the namespace, as a folder scan (paths are keys)."""
         scan, client, now = FolderScan(), self.client, time.time()
-        names = [k.decode() for k in client.scan_iter(match=f"{PREFIX}:{{{self.ns}}}:m:*", count=SCAN_COUNT)]
+        names = [k.decode() for k in client.scan_iter(match=self.manifest_pattern, count=SCAN_COUNT)]
         for start in range(0, len(names), 500):
             chunk = names[start : start + 500]
             pipe = client.pipeline(transaction=False)
@@ -60,7 +60,7 @@ class RedisFolder(RedisNamespace):
                 if data is None:
                     continue  # deleted meanwhile
                 try:
-                    manifest = self._parse(name, data)
+                    manifest = self.parse_manifest(name, data)
                     if not owns(manifest.fingerprint):
                         raise ValueError("manifest of another model")
                     scan.manifests.append(manifest)
@@ -90,7 +90,7 @@ class RedisFolder(RedisNamespace):
         """Delete a manifest (its blocks' counts go down with it) or a block no manifest names."""
         name = path.name
         if name.startswith(f"{PREFIX}:{{{self.ns}}}:m:"):
-            out = self._script(DELETE_MANIFEST)(keys=[name, self.refs_key], args=[])
+            out = self.script(DELETE_MANIFEST)(keys=[name, self.refs_key], args=[])
             return bool(int(out[0]))
         block_hash = name.rsplit(":", 1)[1]
         if self.client.hexists(self.refs_key, block_hash):
@@ -107,7 +107,7 @@ class RedisFolder(RedisNamespace):
         data = self.client.hget(path.name, "data")
         if data is None:
             raise FileNotFoundError(str(path))
-        return self._parse(path.name, data)
+        return self.parse_manifest(path.name, data)
 
     def read_block_at(self, path: PurePosixPath, expect: dict[str, str], layout: Layout | None):
         data = self.client.get(path.name)

@@ -146,6 +146,11 @@ class RedisNamespace:
     def manifest_key(self, key: AgentKey | str) -> str:
         return f"{PREFIX}:{{{self.ns}}}:m:{agent_file_stem(key)}"
 
+    @property
+    def manifest_pattern(self) -> str:
+        """Every manifest key of the namespace, for SCAN."""
+        return f"{PREFIX}:{{{self.ns}}}:m:*"
+
     def block_key(self, block_hash: str) -> str:
         return f"{PREFIX}:{self.ns}:b:{block_hash}"
 
@@ -157,10 +162,12 @@ class RedisNamespace:
                     self._client = connect(self.url)
         return self._client
 
-    def _script(self, source: str):
+    def script(self, source: str):
+        """A Lua script registered once per namespace."""
         if source not in self._scripts:
             self._scripts[source] = self.client.register_script(source)
         return self._scripts[source]
 
-    def _parse(self, key_name: str, data: bytes) -> Manifest:
+    def parse_manifest(self, key_name: str, data: bytes) -> Manifest:
+        """A manifest read from its key (its stem checked against the agent it names)."""
         return Manifest.parse(data, key_name.rsplit(":", 1)[1], self.root / key_name)

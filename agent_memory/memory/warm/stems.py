@@ -15,7 +15,7 @@ import logging
 from agent_memory.agent_key import agent_file_stem, legacy_file_stem
 from agent_memory.memory.warm.folder import Folder
 from agent_memory.memory.warm.records import Manifest
-from agent_memory.memory.warm.redis_keys import MOVE_MANIFEST, PREFIX, SCAN_COUNT, RedisNamespace
+from agent_memory.memory.warm.redis_keys import MOVE_MANIFEST, SCAN_COUNT, RedisNamespace
 from agent_memory.memory.warm.scan import FolderScan
 
 log = logging.getLogger(__name__)
@@ -68,13 +68,13 @@ def move_redis_manifests(ns: RedisNamespace) -> int:
     client = ns.client
     if client.get(ns.stems_key) == STEMS_VERSION:
         return 0
-    move = ns._script(MOVE_MANIFEST)
+    move = ns.script(MOVE_MANIFEST)
     moved = 0
-    for name in client.scan_iter(match=f"{PREFIX}:{{{ns.ns}}}:m:*", count=SCAN_COUNT):
+    for name in client.scan_iter(match=ns.manifest_pattern, count=SCAN_COUNT):
         name = name.decode()
         etag, data = client.hmget(name, ["etag", "data"])
         try:
-            manifest = ns._parse(name, data) if etag is not None and data is not None else None
+            manifest = ns.parse_manifest(name, data) if etag is not None and data is not None else None
         except (ValueError, RecursionError):
             continue  # unreadable: left as it is, like any unreadable manifest
         if manifest is not None and is_legacy(manifest, name.rsplit(":", 1)[1]):
