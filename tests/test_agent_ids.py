@@ -216,7 +216,7 @@ def test_a_shared_namespaces_legacy_manifest_moves_to_its_name_once(tmp_path, ca
             client.rename(backend.manifest_key(agent), legacy[agent])
         # "both": a newer server wrote its name, an older one its legacy name afterwards.
         data, blocks = client.hmget(backend.manifest_key("both"), ["data", "blocks"])
-        backend._script(CAS_MANIFEST)(keys=[legacy["both"], backend.refs_key], args=["", "old", data, blocks])
+        backend.script(CAS_MANIFEST)(keys=[legacy["both"], backend.refs_key], args=["", "old", data, blocks])
         client.delete(backend.stems_key)
         disk.close()
 

@@ -82,7 +82,7 @@ def refs(store: RedisBackend) -> Counter:
 
 
 def manifests(store: RedisBackend) -> list[Manifest]:
-    return [store._parse(k.decode(), store.client.hget(k, "data")) for k in keys(store, "m")]
+    return [store.parse_manifest(k.decode(), store.client.hget(k, "data")) for k in keys(store, "m")]
 
 
 def check_refs(store: RedisBackend) -> None:
