@@ -38,8 +38,8 @@ def _hashed(raw: bytes) -> str:
 
 def agent_file_stem(key: AgentKey | str) -> str:
     """The name an agent's records are stored under: a hash of `tenant NUL id NUL kind`, so ids
-    never become file names. One for every key: a tenant name holds no NUL (config.py's
-    TENANT_NAME), the kind is one of KINDS, so the first and last NUL split the three apart
+    never become file names. One for every key: a tenant name holds no NUL
+    (keys_file.TENANT_NAME), the kind is one of KINDS, so the first and last NUL split the three apart
     even for an id of an older version that holds a NUL."""
     key = _key(key)
     # surrogatepass: total over every Python string, though the API admits only valid Unicode.

@@ -9,7 +9,6 @@ derives its flags from the same fields (cli/serve.py), so nothing is declared tw
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from pathlib import Path
@@ -23,6 +22,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from agent_memory.keys_file import KeysFileError, is_loopback, read_api_keys
 
 ENV_PREFIX = "AGENT_MEMORY_"
 
@@ -222,7 +223,10 @@ class Settings(BaseSettings):
 
     def tenant_keys(self) -> dict[str, str]:
         """Every accepted key -> its tenant ("" for --api-key: the shared namespace)."""
-        keys = read_api_keys(self.api_keys_file) if self.api_keys_file else {}
+        try:
+            keys = read_api_keys(self.api_keys_file) if self.api_keys_file else {}
+        except KeysFileError as e:
+            raise ConfigError(str(e)) from e
         if self.api_key:
             keys[self.api_key_value] = ""
         return keys
@@ -278,36 +282,3 @@ def _explain(error: ValidationError) -> str:
 
 
 OUTPUT_LIMIT = re.compile(r"^(?:(.+)=)?([1-9][0-9]*)$")  # --default-max-tokens: N or NAME=N
-TENANT_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-
-
-def read_api_keys(path: Path) -> dict[str, str]:
-    """An --api-keys-file: one `name key` per line (blank lines and # comments skipped)."""
-    try:
-        lines = path.expanduser().read_text().splitlines()
-    except (OSError, UnicodeError) as e:
-        raise ConfigError(f"cannot read --api-keys-file {path}: {e}") from e
-    keys: dict[str, str] = {}
-    for number, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split()
-        if len(parts) != 2 or not TENANT_NAME.match(parts[0]):
-            raise ConfigError(f"{path}:{number}: expected 'name key' (name: letters, digits, . _ -)")
-        name, key = parts
-        if key in keys:
-            raise ConfigError(f"{path}:{number}: this key is already given to '{keys[key]}'")
-        keys[key] = name
-    if not keys:
-        raise ConfigError(f"{path}: no keys")
-    return keys
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
