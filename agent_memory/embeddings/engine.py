@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from agent_memory.agent_key import AgentKey
 from agent_memory.embeddings.layout import NotEmbeddingModel, embedding_layout
 from agent_memory.embeddings.metrics import EmbeddingMetrics
+from agent_memory.embeddings.model import PASS_INPUTS, EmbeddingModel, batches
 from agent_memory.engine.budget import give_back_memory, tell_mlx, weights_bytes
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.loader import weights_damage, weights_file_bytes
@@ -35,8 +36,6 @@ from agent_memory.engine.residency import NoRoom, Residency
 
 log = logging.getLogger(__name__)
 
-BATCH_TOKENS = 8192  # padded tokens per forward pass: a batch's activations stay small
-MAX_INPUTS = 64  # sequences per forward pass
 
 
 @dataclass
@@ -91,7 +90,7 @@ class EmbeddingEngine(EngineClient):
 
     @property
     def max_batch(self) -> int:
-        return MAX_INPUTS
+        return PASS_INPUTS
 
     # -- requests -----------------------------------------------------------------------
 
@@ -273,8 +272,6 @@ class EmbeddingEngine(EngineClient):
         return None
 
     def _load(self) -> None:
-        from agent_memory.embeddings.model import EmbeddingModel
-
         path = self.config.model_path
         dense = sum(weights_file_bytes(folder) for folder in self._facts.embedding.dense)
         self.residency.make_room(self, weights_file_bytes(path) + dense)
@@ -299,16 +296,3 @@ class EmbeddingEngine(EngineClient):
         give_back_memory()
         return True
 
-
-def batches(lengths: list[int]) -> list[list[int]]:
-    """Indices of the inputs, shortest first, in groups of at most MAX_INPUTS whose padded size
-    (count × the longest) stays within BATCH_TOKENS (a longer input alone)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    groups: list[list[int]] = []
-    for i in order:
-        group = groups[-1] if groups else None
-        if group is not None and len(group) < MAX_INPUTS and (len(group) + 1) * lengths[i] <= BATCH_TOKENS:
-            group.append(i)
-        else:
-            groups.append([i])
-    return groups

@@ -26,6 +26,9 @@ from mlx_lm.utils import load_model as load_weights
 
 from agent_memory.embeddings.layout import EmbeddingLayout
 
+BATCH_TOKENS = 8192  # padded tokens per forward pass: a batch's activations stay small
+PASS_INPUTS = 64  # sequences per forward pass
+
 
 def _family(config: dict) -> tuple[type, type]:
     """mlx-lm's Model and ModelArgs classes for the folder's family, as `mlx_lm.load` picks them."""
@@ -121,3 +124,17 @@ def _dense(folder: Path) -> nn.Linear:
     layer.load_weights([(name.removeprefix("linear."), value) for name, value in weights.items()])
     mx.eval(layer.parameters())
     return layer
+
+
+def batches(lengths: list[int]) -> list[list[int]]:
+    """Indices of the inputs, shortest first, in groups of at most PASS_INPUTS whose padded size
+    (count × the longest) stays within BATCH_TOKENS (a longer input alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        group = groups[-1] if groups else None
+        if group is not None and len(group) < PASS_INPUTS and (len(group) + 1) * lengths[i] <= BATCH_TOKENS:
+            group.append(i)
+        else:
+            groups.append([i])
+    return groups

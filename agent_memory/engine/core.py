@@ -47,8 +47,7 @@ class Work:
 
 @dataclass
 class Decoded:
-    """What a decode step gave: each decoding sequence's new tokens (one, or with speculation
-    any number), and with speculation each sequence's proposals."""
+    """A decode step's new tokens (one a sequence, with speculation any number) and proposals."""
 
     tokens: list[Token]
     verified: list[Verified]
@@ -117,15 +116,13 @@ class EngineCore:
     def _prefill(self, seq: Sequence) -> bool:
         """One chunk of the sequence's prefill; whether its plan is all in."""
         t0, pos = time.perf_counter(), seq.pos
-        done = self._guard(lambda: self.parts.prefiller.run(seq, self.scheduler.chunk_tokens), [seq])
+        done = bool(self._guard(lambda: self.parts.prefiller.run(seq, self.scheduler.chunk_tokens), [seq]))
         self.trace.prefilled(seq, t0, seq.pos - pos)
-        return bool(done)
+        return done
 
     def _apply_decoded(self, decoded: Decoded) -> None:
         for v in decoded.verified:  # speculation: what each sequence's proposals gave
-            seq = self.seqs[v.seq_id]
-            seq.usage.accepted_prediction_tokens += v.accepted
-            seq.usage.rejected_prediction_tokens += v.proposed - v.accepted
+            self.seqs[v.seq_id].usage.speculated(v.proposed, v.accepted)
             self.metrics.speculated(v.proposed, v.accepted)
         if decoded.tokens:
             self._apply_tokens(decoded.tokens)
@@ -252,9 +249,9 @@ class EngineCore:
 
     def _follow_up(self, seq: Sequence, tokens: list[int]) -> None:
         """Queue the KV of `tokens` for the sequence's agent as a prefill with no decoding: done
-        now, at the engine's leisure, rather than in the agent's next turn."""
-        params = SamplingParams(max_tokens=0, temperature=0.0)
-        request = replace(seq.request, prompt=tokens, params=params, agent=seq.agent, grammar=None)
+        at the engine's leisure (after clients' requests), rather than in the agent's next turn."""
+        params, agent = SamplingParams(max_tokens=0, temperature=0.0), seq.agent
+        request = replace(seq.request, prompt=tokens, params=params, agent=agent, grammar=None)
         follow_up = self._new_sequence(next(self._ids), request, lambda event: None, time.perf_counter(), True)
         self.seqs[follow_up.id] = follow_up
 

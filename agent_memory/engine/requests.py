@@ -63,6 +63,10 @@ class Usage:
     def cached_tokens(self) -> int:
         return self.hot_tokens + self.warm_tokens
 
+    def speculated(self, proposed: int, accepted: int) -> None:
+        self.accepted_prediction_tokens += accepted
+        self.rejected_prediction_tokens += proposed - accepted
+
 
 @dataclass
 class TextDelta:
