@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 
@@ -26,6 +26,8 @@ from agent_memory.chat.grammar import GrammarError
 from agent_memory.chat.render import RenderError, render_prompt
 from agent_memory.engine.requests import MODEL_UNAVAILABLE, Event, Failed, Finished, GenerationRequest
 from agent_memory.engine.requests import SamplingParams, TextDelta
+
+T = TypeVar("T")
 
 
 def utf8_header(request: Request, name: str) -> str | None:
@@ -262,8 +264,7 @@ async def events(state: ServerState, model: ServedModel, generation: GenerationR
 async def collect(
     state: ServerState, model: ServedModel, generation: GenerationRequest, request: Request
 ) -> list[Event] | None:
-    """Run a request to the end: its events, the last one Finished; None if the client left
-    first (the request is then cancelled). A failure is raised as an APIError."""
+    """A request run to the end: its events, the last Finished (None: the client left first)."""
 
     async def consume() -> list[Event]:
         out = []
@@ -273,17 +274,23 @@ async def collect(
             out.append(event)
         return out
 
+    return await unless_client_leaves(request, consume())
+
+
+async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None once the client has left first (the work is then cancelled)."""
+
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    work = asyncio.ensure_future(consume())
+    task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(disconnected())
-    await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    if work.done():
+    await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
         watch.cancel()
-        return work.result()
-    work.cancel()
+        return task.result()
+    task.cancel()
     return None
 
 

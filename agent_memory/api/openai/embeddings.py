@@ -55,42 +55,29 @@ async def embeddings(body: EmbeddingRequest, request: Request, state: ServerStat
     tokens = sum(map(len, inputs))
     trace = {"model": model.id, "inputs": len(inputs), "prompt_tokens": tokens}
     request.scope.setdefault("state", {})["trace"] = trace
-    vectors = await _answer(model, inputs, request)
+    vectors = await pipeline.unless_client_leaves(request, asyncio.wrap_future(model.engine.embed(inputs)))
     if vectors is None:
         return Response(status_code=499)
     if isinstance(vectors, Failed):
         trace["finish"] = f"error ({vectors.code})"
         raise failure(vectors)
-    if body.dimensions is not None and body.dimensions < layout.dimensions:
-        vectors = vectors[:, : body.dimensions]
-        if layout.normalize:
-            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    data = [_encoded(v, body.encoding_format) for v in _truncated(vectors, layout, body.dimensions)]
     return {
         "object": "list",
-        "data": [
-            {"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
-            for i, v in enumerate(vectors)
-        ],
+        "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(data)],
         "model": model.answering(body.model),
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
 
 
-async def _answer(model: ServedModel, inputs: list[list[int]], request: Request) -> np.ndarray | Failed | None:
-    """The engine's answer, or None once the client has left (it is not waited for)."""
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    work = asyncio.ensure_future(asyncio.wrap_future(model.engine.embed(inputs)))
-    watch = asyncio.ensure_future(disconnected())
-    await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    if work.done():
-        watch.cancel()
-        return work.result()
-    work.cancel()
-    return None
+def _truncated(vectors: np.ndarray, layout, dimensions: int | None) -> np.ndarray:
+    """The first `dimensions` of each vector (Matryoshka), normalized again if the model's are."""
+    if dimensions is None or dimensions >= layout.dimensions:
+        return vectors
+    vectors = vectors[:, :dimensions]
+    if layout.normalize:
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return vectors
 
 
 async def _tokens(model: ServedModel, inputs: list[str] | list[list[int]]) -> list[list[int]]:
