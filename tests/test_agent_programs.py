@@ -215,7 +215,10 @@ def test_claude_code_sub_agents_each_reuse_their_own_turns(tmp_path):
     home.mkdir()
     work.mkdir()
     with Server(model, tmp_path / "cache") as server:
-        done = run([str(claude), "-p", "Use a sub-agent to say hello."], work, claude_env(server, home, CONTEXT))
+        # Since 2.1.3xx the Agent tool runs a sub-agent in the background, and `-p` may end
+        # before it sends a request (seen in CI): run it in the foreground.
+        env = {**claude_env(server, home, CONTEXT), "CLAUDE_CODE_DISABLE_BACKGROUND_TASKS": "1"}
+        done = run([str(claude), "-p", "Use a sub-agent to say hello."], work, env)
         requests = logged_requests(server, "/v1/messages")
 
     assert done.stdout.strip().endswith(ANSWER) and {r["status"] for r in requests} == {"200"}
