@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_agents import free_port, wait_ready  # noqa: E402
+from bench.server import free_port, wait_ready  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agent-memory/models"  # as `serve` keeps them

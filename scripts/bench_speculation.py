@@ -41,7 +41,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_agents import find_openblas, free_port, wait_ready  # noqa: E402
+from bench.processes import find_openblas  # noqa: E402
+from bench.server import free_port, wait_ready  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SERVERS = ("lookup", "draft", "off", "mlx-lm", "mlx-lm-draft")
