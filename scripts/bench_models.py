@@ -40,34 +40,26 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench.server import free_port, wait_ready  # noqa: E402
+from bench.server import MODELS, REPO, ServerProcess, clean_env, ours_command  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-MODELS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agent-memory/models"  # as `serve` keeps them
 MiB = 1 << 20
 HOT_BUDGET_MB = 256
 FACT = "The harbour log records each ship, its berth, its cargo and the hour it came in. "
 
 
 class Server:
+    """`agent-memory serve` with models a and b at --kv-bits 16, started at once (a ServerProcess)."""
+
     def __init__(self, a: Path, b: Path, cache: Path, *flags: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = cache / f"server-{self.port}.log"
-        cache.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", f"a={a}", "--model", f"b={b}"]
-        cmd += ["--port", str(self.port), "--cache-dir", str(cache), "--kv-bits", "16", *flags]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_MEMORY_")}
-        env["AGENT_MEMORY_CONFIG"] = str(cache / "no-config.toml")
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        wait_ready(self.url, 300, self.proc, self.log_path)
+        command = lambda port: ours_command(port, [f"a={a}", f"b={b}"], cache, "--kv-bits", "16", *flags)  # noqa: E731
+        self.process = ServerProcess("server", command, clean_env(), cache).start(300)
+        self.url = self.process.url
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.process.log()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
+        self.process.stop(timeout=60)
 
 
 def ttft(server: Server, model: str, agent: str, messages: list[dict], salt: str | None = None) -> tuple[float, str]:

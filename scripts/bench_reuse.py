@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,12 +35,11 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/bench
 
-from agent_memory.memory.index.prefix import common_prefix
+from agent_memory.memory.index.prefix import common_prefix  # noqa: E402
+from bench.server import DEMO_MODEL, REPO, ServerProcess, offline_env, ours_command  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-DEMO_MODEL = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agent-memory/models/smollm2-135m-instruct"
 QUESTIONS = ["What is a KV cache?", "Why does reusing it save time?"]
 
 
@@ -239,29 +237,6 @@ def diagnose(turns: list[dict], versions: list[tuple[float, list[int]]], tokeniz
 
 # -- main --------------------------------------------------------------------------------------
 
-def start_server(server_dir: Path, model: Path, cache_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(server_dir)}
-    env.pop("AGENT_MEMORY_API_KEY", None)
-    cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", str(model), "--port", str(port),
-           "--cache-dir", str(cache_dir)]
-    proc = subprocess.Popen(cmd, cwd=server_dir, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    root = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(root + "/health", timeout=2).status_code == 200:
-                return proc, root + "/v1"
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError("server not ready")
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server-dir", type=Path, default=REPO, help="the checkout whose server runs (default: this one)")
@@ -280,7 +255,10 @@ def main() -> int:
     out = {"server_dir": str(server_dir), "label": label, "load_average": os.getloadavg(), "examples": {}}
     with tempfile.TemporaryDirectory(prefix="bench-reuse-") as tmp:
         cache_dir = Path(tmp) / "cache"
-        proc, base = start_server(server_dir, args.model, cache_dir, Path(tmp) / "server.log")
+        command = lambda port: ours_command(port, [args.model], cache_dir)  # noqa: E731
+        env = offline_env(PYTHONPATH=str(server_dir))
+        server = ServerProcess("server", command, env, Path(tmp), cwd=server_dir).start(300)
+        base = server.base_url
         watch = ManifestWatch(cache_dir)
         try:
             for name in [e for e in args.examples.split(",") if e]:
@@ -307,8 +285,7 @@ def main() -> int:
                 out["examples"][name] = runs
         finally:
             watch.stop()
-            proc.terminate()
-            proc.wait(60)
+            server.stop(timeout=60)
     for name, runs in out["examples"].items():
         for run in runs:
             for t in run.get("turns", []):

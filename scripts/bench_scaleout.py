@@ -23,94 +23,60 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-DEMO = Path.home() / ".cache/agent-memory/models/smollm2-135m-instruct"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/bench
+
+from bench.processes import load_average  # noqa: E402
+from bench.server import DEMO_MODEL, REPO, ServerProcess, clean_env, ours_command, start_redis  # noqa: E402
+
 CONFIGS = ["hot", "warm_folder", "warm_redis", "failover", "cold"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def load() -> str:
-    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return "load " + load_average()
 
 
 class Redis:
+    """redis-server (bench/server.py's start_redis) and a client of it, for its memory figures."""
+
     def __init__(self, folder: Path, maxmemory: str) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(folder), "--maxmemory", maxmemory, "--maxmemory-policy", "volatile-lru"],
-            stdout=subprocess.DEVNULL,
-        )
         import redis
 
-        self.client = redis.Redis(port=self.port)
-        for _ in range(200):
-            try:
-                self.client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        self.process, self.url = start_redis(folder, maxmemory)
+        self.client = redis.Redis(port=self.process.port)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait()
+        self.process.stop()
 
 
 class Server:
+    """`agent-memory serve` on a folder of its own, launched at once (a ServerProcess: the five
+    load side by side), waited for later."""
+
     def __init__(self, name: str, model: Path, folder: Path, *args: str) -> None:
-        self.name, self.port = name, free_port()
-        folder.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_MEMORY_")}
-        env["AGENT_MEMORY_CONFIG"] = str(folder / "none.toml")
-        self.log = open(folder / "server.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_memory", "serve", "--model", str(model), "--port", str(self.port),
-             "--cache-dir", str(folder), *args],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-        )
+        self.name = name
+        command = lambda port: ours_command(port, [model], folder, *args)  # noqa: E731
+        self.process = ServerProcess("server", command, clean_env(), folder).launch()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.process.url
 
     def wait(self) -> None:
-        import httpx
-
-        for _ in range(1200):
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited: see {self.log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise SystemExit(f"{self.name} did not start")
+        try:
+            self.process.wait_ready(300)
+        except RuntimeError as e:
+            raise SystemExit(f"{self.name} did not start: {e}") from e
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(60)
+        self.process.stop(timeout=60)
 
 
 def document(rng: random.Random, words: int) -> str:
@@ -284,7 +250,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     t = sub.add_parser("ttft")
-    t.add_argument("--model", type=Path, default=DEMO)
+    t.add_argument("--model", type=Path, default=DEMO_MODEL)
     t.add_argument("--rounds", type=int, default=5)
     t.add_argument("--words", type=int, default=1500, help="words of the conversation's document (~1.3 tokens each)")
     t.add_argument("--kv-bits", type=int, default=4)

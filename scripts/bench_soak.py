@@ -39,8 +39,6 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,9 +49,11 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-MODELS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agent-memory/models"  # as `serve` keeps them
-DEMO_MODEL = MODELS / "smollm2-135m-instruct"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/bench
+
+from bench.processes import rss_bytes  # noqa: E402
+from bench.server import DEMO_MODEL, MODELS, REPO, ServerProcess, clean_env, ours_command  # noqa: E402
+
 MiB = 1 << 20
 SHARES = {"kills": 0.50, "damage": 0.10, "full_disk": 0.10, "hung_redis": 0.10, "load": 0.20}  # of the time left at each start
 
@@ -68,94 +68,32 @@ DOC = (
 # --------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rss_bytes(pid: int) -> int:
-    """A process's resident memory: /proc on Linux, ps elsewhere; 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(["ps", "-o", "rss=", "-p", str(pid)], capture_output=True, text=True, timeout=5)
-        return int(out.stdout.strip() or 0) * 1024
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return 0
-
-
-def clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_MEMORY_")}
-    env.update(
-        {
-            "PYTHONUNBUFFERED": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "AGENT_MEMORY_CONFIG": str(Path(tempfile.gettempdir()) / "agent-memory-soak-none.toml"),  # no config file
-        }
-    )
-    return env
-
-
 class Server:
-    """`agent-memory serve` as a child process on a free loopback port."""
+    """`agent-memory serve` at --kv-bits 16 on a cache folder (a ServerProcess, restartable),
+    and what the soak asks it."""
 
     def __init__(self, model: Path, cache_dir: Path, logs: Path, name: str, *args: str) -> None:
-        self.model, self.cache_dir, self.logs, self.name, self.args = model, cache_dir, logs, name, list(args)
-        self.proc: subprocess.Popen | None = None
-        self.port = 0
-        self.starts = 0
-        self.log_path = logs / f"{name}.log"
+        self.cache_dir = cache_dir
+        command = lambda port: ours_command(port, [model], cache_dir, "--kv-bits", "16", *args)  # noqa: E731
+        self.process = ServerProcess(name, command, clean_env(), logs)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.process.url
 
     def start(self, timeout: float = 120) -> Server:
-        self.port = free_port()
-        self.starts += 1
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.logs / f"{self.name}-{self.starts}.log"
-        cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", str(self.model), "--port", str(self.port)]
-        cmd += ["--cache-dir", str(self.cache_dir), "--kv-bits", "16", *self.args]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=REPO)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"server not ready after {timeout}s (log: {self.log_path})")
+        self.process.start(timeout)
+        return self
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return self.process.log()
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+    def stop(self) -> None:
+        self.process.stop()
 
     def kill(self) -> None:
-        self.stop(signal.SIGKILL)
+        self.process.stop("crash")
 
     def health(self) -> dict:
         return httpx.get(self.url + "/health", timeout=10).json()
@@ -472,7 +410,7 @@ def part_load(args, model: Path, work: Path, deadline: float, figs: Figures) -> 
     try:
         clients = args.clients
         hang_ups = set(range(0, clients, max(1, round(1 / args.hang_up)))) if args.hang_up > 0 else set()
-        pid = server.proc.pid
+        pid = server.process.pid
         before = rss_bytes(pid)
         peak = [before]
         sampling = threading.Event()

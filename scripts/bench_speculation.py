@@ -29,10 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,9 +40,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench.processes import find_openblas  # noqa: E402
-from bench.server import free_port, wait_ready  # noqa: E402
+from bench.server import REPO, ServerProcess, clean_env, offline_env, ours_command  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 SERVERS = ("lookup", "draft", "off", "mlx-lm", "mlx-lm-draft")
 
 
@@ -96,34 +93,36 @@ def build_draft(model: Path, layers: int, out: Path) -> Path:
 
 
 class Server:
+    """Ours with --speculation lookup|draft|off, or mlx-lm's server with or without its draft
+    model, launched at once (a ServerProcess; several load side by side)."""
+
     def __init__(self, kind: str, model: Path, draft: Path, work: Path, args) -> None:
-        self.kind, self.port = kind, free_port()
-        self.log = work / f"{kind}.log"
-        env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        if kind in ("lookup", "draft", "off"):
-            cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", str(model), "--port", str(self.port)]
-            cmd += ["--cache-dir", str(work / kind), "--kv-bits", "16", "--speculation", kind]
-            cmd += ["--draft-model", str(draft)] if kind == "draft" else []
-            env["PYTHONPATH"] = str(REPO)
-            env["AGENT_MEMORY_CONFIG"] = str(work / "no-config.toml")
-        else:
-            cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--port", str(self.port)]
-            cmd += ["--temp", "0", "--log-level", "WARNING"]
-            if kind == "mlx-lm-draft":
-                cmd += ["--draft-model", str(draft), "--num-draft-tokens", str(args.num_draft_tokens)]
-            if lib := find_openblas():
-                env["LD_PRELOAD"] = lib
-        self.proc = subprocess.Popen(
-            cmd, env={**os.environ, **env}, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, cwd=REPO
-        )
+        self.kind = kind
         self.model = "default_model" if kind.startswith("mlx-lm") else model.name
+        if kind in ("lookup", "draft", "off"):
+            flags = ["--kv-bits", "16", "--speculation", kind] + (["--draft-model", str(draft)] if kind == "draft" else [])
+            command = lambda port: ours_command(port, [model], work / kind, *flags)  # noqa: E731
+            env = clean_env(PYTHONPATH=str(REPO))
+        else:
+            def command(port: int) -> list[str]:
+                cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--port", str(port)]
+                cmd += ["--temp", "0", "--log-level", "WARNING"]
+                if kind == "mlx-lm-draft":
+                    cmd += ["--draft-model", str(draft), "--num-draft-tokens", str(args.num_draft_tokens)]
+                return cmd
+            lib = find_openblas()
+            env = offline_env(**({"LD_PRELOAD": lib} if lib else {}))
+        self.process = ServerProcess(kind, command, env, work).launch()
+
+    @property
+    def port(self) -> int:
+        return self.process.port
 
     def ready(self) -> None:
-        wait_ready(f"http://127.0.0.1:{self.port}", 300, self.proc, self.log)
+        self.process.wait_ready(300)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
+        self.process.stop(timeout=60)
 
 
 async def one(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int) -> tuple[str, float, float]:

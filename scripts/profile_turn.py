@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]  # agent_memory, and scripts/bench
 
 from agent_memory.engine.kinds import attention  # noqa: E402  (first: it loads OpenBLAS before MLX)
 
-import httpx  # noqa: E402
 import mlx.core as mx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
@@ -40,6 +38,7 @@ from agent_memory.memory.warm import blockfile  # noqa: E402
 from agent_memory.memory.warm.records import BLOCK_TOKENS  # noqa: E402
 from agent_memory.models.registry import resolve_model  # noqa: E402
 from agent_memory.precision import KVPrecision  # noqa: E402
+from bench.server import ServerProcess, offline_env, ours_command  # noqa: E402
 
 TEXT = Path("/usr/share/common-licenses/GPL-3")
 
@@ -131,25 +130,11 @@ def engine_parts(loaded, messages: list[dict], precision: KVPrecision, work: Pat
 
 def server_ttft(model_dir: Path, messages: list[dict], work: Path) -> dict:
     """TTFT of the next turn through the real server: hot, then warm after a restart."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", str(model_dir), "--port", str(port)]
-    cmd += ["--cache-dir", str(work / "cache")]
-    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
-
-    def start():
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    return proc
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    command = lambda port: ours_command(port, [model_dir], work / "cache")  # noqa: E731
+    server = ServerProcess("server", command, offline_env(), work)
 
     def ttft(msgs) -> float:
+        client = OpenAI(base_url=server.base_url, api_key="x")
         t = time.perf_counter()
         stream = client.chat.completions.create(
             model="m", messages=msgs, max_tokens=8, temperature=0, stream=True, extra_body={"prompt_cache_key": "p"}
@@ -161,19 +146,11 @@ def server_ttft(model_dir: Path, messages: list[dict], work: Path) -> dict:
         return first
 
     turn = messages + [{"role": "user", "content": "Now summarise all of that in one sentence."}]
-    proc = start()
-    try:
+    with server.start():
         cold = ttft(messages)
         hot = ttft(turn)
-    finally:
-        proc.terminate()
-        proc.wait()
-    proc = start()
-    try:
+    with server.start():
         warm = ttft(turn)
-    finally:
-        proc.terminate()
-        proc.wait()
     return {"server TTFT, cold (history uncached)": cold, "server TTFT, hot": hot, "server TTFT, warm (after restart)": warm}
 
 

@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
-from bench_soak import Figures, Server, conversation, free_port, percentile
+from bench.server import start_redis
+from bench_soak import Figures, Server, conversation, percentile
 
 
 def stream_ttft(url: str, messages: list[dict], agent: str, max_tokens: int, timeout: float) -> tuple:
@@ -42,25 +41,6 @@ def stream_ttft(url: str, messages: list[dict], agent: str, max_tokens: int, tim
     except (httpx.HTTPError, ValueError, KeyError) as e:
         return None, text, f"{type(e).__name__}: {e}"
     return ttft, text, None
-
-
-def start_redis(work: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-           "--maxmemory", "256mb", "--maxmemory-policy", "volatile-lru", "--dir", str(work)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:  # PING by hand: the soak needs only the standard library and httpx
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return proc, f"redis://127.0.0.1:{port}/0"
-        except OSError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("redis-server did not start")
 
 
 def part_hung_redis(args, model: Path, work: Path, deadline: float, figs: Figures) -> None:
@@ -95,12 +75,12 @@ def part_hung_redis(args, model: Path, work: Path, deadline: float, figs: Figure
         round_()  # first turns: the agents' prompts are in memory from now on
         calm = round_() + round_()
         time.sleep(1.0)
-        redis.send_signal(signal.SIGSTOP)
+        redis.proc.send_signal(signal.SIGSTOP)
         stopped, first, later = time.monotonic(), round_(), []
         while time.monotonic() - stopped < stall_s:
             later += round_()
         stall = time.monotonic() - stopped
-        redis.send_signal(signal.SIGCONT)
+        redis.proc.send_signal(signal.SIGCONT)
         back = time.monotonic()
         while "answers again after" not in server.log() and time.monotonic() - back < 30:
             time.sleep(0.1)
@@ -109,10 +89,9 @@ def part_hung_redis(args, model: Path, work: Path, deadline: float, figs: Figure
         log = server.log()
         after = round_()
     finally:
-        redis.send_signal(signal.SIGCONT)
+        redis.proc.send_signal(signal.SIGCONT)
         server.stop()
-        redis.terminate()
-        redis.wait(10)
+        redis.stop(timeout=10)
 
     def p50(values: list[float]) -> str:
         return f"{percentile(values, 0.5):.2f}" if values else "n/a"

@@ -158,3 +158,25 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def start_redis(folder: Path, maxmemory: str = "256mb", timeout: float = 20) -> tuple[ServerProcess, str]:
+    """redis-server on loopback that saves nothing, volatile-lru at `maxmemory`, answering PING
+    (sent by hand: the soak needs only the standard library and httpx): its process and URL."""
+    def command(port: int) -> list[str]:
+        return ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--maxmemory", maxmemory, "--maxmemory-policy", "volatile-lru", "--dir", str(folder)]
+
+    redis = ServerProcess("redis", command, dict(os.environ), folder).launch()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", redis.port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return redis, f"redis://127.0.0.1:{redis.port}/0"
+        except OSError:
+            pass
+        time.sleep(0.05)
+    redis.stop("crash")
+    raise RuntimeError(f"redis-server did not start (log: {redis.log_path})")
