@@ -44,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -52,106 +52,11 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/bench
 
 from bench.processes import rss_bytes  # noqa: E402
-from bench.server import DEMO_MODEL, MODELS, REPO, ServerProcess, clean_env, ours_command  # noqa: E402
+from bench.server import DEMO_MODEL, MODELS, REPO, clean_env  # noqa: E402
+from bench.soak import Figures, Server, chat, conversation, percentile, text_of, verify  # noqa: E402
 
 MiB = 1 << 20
 SHARES = {"kills": 0.50, "damage": 0.10, "full_disk": 0.10, "hung_redis": 0.10, "load": 0.20}  # of the time left at each start
-
-DOC = (
-    "You keep the logbook of a harbour. Every entry names the ship, the berth, the cargo, the weather, "
-    "and the hour it arrived or left. Entries are short and exact. "
-)
-
-
-# --------------------------------------------------------------------------------------
-# Servers
-# --------------------------------------------------------------------------------------
-
-
-class Server:
-    """`agent-memory serve` at --kv-bits 16 on a cache folder (a ServerProcess, restartable),
-    and what the soak asks it."""
-
-    def __init__(self, model: Path, cache_dir: Path, logs: Path, name: str, *args: str) -> None:
-        self.cache_dir = cache_dir
-        command = lambda port: ours_command(port, [model], cache_dir, "--kv-bits", "16", *args)  # noqa: E731
-        self.process = ServerProcess(name, command, clean_env(), logs)
-
-    @property
-    def url(self) -> str:
-        return self.process.url
-
-    def start(self, timeout: float = 120) -> Server:
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.process.start(timeout)
-        return self
-
-    def log(self) -> str:
-        return self.process.log()
-
-    def stop(self) -> None:
-        self.process.stop()
-
-    def kill(self) -> None:
-        self.process.stop("crash")
-
-    def health(self) -> dict:
-        return httpx.get(self.url + "/health", timeout=10).json()
-
-    def agents(self) -> list[str]:
-        return [a["id"] for a in httpx.get(self.url + "/v1/agents", timeout=30).json()["data"]]
-
-    def sequences(self) -> float:
-        """Sequences the engine still holds (the metrics gauge, every state together)."""
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("agent_memory_sequences{"))
-
-
-def cache_cli(cache_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "agent_memory", "cache", *args, "--cache-dir", str(cache_dir)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=120)
-
-
-def verify(cache_dir: Path) -> list[dict]:
-    """`cache verify`'s problems but strays (files the server did not write)."""
-    done = cache_cli(cache_dir, "verify", "--format", "json")
-    try:
-        problems = json.loads(done.stdout)["problems"]
-    except (ValueError, KeyError):
-        return [{"kind": "verify", "reason": (done.stderr or done.stdout)[-300:]}]
-    return [p for p in problems if p["kind"] != "stray"]
-
-
-# --------------------------------------------------------------------------------------
-# Requests
-# --------------------------------------------------------------------------------------
-
-
-def conversation(agent: int, turn: str = "What came in last night?") -> list[dict]:
-    return [
-        {"role": "system", "content": f"Logbook {agent}. " + DOC * (2 + agent % 3)},
-        {"role": "user", "content": f"[{agent}] {turn}"},
-    ]
-
-
-def chat(url: str, messages: list[dict], agent: str | None, max_tokens: int, timeout: float = 60, **extra) -> dict:
-    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
-    if agent is not None:
-        body["prompt_cache_key"] = agent
-    response = httpx.post(url + "/v1/chat/completions", json=body, timeout=timeout)
-    response.raise_for_status()
-    return response.json()
-
-
-def text_of(response: dict) -> str:
-    return response["choices"][0]["message"]["content"] or ""
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
 
 @dataclass
@@ -166,16 +71,6 @@ class Clock:
 
     def over(self) -> bool:
         return time.monotonic() > self.end
-
-
-@dataclass
-class Figures:
-    rows: list[tuple[str, str, str, str]] = field(default_factory=list)  # part, figure, value, must be
-    data: dict = field(default_factory=dict)
-
-    def add(self, part: str, figure: str, value, must: str = "") -> None:
-        self.rows.append((part, figure, str(value), must))
-        self.data.setdefault(part, {})[figure] = value
 
 
 # --------------------------------------------------------------------------------------

@@ -100,7 +100,8 @@ class Server:
         self.kind = kind
         self.model = "default_model" if kind.startswith("mlx-lm") else model.name
         if kind in ("lookup", "draft", "off"):
-            flags = ["--kv-bits", "16", "--speculation", kind] + (["--draft-model", str(draft)] if kind == "draft" else [])
+            flags = ["--kv-bits", "16", "--speculation", kind]
+            flags += ["--draft-model", str(draft)] if kind == "draft" else []
             command = lambda port: ours_command(port, [model], work / kind, *flags)  # noqa: E731
             env = clean_env(PYTHONPATH=str(REPO))
         else:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from bench.server import start_redis
-from bench_soak import Figures, Server, conversation, percentile
+from bench.soak import Figures, Server, conversation, percentile
 
 
 def stream_ttft(url: str, messages: list[dict], agent: str, max_tokens: int, timeout: float) -> tuple:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from bench.run import Run
 from bench.kv_memory import fetch_cache_state
+from bench.run import Run
 
 
 def restart_plan(args) -> list[str]:

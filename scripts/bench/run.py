@@ -10,13 +10,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.kv_memory import fetch_cache_state, model_geometry
 from bench.peers import BASE
 from bench.processes import RSSSampler, has_openblas, load_average
 from bench.server import wait_ready
-from bench.kv_memory import fetch_cache_state, model_geometry
 from bench.servers import BenchServer
-from bench.text import persona, prior_history, shared_document
-from bench.turns import Agent, Record, probe_shared_prefix, run_phase, warm_up
+from bench.turns import (Agent, Record, persona, prior_history, probe_shared_prefix, run_phase, shared_document,
+                         warm_up)
 
 
 def model_name_for(kind: str, args) -> str:
