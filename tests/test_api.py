@@ -9,8 +9,8 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from tests.conftest import Server, chat
-
+from tests.support.chat import chat
+from tests.support.server import Server
 PROMPT = "Write a short story about a lighthouse keeper."
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from agent_memory.chat.call_check import check_call
 from agent_memory.chat.conversation import ToolCall
-from tests.conftest import Server
-from tests.scripted import scripted_model
+from tests.support.scripted import scripted_model
+from tests.support.server import Server
 
 # A task tool like Claude Code's TaskCreate, plus a rule llguidance cannot enforce either: an
 # empty title needs metadata. Under `auto` the call is constrained without propertyNames, if

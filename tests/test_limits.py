@@ -9,8 +9,7 @@ import json
 import httpx
 import openai
 
-from tests.conftest import Server
-
+from tests.support.server import Server
 LONG = "Tell me everything about the history of lighthouses. " * 4
 
 

@@ -11,8 +11,7 @@ import shutil
 import anthropic
 import pytest
 
-from tests.conftest import Server
-
+from tests.support.server import Server
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 
 

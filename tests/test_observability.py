@@ -8,8 +8,7 @@ import re
 
 import httpx
 
-from tests.conftest import REPO, Server
-
+from tests.support.server import REPO, Server
 SYSTEM = "You log every ship that enters the harbour, with its cargo and its berth. " * 12
 
 

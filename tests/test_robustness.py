@@ -9,8 +9,8 @@ import signal
 import httpx
 import pytest
 
-from tests.conftest import Server, ask, chat
-
+from tests.support.chat import ask, chat
+from tests.support.server import Server
 PROMPT = "Tell me about the harbour at night."
 
 

@@ -13,8 +13,9 @@ import time
 
 import httpx
 
-from tests.conftest import Server, ask
-from tests.test_observability import metric
+from tests.support.chat import ask
+from tests.support.metrics import metric
+from tests.support.server import Server
 
 
 def cache(cache_dir, *args: str) -> dict:
