@@ -24,6 +24,8 @@ from agent_memory.memory.warm.redis_keys import CAS_MANIFEST
 from tests.support.browser import browser, row, until, visible  # noqa: F401 - browser: the fixture
 from tests.support.server import Server
 
+pytestmark = pytest.mark.process
+
 PROMPT = "You keep the ledger of the harbour. Every ship is written down with its cargo. " * 6
 SHARED_KEY = "key-shared"
 ALICE_KEY = "key-alice"

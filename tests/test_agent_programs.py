@@ -23,6 +23,8 @@ import pytest
 from tests.support.scripted import CONTEXT, scripted_model
 from tests.support.server import REPO, Server, free_port
 
+pytestmark = [pytest.mark.programs, pytest.mark.process]
+
 PROGRAMS = REPO / ".agent-programs"
 ANSWER = "Done."
 RUN_LIMIT = 300  # seconds; a run takes a few

@@ -30,6 +30,8 @@ from agent_memory.engine.stops import StopMatcher
 from tests.support.chat import WEATHER
 from tests.support.server import Server
 
+pytestmark = pytest.mark.process
+
 TOOLS = [
     {"name": "get_weather", "description": "The forecast for a city.", "input_schema": WEATHER},
     {

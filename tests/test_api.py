@@ -11,6 +11,8 @@ from tokenizers import Tokenizer
 
 from tests.support.chat import chat
 from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 PROMPT = "Write a short story about a lighthouse keeper."
 
 

@@ -22,6 +22,8 @@ from tests.support.chat import ask
 from tests.support.server import REPO, Server, free_port
 from tests.support.warm_folders import DAY, FP_TINY, age, make_folder, write_agent, write_block
 
+pytestmark = pytest.mark.process
+
 KEY = "s3cret-key"
 
 

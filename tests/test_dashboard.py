@@ -12,6 +12,8 @@ from tests.support.browser import browser, row, until, visible  # noqa: F401 - b
 from tests.support.chat import ask
 from tests.support.server import Server
 
+pytestmark = pytest.mark.process
+
 # Markup, a slash, a query and a fragment, a percent escape: shown as text, sent encoded.
 AGENT = 'dash <b>bold</b> & "a/b?c#d" %2F'
 KEY = "dash+board/key=1&2"

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.programs, pytest.mark.process]
+
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 DOCS_URL = "http://127.0.0.1:8000"

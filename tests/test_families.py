@@ -22,6 +22,8 @@ from agent_memory.models.tiny_archs import ARCHS, WINDOW
 from tests.support.chat import tiers
 from tests.support.server import Server
 
+pytestmark = pytest.mark.process
+
 TOKENS = 8  # each reply
 SYSTEM = (
     "You keep the logbook of the lighthouse on the northern cape. You answer questions about "

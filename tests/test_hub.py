@@ -13,6 +13,8 @@ import pytest
 
 from tests.support.chat import chat
 from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 

@@ -18,6 +18,8 @@ import pytest
 
 from agent_memory.models.tiny import build_tiny
 from tests.support.server import REPO, Server, free_port
+
+pytestmark = pytest.mark.process
 PROMPTS = [
     "Describe the harbour at dawn, the boats and the gulls over the water.",
     "List three uses of a lighthouse.",

@@ -13,6 +13,8 @@ from tokenizers import Tokenizer
 from tests.support.metrics import metric
 from tests.support.server import Server
 
+pytestmark = pytest.mark.process
+
 SYSTEM = (
     "You are the archivist of a coastal town. You answer questions about its lighthouse, its "
     "harbour, its fishing fleet and the storms of the last hundred years. Keep answers short, "

@@ -12,6 +12,8 @@ import anthropic
 import pytest
 
 from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 
 

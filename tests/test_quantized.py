@@ -18,6 +18,8 @@ from agent_memory.memory.warm import blockfile
 from agent_memory.precision import KVPrecision
 from tests.support.chat import ask, tiers
 from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 PROMPTS = [
     "The keeper of the lighthouse wrote in the log that night",
     "Seven ships left the harbour before dawn, and the first of them",

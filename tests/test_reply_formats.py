@@ -22,6 +22,8 @@ from agent_memory.chat.render import template_input
 from tests.support.server import Server
 from tests.support.templates import TEMPLATES, templated_model
 
+pytestmark = pytest.mark.process
+
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {

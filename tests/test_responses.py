@@ -11,6 +11,8 @@ import pytest
 
 from tests.support.chat import weather_agent
 from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 WEATHER = {
     "type": "object",
     "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]}},

@@ -11,6 +11,8 @@ import pytest
 
 from tests.support.chat import ask, chat
 from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 PROMPT = "Tell me about the harbour at night."
 
 

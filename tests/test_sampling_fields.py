@@ -14,6 +14,8 @@ from tests.support.server import Server
 # `models`: the tied tiny model, whose greedy output repeats itself.
 from tests.support.tied import ANSWER, FEW, PROMPTS, models  # noqa: F401
 
+pytestmark = pytest.mark.process
+
 TOLERANCE = 1e-3  # a verify pass computes a position in a wider matmul than a one-token step
 
 

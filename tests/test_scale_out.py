@@ -23,6 +23,8 @@ from tests.support.chat import tiers
 from tests.support.server import Server
 from tests.support.services import HAProxy, RedisServer, haproxy_config
 
+pytestmark = pytest.mark.process
+
 SYSTEM = "You keep the records of the lighthouse on the northern cape, in order and by date. " * 10
 
 

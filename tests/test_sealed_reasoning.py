@@ -19,6 +19,8 @@ import pytest
 from tests.support.server import Server
 from tests.support.templates import templated_model
 
+pytestmark = pytest.mark.process
+
 KEYS = {"alice": "key-alice", "bob": "key-bob"}
 TOOL = {
     "type": "function",

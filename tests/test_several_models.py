@@ -24,6 +24,8 @@ from agent_memory.models.tiny import build_tiny
 from tests.support.metrics import metric
 from tests.support.server import Server
 
+pytestmark = pytest.mark.process
+
 SYSTEM = "You are a careful assistant who answers in one short sentence. " * 6
 
 

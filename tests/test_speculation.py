@@ -17,6 +17,8 @@ from tests.support.metrics import metric
 from tests.support.server import Server, free_port
 from tests.support.tied import ANSWER, CODE, FEW, PROMPTS, models  # noqa: F401 - models: the fixture
 
+pytestmark = pytest.mark.process
+
 TOOLS = [
     {
         "type": "function",

@@ -20,6 +20,8 @@ from agent_memory.memory.index.store import AgentCacheStore
 from tests.support.fake_kv import BYTES_PER_TOKEN, FakeKV, encode, make_store
 from tests.support.server import Server
 
+pytestmark = pytest.mark.process
+
 ALICE, BOB = AgentKey("notes", "alice"), AgentKey("flood", "bob")
 
 

@@ -19,6 +19,8 @@ from agent_memory.chat.reader import ReplyReader
 from agent_memory.chat.toolcalls import ToolCallParser
 from tests.support.chat import WEATHER, weather_agent
 from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 ADD = {
     "type": "object",
     "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "integer", "minimum": 0, "maximum": 9}},
