@@ -21,8 +21,10 @@ from agent_memory.memory.warm.folder import Folder, model_folders
 from agent_memory.memory.warm.records import Manifest
 from agent_memory.memory.warm.redis_backend import RedisBackend
 from agent_memory.memory.warm.redis_keys import CAS_MANIFEST
-from tests.conftest import Server
-from tests.test_dashboard import browser, row, until, visible  # noqa: F401 - browser: the fixture
+from tests.support.browser import browser, row, until, visible  # noqa: F401 - browser: the fixture
+from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 
 PROMPT = "You keep the ledger of the harbour. Every ship is written down with its cargo. " * 6
 SHARED_KEY = "key-shared"
@@ -199,12 +201,12 @@ def test_an_older_versions_folder_is_migrated_read_and_its_odd_ids_shown_escaped
 
 
 def test_a_shared_namespaces_legacy_manifest_moves_to_its_name_once(tmp_path, caplog):
-    from tests.services import RedisServer
-    from tests.test_redis_store import commit, discover, server
+    from tests.support.services import RedisServer
+    from tests.support.fake_kv import commit, discover, shared_store
 
     with RedisServer(tmp_path / "redis") as redis:
         ns = "legacy-0123456789ab-kv16"
-        store, disk = server(redis.url, ns)
+        store, disk = shared_store(redis.url, ns)
         for agent in ("plain", "line1\nline2", "both"):
             commit(store, agent, list(range(10)))
         disk.flush()
@@ -221,7 +223,7 @@ def test_a_shared_namespaces_legacy_manifest_moves_to_its_name_once(tmp_path, ca
         disk.close()
 
         with caplog.at_level(logging.INFO, logger="agent_memory.memory.warm.stems"):
-            store, disk = server(redis.url, ns)
+            store, disk = shared_store(redis.url, ns)
         assert "migrated 2 agent records" in caplog.text
         backend = disk.backend
         names = {k.decode() for k in client.scan_iter(match=f"am:{{{ns}}}:m:*")}
@@ -232,7 +234,7 @@ def test_a_shared_namespaces_legacy_manifest_moves_to_its_name_once(tmp_path, ca
         disk.close()
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="agent_memory.memory.warm.stems"):
-            server(redis.url, ns)[1].close()
+            shared_store(redis.url, ns)[1].close()
         assert "migrated" not in caplog.text  # once: the namespace says it is done
 
 

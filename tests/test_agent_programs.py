@@ -3,7 +3,7 @@
 at their newest releases, Claude Code 2.1.197, whose tool schemas (`propertyNames`) once failed
 its first request, and simonw's `llm` and aider from PyPI (in .venv-programs/). Each runs
 non-interactively through `agent-memory launch` (or, for the set-ups docs/usage.md gives by
-hand, with those settings) against the real server on a scripted tiny model (tests/scripted.py)
+hand, with those settings) against the real server on a scripted tiny model (tests/support/scripted.py)
 that calls a tool where the task needs one and then answers, so a whole task completes; each
 test checks what the program did and what the server logged."""
 
@@ -20,8 +20,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, Server, free_port
-from tests.scripted import CONTEXT, scripted_model
+from tests.support.scripted import CONTEXT, scripted_model
+from tests.support.server import REPO, Server, free_port
+
+pytestmark = [pytest.mark.programs, pytest.mark.process]
 
 PROGRAMS = REPO / ".agent-programs"
 ANSWER = "Done."

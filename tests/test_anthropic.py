@@ -27,8 +27,10 @@ from agent_memory.chat.reader import ReplyReader
 from agent_memory.chat.toolcalls import ToolCallParser
 from agent_memory.engine.requests import Failed, Finished, TextDelta, Usage
 from agent_memory.engine.stops import StopMatcher
-from tests.conftest import Server
-from tests.test_tools import WEATHER
+from tests.support.chat import WEATHER
+from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 
 TOOLS = [
     {"name": "get_weather", "description": "The forecast for a city.", "input_schema": WEATHER},

@@ -9,8 +9,10 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from tests.conftest import Server, chat
+from tests.support.chat import chat
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 PROMPT = "Write a short story about a lighthouse keeper."
 
 

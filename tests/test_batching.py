@@ -4,12 +4,13 @@ prompts are prefilled in chunks between decode steps, and a client that leaves i
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 import time
 
 import httpx
 from tokenizers import Tokenizer
+
+from tests.support.metrics import metric
 
 PROMPTS = [
     "Describe the harbour at dawn.",
@@ -21,15 +22,6 @@ PROMPTS = [
     "Who built the first lighthouse?",
     "How far can the light be seen?",
 ]
-
-
-def metric(server, name: str, labels: str = "") -> float:
-    """One sample of the server's Prometheus metrics."""
-    text = httpx.get(server.base_url + "/metrics").text
-    pattern = rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+-]+)$"
-    values = [float(m.group(1)) for m in re.finditer(pattern, text, re.M)]
-    assert values, f"{name}{labels} not in /metrics"
-    return values[0]
 
 
 def eos_bias(tiny_model) -> dict[str, int]:
@@ -45,7 +37,7 @@ def test_eight_concurrent_requests_equal_their_solo_outputs(server):
         return dict(model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=24, temperature=0)
 
     solo = [client.chat.completions.create(**request(p)).choices[0].message.content for p in PROMPTS]
-    batched_before = metric(server, "agent_memory_decode_batch_size_bucket", '{le="4.0"}')
+    batched_before = metric(server, "agent_memory_decode_batch_size_bucket", le="4.0")
     steps_before = metric(server, "agent_memory_decode_batch_size_count")
 
     async def together():
@@ -56,7 +48,7 @@ def test_eight_concurrent_requests_equal_their_solo_outputs(server):
     assert batched == solo
     # Some decode steps ran with more than four sequences at once.
     steps = metric(server, "agent_memory_decode_batch_size_count") - steps_before
-    small = metric(server, "agent_memory_decode_batch_size_bucket", '{le="4.0"}') - batched_before
+    small = metric(server, "agent_memory_decode_batch_size_bucket", le="4.0") - batched_before
     assert steps - small > 0
 
 
@@ -107,7 +99,7 @@ def test_long_prompt_is_prefilled_between_decode_steps(server, tiny_model):
 
 
 def test_client_that_leaves_a_stream_is_cancelled(server, tiny_model):
-    before = metric(server, "agent_memory_requests_finished_total", '{reason="cancelled"}')
+    before = metric(server, "agent_memory_requests_finished_total", reason="cancelled")
     with httpx.Client(base_url=server.base_url, timeout=60) as http:
         with http.stream(
             "POST",
@@ -126,17 +118,17 @@ def test_client_that_leaves_a_stream_is_cancelled(server, tiny_model):
                 if got >= 3:
                     break
     deadline = time.monotonic() + 30
-    while metric(server, "agent_memory_requests_finished_total", '{reason="cancelled"}') == before:
+    while metric(server, "agent_memory_requests_finished_total", reason="cancelled") == before:
         assert time.monotonic() < deadline, "the abandoned stream was not cancelled"
         time.sleep(0.1)
-    assert metric(server, "agent_memory_sequences", '{state="decoding"}') == 0
+    assert metric(server, "agent_memory_sequences", state="decoding") == 0
     # What it had generated before leaving is cached for the agent's retry.
     agent = httpx.get(server.base_url + "/v1/agents/leaver").json()
     assert 0 < agent["tokens"] < 3000
 
 
 def test_client_that_leaves_a_plain_request_is_cancelled(server, tiny_model):
-    before = metric(server, "agent_memory_requests_finished_total", '{reason="cancelled"}')
+    before = metric(server, "agent_memory_requests_finished_total", reason="cancelled")
     body = {
         "messages": [{"role": "user", "content": "Tell another very long story."}],
         "max_tokens": 3000,
@@ -148,6 +140,6 @@ def test_client_that_leaves_a_plain_request_is_cancelled(server, tiny_model):
     except httpx.ReadTimeout:
         pass
     deadline = time.monotonic() + 30
-    while metric(server, "agent_memory_requests_finished_total", '{reason="cancelled"}') == before:
+    while metric(server, "agent_memory_requests_finished_total", reason="cancelled") == before:
         assert time.monotonic() < deadline, "the abandoned request was not cancelled"
         time.sleep(0.1)

@@ -9,9 +9,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import REPO
-
-
+from tests.support.server import REPO
 def load_bench():
     spec = importlib.util.spec_from_file_location("bench_agents", REPO / "scripts/bench_agents.py")
     module = importlib.util.module_from_spec(spec)

@@ -8,9 +8,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import REPO
-
-
+from tests.support.server import REPO
 def test_bench_soak_smoke(tiny_model, tmp_path):
     out = tmp_path / "soak.json"
     cmd = [

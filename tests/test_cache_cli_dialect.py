@@ -17,10 +17,9 @@ from agent_memory import __version__
 from agent_memory.cli import app
 from agent_memory.cli.cache.render import human_bytes, parse_duration
 from agent_memory.cli.cache.select import parse_size
-from tests import test_cache_cli
-from tests.test_cache_cli import DAY, FP_TINY, REPO, verify, write_agent
+from tests.support.server import REPO
+from tests.support.warm_folders import DAY, FP_TINY, cache, verify, write_agent  # noqa: F401 - cache: the fixture
 
-cache = test_cache_cli.cache  # its fixture: three agents of two models, one block file no agent names
 
 BOX = re.compile(r"[\u2500-\u257f]")  # box drawing characters
 

@@ -15,10 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agent_memory.memory.hashing import BlockNames
 from agent_memory.memory.warm.folder import Folder, model_folders
 from agent_memory.memory.warm.records import Manifest
-from tests.conftest import REPO, Server, ask, free_port
-from tests.test_cache_cli import DAY, FP_TINY, BlockNames, age, make_folder, write_agent, write_block
+from tests.support.chat import ask
+from tests.support.server import REPO, Server, free_port
+from tests.support.warm_folders import DAY, FP_TINY, age, make_folder, write_agent, write_block
+
+pytestmark = pytest.mark.process
 
 KEY = "s3cret-key"
 

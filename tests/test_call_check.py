@@ -7,10 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from agent_memory.chat.call_check import check_call
 from agent_memory.chat.conversation import ToolCall
-from tests.conftest import Server
-from tests.scripted import scripted_model
+from tests.support.scripted import scripted_model
+from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 
 # A task tool like Claude Code's TaskCreate, plus a rule llguidance cannot enforce either: an
 # empty title needs metadata. Under `auto` the call is constrained without propertyNames, if

@@ -1,4 +1,4 @@
-"""Tiny models built with real families' chat templates (tests/templates.py) render a tool conversation,
+"""Tiny models built with real families' chat templates (tests/support/templates.py) render a tool conversation,
 keep each of the template's markers one token (special ones dropped by decode(skip_special_tokens=True),
 added ones decoded as text, as in the real tokenizers), and get the tool parser and reasoning markers that
 mlx-lm infers for the real model, which is what the server's tool-call and reasoning formats follow."""
@@ -13,7 +13,7 @@ from mlx_lm import load
 
 from agent_memory.models.folders import ModelError
 from agent_memory.models.tiny import build_tiny
-from tests.templates import TEMPLATES, chat_template, templated_model
+from tests.support.templates import TEMPLATES, chat_template, templated_model
 
 TOOLS = [
     {

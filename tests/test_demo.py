@@ -7,8 +7,9 @@ import pytest
 
 from agent_memory.config import default_cache_dir
 from agent_memory.models.demo import DEMO_NAME
-from tests.conftest import Server
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 DEMO = default_cache_dir() / "models" / DEMO_NAME
 
 

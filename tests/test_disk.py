@@ -10,7 +10,6 @@ import queue
 import shutil
 import struct
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
@@ -23,7 +22,6 @@ from safetensors.numpy import load_file
 
 from agent_memory import files
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.warm import blockfile
@@ -32,80 +30,13 @@ from agent_memory.memory.warm.folder import Folder
 from agent_memory.memory.warm.records import Manifest
 from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import KVPrecision
-
-FINGERPRINT = "f" * 32
-BYTES_PER_TOKEN = 10
-
-
-@dataclass(frozen=True)
-class FakeKV:
-    tokens: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class FakeSnapshot:
-    """Stands in for a model's state layers at a position (a model with state layers)."""
-
-    position: int
-
-
-SNAPSHOT_BYTES = 25
-
-
-def encode(payload: FakeKV | FakeSnapshot) -> dict:
-    if isinstance(payload, FakeSnapshot):
-        return {"s": ("U32", np.asarray([payload.position], dtype=np.uint32))}
-    return {"k": ("U32", np.asarray(payload.tokens, dtype=np.uint32))}
-
-
-def layout(n: int) -> dict:
-    return {"k": ("U32", (n,))}
-
-
-def snapshot_layout(position: int) -> dict:
-    return {"s": ("U32", (1,))}
-
-
-def make_store(
-    root: Path, *, hot_tokens=1000, disk_bytes=1 << 30, block_tokens=3, state=False
-) -> tuple[AgentCacheStore, WarmTier]:
-    disk = WarmTier(
-        Folder(root),
-        fingerprint=FINGERPRINT,
-        precision=KVPrecision(),
-        block_layout=layout,
-        name="test/model",
-        block_tokens=block_tokens,
-        snapshot_layout=snapshot_layout if state else None,
-    )
-    store = AgentCacheStore(
-        block_tokens=block_tokens,
-        salt=FINGERPRINT,
-        hot_budget_bytes=hot_tokens * BYTES_PER_TOKEN,
-        attention_tokens=50.0,
-        warm=disk,
-        disk_budget_bytes=disk_bytes,
-        state_layers=state,
-    )
-    store.restore(disk.open())
-    return store, disk
-
-
-def commit(store, agent, tokens, snapshot=False):
-    """What the engine does at the end of a request: commit (with a snapshot where the tokens
-    end, for a store of a model with state layers), then write what the store asks.
-    `agent`: an id in the shared namespace, an AgentKey, or None."""
-    key = AgentKey(agent) if isinstance(agent, str) else agent
-    root = store.names.root(namespace(key.tenant, "")) if key else None
-    take = (lambda: (FakeSnapshot(len(tokens)), SNAPSHOT_BYTES)) if snapshot and store.state_layers else None
-    persist = store.commit(
-        key, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN, False), root, take
-    )
-    if store.warm is not None:
-        persist.write(store.warm, encode)
-    if key is None and persist.snapshot is not None:  # pinned for its sequence, which has ended
-        store.let_go([persist.snapshot])
-
+from tests.support.fake_kv import (
+    BYTES_PER_TOKEN,
+    FINGERPRINT,
+    commit,
+    layout,
+    make_store,
+)
 
 # -- the file format -------------------------------------------------------------------------
 

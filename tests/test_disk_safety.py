@@ -26,8 +26,10 @@ import pytest
 
 from agent_memory.memory.warm.folder import Folder, model_folders
 from agent_memory.memory.warm.records import Manifest
-from tests.conftest import REPO, Server, ask, tiers
+from tests.support.chat import ask, tiers
+from tests.support.server import REPO, Server
 
+pytestmark = pytest.mark.process
 MiB = 1 << 20
 STORY = "The keeper wrote down the ships, the weather and the lamps of every night on the cape. "
 

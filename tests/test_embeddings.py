@@ -16,8 +16,10 @@ import pytest
 from tokenizers import Tokenizer
 
 from agent_memory.models.tiny_embedding import build_tiny_embedding
-from tests.conftest import Server
-from tests.test_observability import metric
+from tests.support.metrics import metric
+from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 
 TEXTS = ["Where is Paris?", "def add(a, b):\n    return a + b", "a longer sentence " * 20, "Oslo"]
 

@@ -9,8 +9,10 @@ import asyncio
 import httpx
 import pytest
 
-from tests.conftest import Server, tiers
+from tests.support.chat import tiers
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 SYSTEM = "You keep the harbour's tide tables and answer the pilots' questions. " * 10
 QUESTIONS = [f"When is high water at pier {i}, and what should a pilot watch for?" for i in range(8)]
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.programs, pytest.mark.process]
+
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 DOCS_URL = "http://127.0.0.1:8000"
@@ -178,8 +180,7 @@ def test_every_doc_has_its_examples_found():
 @pytest.fixture(scope="module")
 def docs_server(tiny_model, tiny_embedding, tmp_path_factory):
     """The tiny chat model, and beside it a tiny embedding model as `embed` (docs/usage.md, "Embeddings")."""
-    from tests.conftest import Server
-
+    from tests.support.server import Server
     with Server(tiny_model, tmp_path_factory.mktemp("examples-cache"), "--model", f"embed={tiny_embedding}") as s:
         yield s
 

@@ -19,7 +19,10 @@ import pytest
 
 from agent_memory.models.tiny import build_tiny
 from agent_memory.models.tiny_archs import ARCHS, WINDOW
-from tests.conftest import Server, tiers
+from tests.support.chat import tiers
+from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 
 TOKENS = 8  # each reply
 SYSTEM = (
@@ -99,6 +102,7 @@ class Families:
         self.folder, self.flags = folder, flags
         self.server = Server(self.args[0], folder, *self._more(), *flags).start()
         self.restarted = False
+        self.turns: dict[str, tuple[list[dict], object]] = {}  # arch -> its agent's messages and second reply
 
     def _more(self) -> list[str]:
         return [arg for model in self.args[1:] for arg in ("--model", str(model))]
@@ -119,27 +123,32 @@ def every_family(models, tmp_path_factory):
     families.server.stop()
 
 
-TURNS: dict[str, tuple[list[dict], object]] = {}  # arch -> its agent's messages and second reply
+def first_turns(families: Families, arch: str) -> tuple[list[dict], object]:
+    """The agent's first two turns on the first server, once per family: the messages of its
+    third turn and its second reply (what the restart test continues from)."""
+    if arch not in families.turns:
+        assert not families.restarted, "the restart test ran first"
+        client = families.server.client()
+        messages = opening()
+        first = chat(client, arch, messages, AGENT)
+        assert first.choices[0].finish_reason in ("stop", "length") and first.usage.completion_tokens > 0, first
+        assert tiers(first) == (0, 0), f"{arch}: a new server's first request reused {tiers(first)}"
+        messages = follow(messages, first, QUESTIONS[1])
+        second = next_turn(client, arch, AGENT, messages, first.usage.prompt_tokens - 1)
+        families.turns[arch] = (follow(messages, second, QUESTIONS[2]), second)
+    return families.turns[arch]
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_family_is_served_and_remembers_its_agent(every_family, arch):
-    assert not every_family.restarted, "the restart test ran first"
-    client = every_family.server.client()
-    messages = opening()
-    first = chat(client, arch, messages, AGENT)
-    assert first.choices[0].finish_reason in ("stop", "length") and first.usage.completion_tokens > 0, first
-    assert tiers(first) == (0, 0), f"{arch}: a new server's first request reused {tiers(first)}"
-    messages = follow(messages, first, QUESTIONS[1])
-    second = next_turn(client, arch, AGENT, messages, first.usage.prompt_tokens - 1)
-    TURNS[arch] = (follow(messages, second, QUESTIONS[2]), second)
+    first_turns(every_family, arch)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_family_remembers_its_agent_across_a_restart(every_family, arch):
-    if arch not in TURNS:
+    if arch not in every_family.turns and every_family.restarted:
         pytest.skip(f"{arch}: its first turns failed")
-    messages, second = TURNS[arch]
+    messages, second = first_turns(every_family, arch)
     third = next_turn(every_family.restart().client(), arch, AGENT, messages, second.usage.prompt_tokens - 1)
     assert tiers(third)[1] > 0, f"{arch}: after a restart the agent reused {tiers(third)} (hot, warm)"
 

@@ -14,7 +14,7 @@ from agent_memory.chat.conversation import Conversation, Message, ToolChoice
 from agent_memory.chat.freeform import freeform_tool
 from agent_memory.chat.grammar import GrammarCompiler
 from agent_memory.chat.lark_regex import lark_regex
-from tests.templates import templated_model
+from tests.support.templates import templated_model
 
 APPLY_PATCH = (Path(__file__).parent / "data" / "freeform" / "apply_patch.lark").read_text()
 PATCH = "*** Begin Patch\n*** Update File: a.py\n@@ def f():\n-    return 1\n+    return 2\n*** End Patch\n"

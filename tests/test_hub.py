@@ -11,8 +11,10 @@ import sys
 
 import pytest
 
-from tests.conftest import Server, chat
+from tests.support.chat import chat
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 

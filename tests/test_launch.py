@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import free_port
-
+from tests.support.server import free_port
 PROGRAMS = ["claude", "codex", "opencode", "qwen", "aider", "llm"]
 USER_PLACES = ("XDG_CONFIG_HOME", "CLAUDE_CONFIG_DIR", "CODEX_HOME", "LLM_USER_PATH", "AGENT_MEMORY_")
 

@@ -17,8 +17,9 @@ import httpx
 import pytest
 
 from agent_memory.models.tiny import build_tiny
-from tests.conftest import REPO, Server, free_port
+from tests.support.server import REPO, Server, free_port
 
+pytestmark = pytest.mark.process
 PROMPTS = [
     "Describe the harbour at dawn, the boats and the gulls over the water.",
     "List three uses of a lighthouse.",
@@ -132,7 +133,7 @@ def test_a_hybrid_agent_moves_to_another_server_over_redis_with_its_snapshot(mod
     """Two servers sharing one Redis warm tier (docs/scale-out.md): a recurrent-hybrid agent's
     next turn, served by the other server, resumes from the blocks and the snapshot the first
     one wrote there, and answers as with nothing cached."""
-    from tests.services import RedisServer
+    from tests.support.services import RedisServer
 
     model = models("qwen3_5")
     conversation = [

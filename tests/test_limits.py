@@ -8,9 +8,11 @@ import json
 
 import httpx
 import openai
+import pytest
 
-from tests.conftest import Server
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 LONG = "Tell me everything about the history of lighthouses. " * 4
 
 

@@ -10,8 +10,10 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from tests.conftest import Server
-from tests.test_batching import metric
+from tests.support.metrics import metric
+from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 
 SYSTEM = (
     "You are the archivist of a coastal town. You answer questions about its lighthouse, its "
@@ -47,7 +49,7 @@ def settled_agents(server) -> dict:
     prefill its turn queued (the reply's canonical tokens, engine/commit.py) has stored its KV."""
     deadline = time.monotonic() + 60
     states = ("waiting", "prefilling", "decoding")
-    while any(metric(server, "agent_memory_sequences", f'{{state="{s}"}}') for s in states):
+    while any(metric(server, "agent_memory_sequences", state=s) for s in states):
         assert time.monotonic() < deadline, "the engine did not go idle"
         time.sleep(0.05)
     return agents(server)

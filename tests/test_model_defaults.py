@@ -11,8 +11,9 @@ import shutil
 import anthropic
 import pytest
 
-from tests.conftest import Server
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 
 

@@ -7,9 +7,11 @@ import json
 import re
 
 import httpx
+import pytest
 
-from tests.conftest import REPO, Server
+from tests.support.server import REPO, Server
 
+pytestmark = pytest.mark.process
 SYSTEM = "You log every ship that enters the harbour, with its cargo and its berth. " * 12
 
 

@@ -16,8 +16,10 @@ from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.quantized import BatchQuantizedKVCache
 from agent_memory.memory.warm import blockfile
 from agent_memory.precision import KVPrecision
-from tests.conftest import Server, ask, tiers
+from tests.support.chat import ask, tiers
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 PROMPTS = [
     "The keeper of the lighthouse wrote in the log that night",
     "Seven ships left the harbour before dawn, and the first of them",

@@ -24,13 +24,9 @@ from agent_memory.memory.warm.blockfile import BlockFileError
 from agent_memory.memory.warm.records import BlockRecord, Manifest
 from agent_memory.memory.warm.redis_backend import RedisBackend
 from agent_memory.memory.warm.redis_url import check_url, redact
-from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.memory.warm.watch import Skipped
-from agent_memory.precision import KVPrecision
-from tests.services import RedisServer
-from tests.test_disk import BYTES_PER_TOKEN, FINGERPRINT, FakeKV, commit, encode, layout
-
-BLOCK = 3
+from tests.support.fake_kv import BLOCK, FINGERPRINT, FakeKV, commit, discover, encode, layout, shared_disk, shared_store
+from tests.support.services import RedisServer
 
 
 @pytest.fixture(scope="module")
@@ -50,28 +46,6 @@ def ns(redis_url, request):
         client.delete(key)
 
 
-def shared_disk(url: str, ns: str) -> WarmTier:
-    disk = WarmTier(
-        RedisBackend(url, ns), fingerprint=FINGERPRINT, precision=KVPrecision(), block_layout=layout, name="t", block_tokens=BLOCK
-    )
-    disk.open()
-    return disk
-
-
-def server(url: str, ns: str) -> tuple[AgentCacheStore, WarmTier]:
-    """What one agent-memory server holds: its store (memory) on the shared tier."""
-    disk = shared_disk(url, ns)
-    store = AgentCacheStore(
-        block_tokens=BLOCK,
-        salt=FINGERPRINT,
-        hot_budget_bytes=1000 * BYTES_PER_TOKEN,
-        attention_tokens=50.0,
-        warm=disk,
-        disk_budget_bytes=1 << 30,
-    )
-    return store, disk
-
-
 def keys(store: RedisBackend, kind: str) -> list[bytes]:
     pattern = f"am:{store.ns}:b:*" if kind == "b" else f"am:{{{store.ns}}}:{kind}:*"
     return list(store.client.scan_iter(match=pattern))
@@ -88,14 +62,6 @@ def manifests(store: RedisBackend) -> list[Manifest]:
 def check_refs(store: RedisBackend) -> None:
     """The reference counts are exactly how many manifests name each block."""
     assert refs(store) == Counter(h for m in manifests(store) for h in set(m.blocks))
-
-
-def discover(store: AgentCacheStore, agent: str | None, tokens: list[int]):
-    key = AgentKey(agent) if agent else None
-    future = store.sync.discover(key, tokens, None)
-    if future is not None:
-        future.result(timeout=10)
-    store.sync.apply()
 
 
 # -- urls ------------------------------------------------------------------------------------
@@ -135,7 +101,7 @@ def test_a_block_is_stored_once_and_read_back_checked(redis_url, ns):
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "swap"])
 def test_a_damaged_block_is_a_miss_deleted_and_replaced(redis_url, ns, damage):
-    store, disk = server(redis_url, ns)
+    store, disk = shared_store(redis_url, ns)
     commit(store, "a", list(range(9)))
     disk.flush()
     victim = store.agents[AgentKey("a")].blocks[1]
@@ -148,7 +114,7 @@ def test_a_damaged_block_is_a_miss_deleted_and_replaced(redis_url, ns, damage):
     else:
         data = bytearray(client.get(disk.backend.block_key(store.agents[AgentKey("a")].blocks[0])))
     client.set(key, bytes(data), keepttl=True)
-    other, other_disk = server(redis_url, ns)  # the agent moves to another server
+    other, other_disk = shared_store(redis_url, ns)  # the agent moves to another server
     discover(other, "a", list(range(9)) + [1])
     lease = other.lookup(list(range(9)) + [1])
     bad = lease.segments[1].block
@@ -185,8 +151,8 @@ def test_a_good_copy_written_meanwhile_is_not_deleted_for_a_damaged_one(redis_ur
 
 def test_two_servers_writing_the_same_blocks_at_once_store_each_once(redis_url, ns):
     shared = list(range(30))  # a system prompt both servers' agents share
-    a, disk_a = server(redis_url, ns)
-    b, disk_b = server(redis_url, ns)
+    a, disk_a = shared_store(redis_url, ns)
+    b, disk_b = shared_store(redis_url, ns)
 
     def work(store, agent):
         commit(store, agent, shared + [agent.__hash__() % 1000 + 100])
@@ -246,10 +212,10 @@ def test_concurrent_turns_never_lose_a_committed_turn(redis_url, ns):
 
 
 def test_a_delete_wins_over_a_turn_in_flight(redis_url, ns):
-    store, disk = server(redis_url, ns)
+    store, disk = shared_store(redis_url, ns)
     commit(store, "a", list(range(7)))
     disk.flush()
-    other, other_disk = server(redis_url, ns)
+    other, other_disk = shared_store(redis_url, ns)
     ended = other.end_agent(AgentKey("a"))  # another server, which does not hold it, ends it
     assert ended.result(timeout=10) is True
     assert not keys(disk.backend, "m") and not keys(disk.backend, "b") and not refs(disk.backend)
@@ -268,7 +234,7 @@ def test_a_delete_wins_over_a_turn_in_flight(redis_url, ns):
 
 def test_random_turns_and_ends_on_two_servers_keep_the_reference_counts(redis_url, ns):
     rng = random.Random(3)
-    servers = [server(redis_url, ns), server(redis_url, ns)]
+    servers = [shared_store(redis_url, ns), shared_store(redis_url, ns)]
     convos: dict[str, list[int]] = {}
     for _ in range(60):
         store, disk = rng.choice(servers)
@@ -300,10 +266,10 @@ def test_random_turns_and_ends_on_two_servers_keep_the_reference_counts(redis_ur
 
 
 def test_an_agent_moving_to_another_server_finds_its_blocks_and_manifest(redis_url, ns):
-    a, disk_a = server(redis_url, ns)
+    a, disk_a = shared_store(redis_url, ns)
     commit(a, "mover", list(range(10)))
     disk_a.flush()
-    b, disk_b = server(redis_url, ns)
+    b, disk_b = shared_store(redis_url, ns)
     assert AgentKey("mover") not in b.agents  # nothing is read at start
     turn = list(range(10)) + [42, 43]
     discover(b, "mover", turn)
@@ -326,7 +292,7 @@ def test_an_agent_moving_to_another_server_finds_its_blocks_and_manifest(redis_u
 
 
 def test_a_returning_agent_whose_turn_is_still_queued_is_not_asked_about(redis_url, ns):
-    store, disk = server(redis_url, ns)
+    store, disk = shared_store(redis_url, ns)
     go = threading.Event()
     real_write = disk.backend.write_manifest
     disk.backend.write_manifest = lambda *a: go.wait(10) and real_write(*a)  # the writer is behind
@@ -343,8 +309,7 @@ def test_a_returning_agent_whose_turn_is_still_queued_is_not_asked_about(redis_u
 
 
 def test_a_redis_that_does_not_answer_is_a_degraded_tier_not_a_failure(tmp_path):
-    from tests.conftest import free_port
-
+    from tests.support.server import free_port
     disk = shared_disk(f"redis://127.0.0.1:{free_port()}/0", "gone-0123456789ab-kv16")
     store = AgentCacheStore(
         block_tokens=BLOCK, salt=FINGERPRINT, hot_budget_bytes=10_000, attention_tokens=50.0, warm=disk
@@ -374,7 +339,7 @@ def test_a_hung_redis_is_skipped_until_it_answers_then_gets_what_it_missed(tmp_p
     caplog.set_level(logging.INFO)
     with RedisServer(tmp_path / "redis") as redis_server:
         ns = "hung-0123456789ab-kv16"
-        store, disk = server(redis_server.url, ns)
+        store, disk = shared_store(redis_server.url, ns)
         WriteBack(store, disk, lambda call: call(), encode)
         commit(store, "hot", list(range(9)))
         disk.flush()
@@ -397,7 +362,7 @@ def test_a_hung_redis_is_skipped_until_it_answers_then_gets_what_it_missed(tmp_p
         wait_for(lambda: not disk.watch.skipped, "used again once it answers")
         disk.flush()
         # What it missed was written back: another server finds the agent's latest turn there.
-        b, disk_b = server(redis_server.url, ns)
+        b, disk_b = shared_store(redis_server.url, ns)
         discover(b, "hot", list(range(12)) + [5])
         assert b.agents[AgentKey("hot")].tokens == list(range(12))
         lease = b.lookup(list(range(12)) + [5])
@@ -412,7 +377,7 @@ def test_a_hung_redis_is_skipped_until_it_answers_then_gets_what_it_missed(tmp_p
 
 def test_a_redis_that_lost_its_data_gets_back_what_this_server_holds(redis_url, ns, caplog):
     caplog.set_level(logging.INFO)
-    a, disk_a = server(redis_url, ns)
+    a, disk_a = shared_store(redis_url, ns)
     WriteBack(a, disk_a, lambda call: call(), encode)
     commit(a, "kept", list(range(10)))
     disk_a.flush()
@@ -425,7 +390,7 @@ def test_a_redis_that_lost_its_data_gets_back_what_this_server_holds(redis_url, 
     disk_a.flush()
     assert manifests(backend)[0].blocks == before[0].blocks and backend.client.get(backend.model_key)
     check_refs(backend)
-    b, disk_b = server(redis_url, ns)
+    b, disk_b = shared_store(redis_url, ns)
     discover(b, "kept", list(range(10)) + [1])
     lease = b.lookup(list(range(10)) + [1])
     assert lease.end == 10 and all(s.block.tier is Tier.WARM for s in lease.segments)

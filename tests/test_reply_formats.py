@@ -19,8 +19,10 @@ from agent_memory.api.openai.routes import conversation
 from agent_memory.api.openai.schemas import ChatCompletionRequest
 from agent_memory.chat.formats.reply import reply_format
 from agent_memory.chat.render import template_input
-from conftest import Server
-from templates import TEMPLATES, templated_model
+from tests.support.server import Server
+from tests.support.templates import TEMPLATES, templated_model
+
+pytestmark = pytest.mark.process
 
 WEATHER_SCHEMA = {
     "type": "object",

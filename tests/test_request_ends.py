@@ -15,8 +15,9 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import Server
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 CONTEXT = 1024
 DEFAULT = 6  # --default-max-tokens tight=6 (beating the 8 every model gets)
 # Fills most of the context: each API's prompt leaves a little room (its template's few tokens aside).

@@ -9,8 +9,10 @@ import json
 import openai
 import pytest
 
-from tests.conftest import Server, weather_agent
+from tests.support.chat import weather_agent
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 WEATHER = {
     "type": "object",
     "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]}},

@@ -9,8 +9,10 @@ import signal
 import httpx
 import pytest
 
-from tests.conftest import Server, ask, chat
+from tests.support.chat import ask, chat
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 PROMPT = "Tell me about the harbour at night."
 
 

@@ -10,9 +10,11 @@ import math
 
 import pytest
 
-from tests.conftest import Server
+from tests.support.server import Server
 # `models`: the tied tiny model, whose greedy output repeats itself.
-from tests.test_speculation import ANSWER, FEW, PROMPTS, models  # noqa: F401
+from tests.support.tied import ANSWER, FEW, PROMPTS, models  # noqa: F401
+
+pytestmark = pytest.mark.process
 
 TOLERANCE = 1e-3  # a verify pass computes a position in a wider matmul than a one-token step
 

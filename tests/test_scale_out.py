@@ -19,8 +19,11 @@ import pytest
 from typer.testing import CliRunner
 
 from agent_memory.cli.cache.commands import cache_app
-from tests.conftest import Server, tiers
-from tests.services import HAProxy, RedisServer, haproxy_config
+from tests.support.chat import tiers
+from tests.support.server import Server
+from tests.support.services import HAProxy, RedisServer, haproxy_config
+
+pytestmark = pytest.mark.process
 
 SYSTEM = "You keep the records of the lighthouse on the northern cape, in order and by date. " * 10
 
@@ -386,7 +389,6 @@ def test_haproxy_routes_agents_and_a_killed_servers_agents_come_back_warm(cluste
 
 
 def test_the_shipped_haproxy_config_is_the_generators_output():
-    from tests.conftest import REPO
-
+    from tests.support.server import REPO
     shipped = (REPO / "docs/scale-out/haproxy.cfg").read_text()
     assert shipped == haproxy_config().render(["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"])

@@ -16,8 +16,10 @@ import anthropic
 import openai
 import pytest
 
-from tests.conftest import Server
-from tests.templates import templated_model
+from tests.support.server import Server
+from tests.support.templates import templated_model
+
+pytestmark = pytest.mark.process
 
 KEYS = {"alice": "key-alice", "bob": "key-bob"}
 TOOL = {

@@ -13,8 +13,10 @@ import pytest
 
 from agent_memory.cli.serve import HELP_GROUPS
 from agent_memory.config import ConfigError, Settings, load_settings
-from tests.conftest import Server, chat
+from tests.support.chat import chat
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 # For every setting, three valid values other than its default: (file, env, flag).
 VALUES = {
     "model": (["from-file"], ["from-env", "small=from-env-2"], ["from-flag", "a=b", "c"]),

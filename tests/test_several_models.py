@@ -21,8 +21,10 @@ import openai
 import pytest
 
 from agent_memory.models.tiny import build_tiny
-from tests.conftest import Server
-from tests.test_observability import metric
+from tests.support.metrics import metric
+from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 
 SYSTEM = "You are a careful assistant who answers in one short sentence. " * 6
 

@@ -13,21 +13,12 @@ import sys
 
 import pytest
 
-from tests.conftest import Server, free_port
-from tests.test_batching import metric
+from tests.support.metrics import metric
+from tests.support.server import Server, free_port
+from tests.support.tied import ANSWER, CODE, FEW, PROMPTS, models  # noqa: F401 - models: the fixture
 
-CODE = "\n".join(f"def handler_{i}(request):\n    return request.get('field_{i}', {i})" for i in range(8))
-PROMPTS = [
-    f"Rewrite this file with one change:\n{CODE}",
-    "Copy this list: " + ", ".join(f"item_{i} = value_{i}" for i in range(16)),
-    "Describe the harbour at dawn.",
-    "List three uses of a lighthouse.",
-]
-ANSWER = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-    "required": ["city", "days"],
-}
+pytestmark = pytest.mark.process
+
 TOOLS = [
     {
         "type": "function",
@@ -38,23 +29,6 @@ TOOLS = [
         },
     }
 ]
-
-
-# A few tokens only: the output repeats itself in part, so proposals are both accepted and rejected.
-FEW = {"logit_bias": {str(t): 30 for t in range(300, 304)}}
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """A tiny model whose embeddings are tied, so its greedy output repeats what it has written:
-    proposals that get accepted; and its draft, a model of one layer with the same tokenizer,
-    whose guesses the model accepts in part."""
-    from agent_memory.models.tiny import build_tiny
-
-    folder = tmp_path_factory.mktemp("models")
-    model = build_tiny(folder / "tied", config={"tie_word_embeddings": True})
-    draft = build_tiny(folder / "draft", config={"tie_word_embeddings": True, "num_hidden_layers": 1})
-    return model, draft
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +203,7 @@ def test_a_draft_that_cannot_propose_for_the_model_stops_the_start(models, tmp_p
     """Refused at start with the reason: no draft named, one named for lookup, one whose
     vocabulary is another, one whose window layers cannot drop rejected drafts."""
     from agent_memory.models.tiny import build_tiny
-    from tests.templates import chat_template
+    from tests.support.templates import chat_template
 
     model, draft = models
     other = build_tiny(tmp_path / "other", template=chat_template("qwen3"))

@@ -13,8 +13,9 @@ import pytest
 from agent_memory.api.state import RENDER_SECONDS
 from agent_memory.chat.render import MAX_VARIABLE_DEPTH, MAX_VARIABLES_CHARS
 from agent_memory.models.tiny import CHAT_TEMPLATE, ChatTemplate, build_tiny
-from tests.conftest import Server
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 SPIN = "{% for i in range(spin | default(0)) %}{% for j in range(spin | default(0)) %}{% endfor %}{% endfor %}"
 FOREVER = 100_000  # the sandbox's largest range: 10^10 turns of the loop, hours
 

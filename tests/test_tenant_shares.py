@@ -17,8 +17,10 @@ from agent_memory.chat.conversation import Message
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.store import AgentCacheStore
-from tests.conftest import Server
-from tests.test_disk import BYTES_PER_TOKEN, FakeKV, encode, make_store
+from tests.support.fake_kv import BYTES_PER_TOKEN, FakeKV, encode, make_store
+from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 
 ALICE, BOB = AgentKey("notes", "alice"), AgentKey("flood", "bob")
 

@@ -17,17 +17,10 @@ from agent_memory.chat.grammar import GrammarCompiler
 from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta
 from agent_memory.chat.reader import ReplyReader
 from agent_memory.chat.toolcalls import ToolCallParser
-from tests.conftest import Server, weather_agent
+from tests.support.chat import WEATHER, weather_agent
+from tests.support.server import Server
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
+pytestmark = pytest.mark.process
 ADD = {
     "type": "object",
     "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "integer", "minimum": 0, "maximum": 9}},

@@ -12,9 +12,13 @@ import sys
 import time
 
 import httpx
+import pytest
 
-from tests.conftest import Server, ask
-from tests.test_observability import metric
+from tests.support.chat import ask
+from tests.support.metrics import metric
+from tests.support.server import Server
+
+pytestmark = pytest.mark.process
 
 
 def cache(cache_dir, *args: str) -> dict:

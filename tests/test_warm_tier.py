@@ -14,8 +14,10 @@ import pytest
 
 from agent_memory.memory.warm import blockfile
 from agent_memory.memory.warm.records import Manifest
-from tests.conftest import Server, ask, tiers
+from tests.support.chat import ask, tiers
+from tests.support.server import Server
 
+pytestmark = pytest.mark.process
 SYSTEM = "You keep the records of the lighthouse on the northern cape. " * 12
 
 

@@ -117,32 +117,10 @@ def serve(settings: Settings) -> None:
 def _serve(settings: Settings) -> int:
     import uvicorn
 
-    from agent_memory.api.app import create_app
-    from agent_memory.api.responses.store import ResponseStore
-    from agent_memory.api.sealing import SealKeyError, Sealer
-    from agent_memory.engine.residency import Residency
+    from agent_memory.api.sealing import SealKeyError
     from agent_memory.models.folders import ModelError
 
-    try:
-        # The operator's file must exist (servers behind a router share it); the default is made.
-        sealer = Sealer.from_file(settings.seal_key_path, create=settings.seal_key_file is None)
-        served = _served_models(settings)
-        draft = resolve_model_with_progress(settings.draft_model, settings.models_dir) if settings.draft_model else None
-    except (ModelError, ConfigError, SealKeyError) as e:
-        error(e)
-        return 1
-    residency = Residency(settings.memory_limit_bytes, settings.hot_budget_mb << 20, settings.unload_idle_s)
-    engines = {model_id: _engine(settings, config, residency, draft) for model_id, config in served.items()}
-    config = uvicorn.Config(
-        None,
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        access_log=False,  # one line per request comes from api/access_log.py, with what it did
-        timeout_graceful_shutdown=30,
-    )
-    server = uvicorn.Server(config)
-
+    server: uvicorn.Server | None = None
     load_failed = False
 
     def on_load_failure() -> None:
@@ -150,11 +128,45 @@ def _serve(settings: Settings) -> int:
         load_failed = True
         server.should_exit = True
 
+    try:
+        app = build_app(settings, on_load_failure)
+    except (ModelError, ConfigError, SealKeyError) as e:
+        error(e)
+        return 1
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,  # one line per request comes from api/access_log.py, with what it did
+        timeout_graceful_shutdown=30,
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    return 1 if load_failed else 0
+
+
+def build_app(settings: Settings, on_load_failure: Callable[[], None]):
+    """The app `serve` runs: every --model's engine over one Residency, the response store and
+    the sealer (the tests serve the same in their own process: tests/support/inprocess.py).
+    Raises ModelError, ConfigError or SealKeyError for a model, flag or key that cannot serve."""
+    from agent_memory.api.app import create_app
+    from agent_memory.api.responses.store import ResponseStore
+    from agent_memory.api.sealing import Sealer
+    from agent_memory.engine.residency import Residency
+
+    # The operator's file must exist (servers behind a router share it); the default is made.
+    sealer = Sealer.from_file(settings.seal_key_path, create=settings.seal_key_file is None)
+    served = _served_models(settings)
+    draft = resolve_model_with_progress(settings.draft_model, settings.models_dir) if settings.draft_model else None
+    residency = Residency(settings.memory_limit_bytes, settings.hot_budget_mb << 20, settings.unload_idle_s)
+    engines = {model_id: _engine(settings, config, residency, draft) for model_id, config in served.items()}
+
     def end_agent(key):  # a stored response's KV, in whichever model made it
         for engine in engines.values():
             engine.end_agent(key)
 
-    config.app = create_app(
+    return create_app(
         engines,  # by the model id each serves; the first answers requests that name none
         host=settings.host,
         port=settings.port,
@@ -169,8 +181,6 @@ def _serve(settings: Settings) -> int:
         sealer=sealer,
         on_load_failure=on_load_failure,
     )
-    server.run()
-    return 1 if load_failed else 0
 
 
 def _served_models(settings: Settings) -> dict:

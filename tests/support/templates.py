@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agent_memory.models.tiny import ChatTemplate, build_tiny
 
-DATA = Path(__file__).parent / "data" / "chat_templates"
+DATA = Path(__file__).resolve().parent.parent / "data" / "chat_templates"
 TEMPLATES: dict[str, dict] = {
     entry["family"]: entry for entry in json.loads((DATA / "templates.json").read_text(encoding="utf-8"))
 }

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.server import REPO, free_port
 
 
 def haproxy_config():

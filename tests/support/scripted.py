@@ -28,7 +28,7 @@ from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer
 
 from agent_memory.models.tiny import build_tiny
-from tests.templates import chat_template
+from tests.support.templates import chat_template
 
 CONTEXT = 65536  # Claude Code's prompt is 19-32k tokens of this tokenizer, plus its max_tokens
 BIAS, SEEN, PROMPT_END, OTHER, OPENS = 0, 1, 2, 3, 4  # embedding dimensions; answer tokens use 5, 6, ...
