@@ -21,7 +21,7 @@ from mlx_lm.sample_utils import greedy_sampler
 
 from agent_memory.engine.logprobs import token_logprobs
 from agent_memory.engine.requests import TokenLogprob
-from agent_memory.engine.quantized import BatchQuantizedKVCache
+from agent_memory.engine.batch.quantized import BatchQuantizedKVCache
 
 
 @dataclass
