@@ -102,3 +102,51 @@ def test_under_pressure_blocks_cool_to_q4_and_still_hit(tiny_model, tmp_path):
         )
         hot, warm = tiers(r2)
         assert hot >= r1.usage.prompt_tokens - 64 and warm == 0  # read back from quantized blocks
+
+
+@pytest.fixture(scope="module")
+def llama4_q4(tmp_path_factory):
+    from agent_memory.models.tiny import build_tiny
+
+    model = build_tiny(tmp_path_factory.mktemp("llama4-model") / "llama4", arch="llama4")
+    with Server(model, tmp_path_factory.mktemp("llama4-q4"), "--kv-bits", "4") as s:
+        yield s
+
+
+def test_llama4_repeats_answer_like_their_first_runs_alone_and_together(llama4_q4):
+    """Llama 4's chunked layers come back from a snapshot of their last chunk (never quantized),
+    its global layer from exact blocks; its sequences each decode in a batch of their own, side by side."""
+    client = llama4_q4.client()
+
+    def chat(i: int):
+        return client.chat.completions.create(
+            model="llama4",
+            messages=conversation(QUESTIONS[i]),
+            max_tokens=24,
+            temperature=0,
+            extra_body={"prompt_cache_key": f"pilot-{i}"},
+        )
+
+    # The second computes the system prompt again, leaving a snapshot where it ends; the later ones resume there.
+    first = [chat(i) for i in range(4)]
+    assert tiers(first[0]) == (0, 0) and all(tiers(r)[0] > 0 for r in first[2:]), [tiers(r) for r in first]
+
+    async def together():
+        aclient = llama4_q4.async_client()
+        return await asyncio.gather(
+            *(
+                aclient.chat.completions.create(
+                    model="llama4",
+                    messages=conversation(QUESTIONS[i]),
+                    max_tokens=24,
+                    temperature=0,
+                    extra_body={"prompt_cache_key": f"pilot-{i}"},
+                )
+                for i in range(4)
+            )
+        )
+
+    again = asyncio.run(together())
+    assert [r.choices[0].message.content for r in again] == [r.choices[0].message.content for r in first]
+    assert all(tiers(r)[0] > r.usage.prompt_tokens - 64 for r in again), [(tiers(r), r.usage.prompt_tokens) for r in again]
+    assert "Traceback" not in llama4_q4.log()

@@ -153,9 +153,10 @@ def test_family_remembers_its_agent_across_a_restart(every_family, arch):
     assert tiers(third)[1] > 0, f"{arch}: after a restart the agent reused {tiers(third)} (hot, warm)"
 
 
-# Sliding-window families (gemma3_text, gpt_oss) many windows past their window, recurrent
-# hybrids (qwen3_next, granitemoehybrid) over many turns; llama (full attention) beside them.
-LONG = {"gemma3_text": 6, "gpt_oss": 6, "qwen3_next": 4, "granitemoehybrid": 4, "llama": 4}
+# Sliding-window families (gemma3_text, gpt_oss) many windows past their window, Llama 4 many
+# chunks past its chunk, recurrent hybrids (qwen3_next, granitemoehybrid) over many turns; llama
+# (full attention) beside them.
+LONG = {"gemma3_text": 6, "gpt_oss": 6, "llama4": 6, "qwen3_next": 4, "granitemoehybrid": 4, "llama": 4}
 
 
 @pytest.fixture(scope="module")

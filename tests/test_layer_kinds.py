@@ -1,6 +1,7 @@
 """The layer kinds end to end (engine/kinds/): sequences of a sliding-window, a recurrent and a
 per-layer CacheList model decode in one batch and answer as they do alone (each cache class
-batched by mlx-lm's own batch class, engine/decode_batch.py); a hybrid agent's snapshots are
+batched as its kind says, engine/batch/decode_batch.py; Llama 4's chunked attention each
+sequence in a batch of its own); a hybrid agent's snapshots are
 files beside its blocks, named in its manifest, and go with it when it is ended; and a flag that
 cannot work with a model's layers is refused at start, in one line, before any request can fail."""
 
@@ -34,7 +35,7 @@ def models(tmp_path_factory):
     return lambda arch: build_tiny(root / arch, arch=arch)
 
 
-@pytest.mark.parametrize("arch", ["gpt_oss", "qwen3_next", "falcon_h1"])
+@pytest.mark.parametrize("arch", ["gpt_oss", "qwen3_next", "falcon_h1", "llama4"])
 def test_sequences_of_every_layer_kind_batch_as_they_run_alone(models, tmp_path, arch):
     """Prompts of different lengths, so that the window and the recurrent states of the rows
     differ, and one request arriving while the others decode."""
@@ -237,12 +238,12 @@ def test_decode_quantized_is_refused_at_start_for_models_it_cannot_serve(models,
 
 
 def test_a_cache_of_a_kind_this_server_cannot_keep_is_named_in_the_refusal():
-    """Llama 4's chunked attention (`ChunkedKVCache`) is neither per-token KV that blocks can
-    hold nor a state a snapshot can: the model is refused at start, the class named."""
-    from mlx_lm.models.cache import CacheList, ChunkedKVCache, KVCache, RotatingKVCache
+    """A cache class no kind keeps (mlx-lm's `ConcatenateKVCache`) is refused at start, the
+    class named; Llama 4's `ChunkedKVCache` is a kind (engine/kinds/chunked.py)."""
+    from mlx_lm.models.cache import CacheList, ChunkedKVCache, ConcatenateKVCache, KVCache, RotatingKVCache
 
-    from agent_memory.engine.kinds.layers import refusal
+    from agent_memory.engine.kinds.registry import refusal
 
-    assert refusal([KVCache(), RotatingKVCache(32), CacheList(KVCache(), KVCache())]) is None
-    why = refusal([KVCache(), CacheList(KVCache(), ChunkedKVCache(64))])
-    assert why is not None and "ChunkedKVCache" in why and "KVCache, RotatingKVCache, ArraysCache" in why
+    assert refusal([KVCache(), RotatingKVCache(32), CacheList(KVCache(), ChunkedKVCache(64))]) is None
+    why = refusal([KVCache(), CacheList(KVCache(), ConcatenateKVCache())])
+    assert why is not None and "ConcatenateKVCache" in why and "KVCache, QuantizedKVCache, RotatingKVCache" in why

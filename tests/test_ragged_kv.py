@@ -9,8 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from agent_memory.engine import ragged_kv
-from agent_memory.engine.ragged_kv import RaggedKVCache, join
+from agent_memory.engine.batch import ragged_kv
+from agent_memory.engine.batch.ragged_kv import RaggedKVCache, join
 from mlx_lm.models.cache import KVCache
 
 HEADS, DIM = 2, 4

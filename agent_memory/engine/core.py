@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from agent_memory.agent_key import AgentKey
 from agent_memory.engine.config import EngineConfig
-from agent_memory.engine.decode_batch import Token
+from agent_memory.engine.batch.decode_batch import Token
 from agent_memory.engine.metrics import Metrics
 from agent_memory.engine.parts import Parts
 from agent_memory.engine.planner import Planner

@@ -18,7 +18,7 @@ from mlx_lm.utils import load_tokenizer
 from tokenizers import Tokenizer
 
 from agent_memory.chat.formats.reply import reply_format
-from agent_memory.engine.kinds import layers
+from agent_memory.engine.kinds import registry
 from agent_memory.engine.protocol import ModelFacts
 
 log = logging.getLogger(__name__)
@@ -97,8 +97,8 @@ def fingerprint(path: Path) -> str:
 
 def refusal(model) -> str | None:
     """Why this server cannot serve the model, or None: a cache of a kind it cannot keep
-    (engine/kinds/layers.py)."""
-    return layers.refusal(make_prompt_cache(model))
+    (engine/kinds/registry.py)."""
+    return registry.refusal(make_prompt_cache(model))
 
 
 def served(path: Path) -> str | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from agent_memory.engine.commit import Committer
 from agent_memory.engine.config import EngineConfig
-from agent_memory.engine.decode_batch import DecodeBatch
+from agent_memory.engine.batch.decode_batch import DecodeBatch
 from agent_memory.engine.kinds import attention
 from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.loader import LoadedModel, ModelText, UnsupportedModelError, load_draft, load_model

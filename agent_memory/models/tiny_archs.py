@@ -37,8 +37,8 @@ class TinyArch:
         return self.config["model_type"]
 
 
-KV, ROT, ARR, LST = "KVCache", "RotatingKVCache", "ArraysCache", "CacheList"
-WINDOW = 32
+KV, ROT, ARR, LST, CHK = "KVCache", "RotatingKVCache", "ArraysCache", "CacheList", "ChunkedKVCache"
+WINDOW = 32  # a sliding window's tokens, and a chunked-attention layer's chunk
 # Gemma multiplies its embeddings by sqrt(hidden size): at unit variance they would swamp every
 # layer's output in the residual stream (and greedy decoding would cycle through a few tokens).
 GEMMA_EMBED_STD = 128**-0.5
@@ -259,6 +259,16 @@ ARCHS: dict[str, TinyArch] = {
                                              "llama_4_scaling_beta": 0.1}}},
         (KV,) * 4,
         "Ministral 3: yarn rope with llama-4 attention scaling; nested in a mistral3 config as shipped",
+    ),
+    "llama4": TinyArch(
+        {"model_type": "llama4",
+         "text_config": {"model_type": "llama4_text", **_ATTENTION, "attention_bias": False,
+                         "attention_chunk_size": WINDOW, "interleave_moe_layer_step": 2,
+                         "intermediate_size": 64, "intermediate_size_mlp": 256, "num_local_experts": 4,
+                         "num_experts_per_tok": 1, "rope_scaling": None, "use_qk_norm": True}},
+        (CHK, CHK, CHK, KV),
+        "Llama 4 Scout/Maverick, text only: three chunked-attention layers (chunks of 32) to one global "
+        "layer without rope, MoE every second layer (one of 4 experts and a shared one); nests text_config",
     ),
     "qwen3_vl": TinyArch(
         {"model_type": "qwen3_vl",

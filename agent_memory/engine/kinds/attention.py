@@ -7,6 +7,8 @@ tier the three parts of each (`k.q`, `k.scales`, `k.biases`, same for `v`) as `m
 makes them. Quantization groups run along head_dim, so payloads of one precision concatenate
 and slice along the token axis exactly. The same names are the tensors of a block file on disk;
 a model whose attention layers have several shapes prefixes the later groups' names (layers.py).
+Its caches join the decode batch by mlx-lm's `merge` (`BatchKVCache`), Q4/Q8 ones by ours
+(engine/batch/quantized.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from agent_memory.engine.batch.quantized import BatchQuantizedKVCache
 from agent_memory.precision import KVPrecision
+
+name = "attention"
+cache_classes = (KVCache, QuantizedKVCache)
+snapshot = False
+joins = True
 
 QUANT_PARTS = ("q", "scales", "biases")
 
@@ -29,6 +37,11 @@ Payload = dict[str, mx.array]
 def new_layer(precision: KVPrecision):
     """A fresh attention layer's cache at the working precision."""
     return QuantizedKVCache(precision.group_size, precision.bits) if precision.quantized else KVCache()
+
+
+def batched(cache: KVCache | QuantizedKVCache):
+    """A sequence's layer as a batch of one: float KV by mlx-lm's merge, Q4/Q8 KV by ours."""
+    return (BatchQuantizedKVCache if isinstance(cache, QuantizedKVCache) else KVCache).merge([cache])
 
 
 def payload_nbytes(payload: Payload) -> int:

@@ -1,34 +1,31 @@
-"""A model's layers by kind: the one place that knows which kind each of its caches is.
+"""A model's layers by kind: which kind each of its caches is (registry.py), and each kind's
+caches kept together.
 
 mlx-lm gives every model its working cache (`make_prompt_cache`): one cache per layer, or a
-`CacheList` of several for a layer that keeps more than one. Each cache is of one kind:
+`CacheList` of several for a layer that keeps more than one. Each cache is of one kind (kind.py):
 - attention (attention.py, `KVCache`): every token's KV, kept in blocks that a prefix names;
   caches of different shapes (MLA's latent beside an indexer's keys) are kept as groups whose
   tensors are named apart (`g1/k`, ...);
-- window (window.py, `RotatingKVCache`) and recurrent (recurrent.py, `ArraysCache`): a state
-  at a position, kept as a `Snapshot` at the positions agents come back to.
+- window (window.py, `RotatingKVCache`), recurrent (recurrent.py, `ArraysCache`) and chunked
+  (chunked.py, `ChunkedKVCache`): a state at a position, kept as a `Snapshot` at the positions
+  agents come back to.
 A request resumes at a position P when blocks cover [0, P) and, if the model has state layers,
-a snapshot was taken exactly at P (memory/index/store.py). A cache class not listed here is
-refused at start, by name: adding one is a module like window.py and a line in STATE_KINDS.
+a snapshot was taken exactly at P (memory/index/store.py). A cache class no kind keeps is
+refused at start, by name (registry.refusal).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from types import ModuleType
-
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import CacheList, KVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
-from agent_memory.engine.kinds import attention, recurrent, window
+from agent_memory.engine.kinds import attention, registry
 from agent_memory.engine.kinds.attention import SAFETENSORS_DTYPES, BlockKV, KVShape, Payload, StoredRun
 from agent_memory.memory.warm.blockfile import layout_bytes
 from agent_memory.precision import KVPrecision, Precisions
-
-STATE_KINDS: dict[type, ModuleType] = {window.CACHE_CLASS: window, recurrent.CACHE_CLASS: recurrent}
-
 
 @dataclass(frozen=True)
 class Slot:
@@ -67,24 +64,7 @@ class Snapshot:
 
 
 def _slots(cache: list) -> list[tuple[Slot, object]]:
-    out = []
-    for i, c in enumerate(cache):
-        if isinstance(c, CacheList):
-            out.extend((Slot(i, j), sub) for j, sub in enumerate(c.caches))
-        else:
-            out.append((Slot(i), c))
-    return out
-
-
-def refusal(cache: list) -> str | None:
-    """Why a model whose working cache is `cache` cannot be served, or None (nothing computed)."""
-    unknown = sorted(
-        {type(c).__name__ for _, c in _slots(cache) if type(c) is not KVCache and type(c) not in STATE_KINDS}
-    )
-    if not unknown:
-        return None
-    kept = ", ".join(k.__name__ for k in (KVCache, *STATE_KINDS))
-    return f"its layers keep {', '.join(unknown)} caches, a kind this server cannot keep (it keeps {kept})"
+    return [(Slot(i, j), c) for i, j, c in registry.slots(cache)]
 
 
 class ModelLayers:
@@ -93,10 +73,10 @@ class ModelLayers:
         `refusal` names is refused before this)."""
         self.model = model
         self.states = []
-        attention_slots = [slot for slot, c in _slots(make_prompt_cache(model)) if type(c) is KVCache]
         probe = make_prompt_cache(model)
+        attention_slots = [slot for slot, c in _slots(probe) if not registry.kind_of(c).snapshot]
         model(mx.array([[0]]), cache=probe)
-        mx.eval([c.state for _, c in _slots(probe) if type(c) is KVCache])
+        mx.eval([slot.get(probe).state for slot in attention_slots])
         by_shape: dict[KVShape, list[Slot]] = {}
         for slot in attention_slots:
             by_shape.setdefault(attention.shape_of([slot.get(probe)]), []).append(slot)
@@ -105,8 +85,8 @@ class ModelLayers:
             for g, (shape, slots) in enumerate(by_shape.items())
         ]
         for slot, c in _slots(probe):
-            kind = STATE_KINDS.get(type(c))
-            if kind is not None:
+            kind = registry.kind_of(c)
+            if kind.snapshot:
                 self.states.append((slot, kind, c, len(kind.take(c)[1])))
         self.has_state = bool(self.states)
         self.kinds = sorted({type(c).__name__ for _, c in _slots(probe)})

@@ -9,7 +9,15 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
-CACHE_CLASS = ArraysCache
+name = "recurrent"
+cache_classes = (ArraysCache,)
+snapshot = True
+joins = True
+
+
+def batched(cache: ArraysCache) -> object:
+    """A sequence's layer as a batch of one, by mlx-lm's own merge (into itself)."""
+    return cache.merge([cache])
 
 
 def take(cache: ArraysCache) -> tuple[list[mx.array], list[int]]:

@@ -9,7 +9,15 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
 
-CACHE_CLASS = RotatingKVCache
+name = "window"
+cache_classes = (RotatingKVCache,)
+snapshot = True
+joins = True
+
+
+def batched(cache: RotatingKVCache) -> object:
+    """A sequence's layer as a batch of one, by mlx-lm's own merge (mlx-lm's `BatchRotatingKVCache`)."""
+    return cache.merge([cache])
 
 
 def _in_order(v: mx.array, offset: int, keep: int, idx: int) -> mx.array:

@@ -1,11 +1,12 @@
 """DecodeBatch: the one place that touches mlx-lm's batch internals.
 
 Every running sequence decodes one token per step together in mlx-lm's `GenerationBatch`,
-each layer's cache batched by its own class's `merge` (`KVCache` into `BatchKVCache`,
-`RotatingKVCache` into `BatchRotatingKVCache`, `ArraysCache` and `CacheList` into
-themselves) or, for Q4/Q8 KV, our `BatchQuantizedKVCache`. A sequence joins with its own
-prefilled single-sequence cache and leaves with exactly its own rows and length. When mlx-lm
-changes its batching API, this file is where to look.
+each layer's cache batched as its kind says (engine/kinds/registry.py: mostly its class's own
+`merge`, `KVCache` into `BatchKVCache`; Q4/Q8 KV into our `BatchQuantizedKVCache`). A sequence
+whose layers include a kind that cannot share a forward pass with other rows (Llama 4's chunked
+attention) decodes in a batch of its own (batch/alone.py), stepped beside the shared one. A sequence joins with
+its own prefilled single-sequence cache and leaves with exactly its own rows and length. When
+mlx-lm changes its batching API, this file is where to look.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from typing import Any
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, StopSequences
-from mlx_lm.models.cache import QuantizedKVCache
 from mlx_lm.sample_utils import greedy_sampler
 
+from agent_memory.engine.kinds import registry
 from agent_memory.engine.logprobs import token_logprobs
 from agent_memory.engine.requests import TokenLogprob
-from agent_memory.engine.quantized import BatchQuantizedKVCache
 
 
 @dataclass
@@ -42,14 +42,15 @@ class DecodeBatch:
         self.model = model
         self._eos = StopSequences([(t,) for t in eos_token_ids])
         self._batch = GenerationBatch.empty(model, greedy_sampler)
+        self._alone: list[GenerationBatch] = []  # one per sequence whose caches cannot join others'
         self._tops: dict[int, int] = {}  # seq id -> its top_logprobs, for those that asked for logprobs
 
     def __len__(self) -> int:
-        return len(self._batch)
+        return len(self._batch) + len(self._alone)
 
     @property
     def seq_ids(self) -> list[int]:
-        return list(self._batch.uids)
+        return [uid for batch in (self._batch, *self._alone) for uid in batch.uids]
 
     def add(
         self, seq_id: int, prompt: list[int], cache: list, sampler, processors: list, max_tokens: int, logprobs=None
@@ -59,11 +60,12 @@ class DecodeBatch:
         samples join from one). `logprobs`: None, or how many alternatives each token reports."""
         if logprobs is not None:
             self._tops[seq_id] = logprobs
+        caches, joins = registry.batched(cache)
         joining = GenerationBatch(
             self.model,
             [seq_id],
             mx.array(prompt[-1:]),
-            [_batched(c) for c in cache],
+            caches,
             [list(prompt[:-1])],
             [sampler],
             greedy_sampler,
@@ -71,13 +73,17 @@ class DecodeBatch:
             [self._eos],
             [max_tokens],
         )
-        self._batch.extend(joining)
+        if joins:
+            self._batch.extend(joining)
+        else:
+            self._alone.append(joining)
 
     def step(self, waiting: bool = False) -> list[Token]:
         """One token for every sequence; finished ones leave the batch with their KV. (A plain
         step is as short as a step gets, whoever `waiting` for a first token: see
         SpeculativeBatch's.)"""
-        responses = self._batch.next()
+        responses = [r for batch in (self._batch, *self._alone) for r in batch.next()]
+        self._alone = [batch for batch in self._alone if len(batch)]
         out = [Token(r.uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens) for r in responses]
         asked = [i for i, r in enumerate(responses) if r.uid in self._tops]
         if asked:  # from the distribution each was sampled from (logprobs.py), in one evaluation
@@ -92,10 +98,13 @@ class DecodeBatch:
 
     def remove(self, seq_ids: list[int]) -> dict[int, tuple[list, list[int]]]:
         """Take sequences out before they finish: seq id -> (its caches, the tokens they hold)."""
-        uids = self._batch.uids
-        index = {seq_id: uids.index(seq_id) for seq_id in seq_ids}
-        taken = {seq_id: (self._batch.extract_cache(i), list(self._batch.tokens[i])) for seq_id, i in index.items()}
-        self._batch.filter([i for i in range(len(uids)) if i not in index.values()])
+        taken = {}
+        for batch in (self._batch, *self._alone):
+            index = {seq_id: batch.uids.index(seq_id) for seq_id in seq_ids if seq_id in batch.uids}
+            if index:
+                taken.update({seq_id: (batch.extract_cache(i), list(batch.tokens[i])) for seq_id, i in index.items()})
+                batch.filter([i for i in range(len(batch.uids)) if i not in index.values()])
+        self._alone = [batch for batch in self._alone if len(batch)]
         for seq_id in seq_ids:
             self._tops.pop(seq_id, None)
         return taken
@@ -103,9 +112,5 @@ class DecodeBatch:
     def reset(self) -> None:
         """Start over empty (after a failed step left the batch in an unknown state)."""
         self._batch = GenerationBatch.empty(self.model, greedy_sampler)
+        self._alone = []
         self._tops = {}
-
-
-def _batched(cache):
-    """One sequence's layer cache as a batch of one, by its class's own merge."""
-    return BatchQuantizedKVCache.merge([cache]) if isinstance(cache, QuantizedKVCache) else cache.merge([cache])
