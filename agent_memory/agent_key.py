@@ -1,4 +1,4 @@
-"""Who a request speaks for: one value made once from the request (api/pipeline.py) and carried
+"""Who a request speaks for: one value made once from the request (api/serving/speaker.py) and carried
 whole through the engine to the store, the agent's manifest and the name it is stored under
 (`agent_file_stem`: the warm tier's manifests and the stored responses alike), and what an id
 may hold (`refused_char`) and how one is shown (`shown_id`)."""

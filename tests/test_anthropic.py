@@ -18,7 +18,8 @@ import httpx
 import jsonschema
 import pytest
 
-from agent_memory.api.anthropic import routes as wire
+from agent_memory.api.anthropic import conversation as anthropic_conversation
+from agent_memory.api.anthropic import messages as wire
 from agent_memory.api.keepalive import with_keepalive
 from agent_memory.api.anthropic.reply import Reply
 from agent_memory.api.anthropic.schemas import MessagesRequest
@@ -473,7 +474,7 @@ def streamed(events, parser=None, delay: float = 0, **reply) -> tuple[list[tuple
             yield event
 
     async def run():
-        return [frame async for frame in wire._stream(engine(), r)]
+        return [frame async for frame in wire.message_stream(engine(), r)]
 
     frames = asyncio.run(run())
     return [(f.split("\n")[0][len("event: ") :], json.loads(f.split("\n")[1][len("data: ") :])) for f in frames], r
@@ -559,9 +560,9 @@ def test_keepalive_pings_while_waiting_and_leaving_closes_the_source():
 
 
 def test_claude_code_ids_and_what_is_stripped():
-    assert wire.claude_code_session(json.dumps({"device_id": "d", "session_id": "abc-123"})) == "abc-123"
-    assert wire.claude_code_session("user_00aa_account__session_0b7e2a64-1111") == "0b7e2a64-1111"
-    assert wire.claude_code_session("alice") is None and wire.claude_code_session('{"session_id": 5}') is None
+    assert anthropic_conversation.claude_code_session(json.dumps({"device_id": "d", "session_id": "abc-123"})) == "abc-123"
+    assert anthropic_conversation.claude_code_session("user_00aa_account__session_0b7e2a64-1111") == "0b7e2a64-1111"
+    assert anthropic_conversation.claude_code_session("alice") is None and anthropic_conversation.claude_code_session('{"session_id": 5}') is None
     body = MessagesRequest.model_validate(
         {
             "model": "m",
@@ -570,11 +571,11 @@ def test_claude_code_ids_and_what_is_stripped():
             "system": "x-anthropic-billing-header: cc_version=2.1.37.0d9; cc_entrypoint=cli; cch=fa690;\nBe brief.",
         }
     )
-    assert wire.system_text(body.system) == "Be brief."
+    assert anthropic_conversation.system_text(body.system) == "Be brief."
     blocks = MessagesRequest.model_validate(
         {"model": "m", "max_tokens": 1, "messages": HI, "system": [{"type": "text", "text": "x-anthropic-billing-header: a;"}, {"type": "text", "text": "Be brief."}]}
     )
-    assert wire.system_text(blocks.system) == "Be brief."
+    assert anthropic_conversation.system_text(blocks.system) == "Be brief."
 
 
 def test_stop_matcher_names_the_earliest_stop():

@@ -15,7 +15,7 @@ import openai
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from agent_memory.api.openai.routes import conversation
+from agent_memory.api.openai.chat import conversation
 from agent_memory.api.openai.schemas import ChatCompletionRequest
 from agent_memory.chat.formats.reply import reply_format
 from agent_memory.chat.render import template_input

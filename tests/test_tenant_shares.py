@@ -8,12 +8,15 @@ its own totals (docs/usage.md, "Who can see what")."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import httpx
 import pytest
 
 from agent_memory.agent_key import AgentKey
 from agent_memory.api.responses.store import ResponseStore, StoredResponse
 from agent_memory.chat.conversation import Message
+from agent_memory.fair_share import fair_order
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.store import AgentCacheStore
@@ -115,6 +118,26 @@ def test_a_tenant_filling_the_responses_budget_evicts_only_its_own(tmp_path):
     store.put(stored("alice", 31))
     assert store.get("bob", "resp_30") is None and store.get("alice", "resp_0") is not None
     store.close()
+
+
+def test_fair_order_levels_the_largest_holder_down_whatever_it_holds():
+    """fair_share.py's one policy, on the KV store's blocks and the stored responses alike: the
+    tenant holding the most gives up its least valued movable item first, unmovable ones counted."""
+
+    @dataclass
+    class Item:
+        tenant: str
+        size: int
+        value: float
+        movable: bool = True
+
+    items = [Item("a", 50, 1), Item("a", 50, 2), Item("b", 30, 0), Item("c", 200, 9, movable=False), Item("c", 10, 5)]
+    order = fair_order(items, lambda i: i.size, lambda i: i.value, lambda i: i.movable)
+    gone = []
+    for item in order:
+        gone.append(item)
+        item.size = 0  # freed before the next is asked for
+    assert [(i.tenant, i.value) for i in gone] == [("c", 5), ("a", 1), ("a", 2), ("b", 0)]
 
 
 # -- the server ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from starlette.convertors import PathConvertor, register_url_convertor
 from agent_memory.agent_key import AgentKey, shown_id
 from agent_memory.api.agent_ids import refusal
 from agent_memory.api.errors import APIError
-from agent_memory.api.pipeline import tenant
+from agent_memory.api.serving.speaker import tenant
 from agent_memory.api.state import ServedModel, ServerState, ready_state
 from agent_memory.engine.protocol import AgentInfo
 

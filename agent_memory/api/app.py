@@ -22,10 +22,10 @@ from agent_memory.api.exported import exported
 from agent_memory.api.middleware import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware, RequestIdMiddleware
 from agent_memory.api.openai import embeddings
 from agent_memory.api.openai import routes as openai
-from agent_memory.api.pipeline import tenant
 from agent_memory.api.responses import routes as responses_api
 from agent_memory.api.responses.store import ResponseStore
 from agent_memory.api.sealing import Sealer
+from agent_memory.api.serving.speaker import tenant
 from agent_memory.api.state import ServedModel, ServerState
 from agent_memory.engine.protocol import EngineClient, Health
 
@@ -92,21 +92,7 @@ def create_app(
         """The first engine loading or failed answers (503); else the kv and warm tier of the
         first model that serves, and which models are loaded now. A model whose weights cannot
         be loaded makes it `degraded`, with why (200: the others serve); every model so, 503."""
-        answers = {model_id: engine.health() for model_id, engine in engines.items()}
-        unavailable = {model_id: h.message for model_id, h in answers.items() if h.status == "unavailable"}
-        why = "; ".join(f"the model {model_id} cannot be loaded: {m}" for model_id, m in unavailable.items())
-        failed = next((h for h in answers.values() if not h.ok and h.status != "unavailable"), None)
-        if failed is None and len(unavailable) == len(answers):
-            failed = Health("error", why)
-        if failed is not None:
-            return _health_response(failed)
-        first = next(h for h in answers.values() if h.ok)
-        models = [
-            {"id": model_id, "loaded": h.loaded, **({"unavailable": h.message} if model_id in unavailable else {})}
-            for model_id, h in answers.items()
-        ]
-        status = {"status": "degraded", "message": why} if unavailable else {"status": "ok"}
-        return {**status, "kv": first.kv, "warm_tier": first.warm_tier, "models": models}
+        return health_answer(engines)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
@@ -144,3 +130,22 @@ def base_url(host: str, port: int) -> str:
     """Where a client on this machine reaches the server: a wildcard bind is reached on loopback."""
     host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
     return f"http://[{host.strip('[]')}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def health_answer(engines: dict[str, EngineClient]) -> dict | Response:
+    """/health's answer from every engine's Health."""
+    answers = {model_id: engine.health() for model_id, engine in engines.items()}
+    unavailable = {model_id: h.message for model_id, h in answers.items() if h.status == "unavailable"}
+    why = "; ".join(f"the model {model_id} cannot be loaded: {m}" for model_id, m in unavailable.items())
+    failed = next((h for h in answers.values() if not h.ok and h.status != "unavailable"), None)
+    if failed is None and len(unavailable) == len(answers):
+        failed = Health("error", why)
+    if failed is not None:
+        return _health_response(failed)
+    first = next(h for h in answers.values() if h.ok)
+    models = [
+        {"id": model_id, "loaded": h.loaded, **({"unavailable": h.message} if model_id in unavailable else {})}
+        for model_id, h in answers.items()
+    ]
+    status = {"status": "degraded", "message": why} if unavailable else {"status": "ok"}
+    return {**status, "kv": first.kv, "warm_tier": first.warm_tier, "models": models}

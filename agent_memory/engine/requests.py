@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from agent_memory.agent_key import AgentKey
@@ -35,6 +35,29 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0  # vLLM's, over the prompt's and generated tokens; 1: none
     n: int = 1  # samples of one prompt, prefilled once: each its own `index` in the events
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a request asks to sample with, in SamplingParams' terms but max_tokens: a field it
+    left out (None) takes the model's own default (its generation_config.json), else ours."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    n: int | None = None
+
+    def params(self, defaults: Mapping[str, float | int], max_tokens: int) -> SamplingParams:
+        """What the engine samples with: the request's fields over the model's defaults."""
+        asked = {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
+        return SamplingParams(max_tokens=max_tokens, **{**defaults, **asked})
 
 
 @dataclass(eq=False)  # by identity: the API counts requests in flight in a weak set
@@ -84,7 +107,7 @@ class Finished:
 
 
 # A served model whose weights cannot be loaded (engine/loading.py): no retry mends it, so the
-# API answers 500 with `x-should-retry: false` (api/pipeline.py), before a stream starts.
+# API answers 500 with `x-should-retry: false` (api/serving/admit.py), before a stream starts.
 MODEL_UNAVAILABLE = "model_unavailable"
 
 

@@ -1,4 +1,4 @@
-"""The reply side of the Anthropic Messages wire format (routes.py): the engine's events as
+"""The reply side of the Anthropic Messages wire format (messages.py): the engine's events as
 Anthropic's content blocks, the SSE events a stream sends and the Message a JSON reply is, with
 its stop reason and usage; and Anthropic's error shape. One `Reply` builds both, so a stream
 and a JSON reply cannot differ.
@@ -178,7 +178,7 @@ def error_shape(status: int, message: str, param: str | None = None, code: str |
     """Anthropic's error: {"type": "error", "error": {type, message}}. A 503 (a full queue, a
     model still loading, a shutdown) is Anthropic's 529 overloaded_error, which its clients retry;
     a model that cannot be loaded stays a 500 api_error, its `x-should-retry: false` header kept
-    (api/pipeline.py `failure`), which its clients do not retry."""
+    (api/errors.py `failure`), which its clients do not retry."""
     if status == 503:
         status = 529
     kind = ERROR_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")

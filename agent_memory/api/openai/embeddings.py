@@ -18,9 +18,11 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import Field
 
-from agent_memory.api import pipeline
 from agent_memory.api.bodies import RequestBody
 from agent_memory.api.errors import APIError, failure
+from agent_memory.api.serving.admit import check_available
+from agent_memory.api.serving.events import unless_client_leaves
+from agent_memory.api.serving.prompt import check_length
 from agent_memory.api.state import ServedModel, ServerState, ready_state
 from agent_memory.engine.requests import Failed
 
@@ -46,16 +48,20 @@ class EmbeddingRequest(RequestBody):
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request, state: ServerState = Depends(ready_state)):
-    model = state.model_for(body.model, kind="embedding")
+    return await embed(body, state.model_for(body.model, kind="embedding"), request)
+
+
+async def embed(body: EmbeddingRequest, model: ServedModel, request: Request) -> dict | Response:
+    """The inputs' vectors in OpenAI's list shape; a 499 for a client that left first."""
     layout = model.facts.embedding
     if body.dimensions is not None and (why := layout.truncation(body.dimensions)):
         raise APIError(400, f"dimensions: the model {model.id} gives {why}", param="dimensions")
     inputs = await _tokens(model, body.inputs())
-    pipeline.check_available(model)
+    check_available(model)
     tokens = sum(map(len, inputs))
     trace = {"model": model.id, "inputs": len(inputs), "prompt_tokens": tokens}
     request.scope.setdefault("state", {})["trace"] = trace
-    vectors = await pipeline.unless_client_leaves(request, asyncio.wrap_future(model.engine.embed(inputs)))
+    vectors = await unless_client_leaves(request, asyncio.wrap_future(model.engine.embed(inputs)))
     if vectors is None:
         return Response(status_code=499)
     if isinstance(vectors, Failed):
@@ -90,7 +96,7 @@ async def _tokens(model: ServedModel, inputs: list[str] | list[list[int]]) -> li
         for i, text in enumerate(inputs):
             if not text:
                 raise APIError(400, f"input.{i}: an empty string cannot be embedded", param="input")
-            pipeline.check_length(model, len(text), f"input.{i}")
+            check_length(model, len(text), f"input.{i}")
         ids = await model.tokenize(lambda tok: [tok.encode(text) for text in inputs])
     else:
         ids = [list(tokens) for tokens in inputs]

@@ -1,4 +1,4 @@
-"""The reply side of the OpenAI wire format (routes.py): usage, model objects, and the engine's
+"""The reply side of the OpenAI wire format (chat.py, completion.py): usage, model objects, and the engine's
 events as a chat completion — the chunks a stream sends and the message a JSON reply holds.
 One `ChatReply` builds both, reading generated text through the model's reply reader
 (chat/reader.py) as the Anthropic and Responses replies do, so a reply ends alike in all three

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from agent_memory.api.bodies import PROMPT_CACHE_KEY, TOOL_NAME, RequestBody, field_error
-from agent_memory.engine.requests import TOP_LOGPROBS
+from agent_memory.engine.requests import TOP_LOGPROBS, Sampling
 
 MAX_SAMPLES = 16  # n: samples of one prompt, decoding side by side in the batch
 
@@ -120,6 +120,20 @@ class SamplingFields(RequestBody):
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling(self) -> Sampling:
+        return Sampling(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=self.stop_strings(),
+            logit_bias=self.logit_bias or {},
+            logprobs=self.top_logprobs_asked(),
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            repetition_penalty=self.repetition_penalty,
+            n=self.n,
+        )
 
 
 class FunctionDef(BaseModel):

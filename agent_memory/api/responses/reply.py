@@ -1,4 +1,4 @@
-"""The reply side of the Responses wire format (routes.py): usage, and the engine's events as
+"""The reply side of the Responses wire format (respond.py): usage, and the engine's events as
 output items — reasoning with its text, messages with their text, function calls with their
 arguments — the `response.*` events a stream sends about them, and the output a JSON reply holds. One `Reply` builds both,
 so a stream and a JSON reply cannot differ (the other wire formats' replies do the same)."""

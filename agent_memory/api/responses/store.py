@@ -7,8 +7,9 @@ Their KV is not here: a stored response is an agent-like record of the KV store 
 continuation after a restart reads the prefix back from disk. The conversation is text, so it
 outlives a change of model; only its KV is the model's. The files take at most a budget
 (`--responses-budget-mb`), shared fairly by the tenants: beyond it, the least recently used
-response of the tenant holding the most bytes goes (file and KV record), so a tenant holding no
-more than its fair share (the budget over the tenants holding any) never loses one to another.
+response of the tenant holding the most bytes goes (file and KV record; fair_share.py, the KV
+store's policy too), so a tenant holding no more than its fair share (the budget over the
+tenants holding any) never loses one to another.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from agent_memory import files
 from agent_memory.agent_key import AgentKey, agent_file_stem
 from agent_memory.chat.conversation import Message, ToolCall
+from agent_memory.fair_share import fair_order
 from agent_memory.files import entries, unlink_regular
 
 log = logging.getLogger(__name__)
@@ -111,10 +113,12 @@ class ResponseStore:
         data = stored.to_bytes()
         self._add(stored, len(data))
         self._write(stored.key, data)
-        while self._bytes > self.budget_bytes:
-            victim = self._least_recent_of_largest(but=stored.key)
-            if victim is None:  # the one just stored stays, the largest tenant's only one
-                break
+        if self._bytes <= self.budget_bytes:
+            return
+        recency = {key: i for i, key in enumerate(self._items)}  # least recent first
+        for victim in fair_order(list(self._items), self._size, recency.__getitem__, lambda key: key != stored.key):
+            if self._bytes <= self.budget_bytes or victim.tenant != self._largest():
+                break  # within budget, or the one just stored stays: the largest tenant's only one
             self._remove(victim)
 
     def delete(self, tenant: str, response_id: str) -> bool:
@@ -132,11 +136,14 @@ class ResponseStore:
         self._bytes += size
         self._held[stored.tenant] += size
 
-    def _least_recent_of_largest(self, but: AgentKey) -> AgentKey | None:
-        """The least recently used response of the tenant holding the most bytes, other than
-        `but` (None when `but` is its only one)."""
-        largest = max((t for t, held in self._held.items() if held), key=lambda t: (self._held[t], t))
-        return next((key for key in self._items if key.tenant == largest and key != but), None)
+    def _size(self, key: AgentKey) -> int:
+        """A response's bytes; 0 once it is gone."""
+        item = self._items.get(key)
+        return item[1] if item is not None else 0
+
+    def _largest(self) -> str:
+        """The tenant holding the most bytes (ties: the greater name, as fair_order breaks them)."""
+        return max((t for t, held in self._held.items() if held), key=lambda t: (self._held[t], t))
 
     def _remove(self, key: AgentKey) -> None:
         _, size = self._items.pop(key)

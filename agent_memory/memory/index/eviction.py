@@ -11,10 +11,9 @@ nothing while another tenant holds more than it and has anything evictable."""
 
 from __future__ import annotations
 
-import collections
 import time
-from collections.abc import Callable, Iterator
 
+from agent_memory.fair_share import fair_order
 from agent_memory.memory.index.blocks import Block, Tier
 
 # Reloading a block from disk costs this fraction of recomputing it.
@@ -56,7 +55,10 @@ class Eviction:
         now = time.monotonic()
         held = self.pool.in_tier(Tier.HOT)
         for block in fair_order(
-            held, lambda b: b.hot_bytes, lambda b: self.retention_value(b, now, b.hot_bytes, bool(b.disk_bytes))
+            held,
+            lambda b: b.hot_bytes,
+            lambda b: self.retention_value(b, now, b.hot_bytes, bool(b.disk_bytes)),
+            unpinned,
         ):
             if self.pool.hot_bytes <= self.hot_budget_bytes:
                 break
@@ -74,7 +76,7 @@ class Eviction:
         now = time.monotonic()
         held = [b for b in self.pool.blocks.values() if b.disk_bytes]
         for block in fair_order(
-            held, lambda b: b.disk_bytes, lambda b: self.retention_value(b, now, b.disk_bytes, False)
+            held, lambda b: b.disk_bytes, lambda b: self.retention_value(b, now, b.disk_bytes, False), unpinned
         ):
             if self.pool.disk_bytes <= self.disk_budget_bytes:
                 break
@@ -114,27 +116,6 @@ class Eviction:
         return (self.warm.usage.limit_bytes or 0) if self.shared else self.disk_budget_bytes
 
 
-def fair_order(
-    held: list[Block], nbytes: Callable[[Block], int], value: Callable[[Block], float]
-) -> Iterator[Block]:
-    """The unpinned blocks of `held` (every block of a tier) in the order they should cool: each
-    next one the lowest-valued of the tenant holding the most bytes of the tier now, pinned
-    blocks counted. The caller cools each block before asking for the next (its bytes are read
-    again then: one that shrank but stayed, quantized, comes again after its tenant's others),
-    and stops when the tier fits."""
-    usage: collections.Counter[str] = collections.Counter()
-    queues: dict[str, collections.deque[Block]] = {}
-    for block in sorted(held, key=value):
-        usage[block.tenant] += nbytes(block)
-        if block.pins == 0:
-            queues.setdefault(block.tenant, collections.deque()).append(block)
-    while queues:
-        tenant = max(queues, key=lambda t: (usage[t], t))
-        block = queues[tenant].popleft()
-        if not queues[tenant]:
-            del queues[tenant]
-        before = nbytes(block)
-        yield block
-        usage[tenant] -= before - nbytes(block)
-        if 0 < nbytes(block) < before:
-            queues.setdefault(tenant, collections.deque()).append(block)
+def unpinned(block: Block) -> bool:
+    """A block no running sequence uses: one eviction may move."""
+    return block.pins == 0

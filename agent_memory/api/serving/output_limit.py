@@ -8,6 +8,7 @@ for one token, or for the shortest output its grammar allows, is refused."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent_memory.api.errors import APIError
@@ -26,21 +27,29 @@ class OutputLimit:
         return f"{self.asked}->{self.max_tokens}" if self.asked is not None and self.asked > self.max_tokens else None
 
 
+def no_room(prompt_tokens: int, context: int) -> str:
+    """OpenAI's wording for a prompt that leaves no room to generate a token."""
+    return (
+        f"This model's maximum context length is {context} tokens, and the prompt is {prompt_tokens} "
+        "tokens: no room is left to generate one."
+    )
+
+
 def output_limit(
-    facts: ModelFacts, prompt_tokens: int, asked: int | None, grammar: ConstrainedOutput | None, prompt_param: str
+    facts: ModelFacts,
+    prompt_tokens: int,
+    asked: int | None,
+    grammar: ConstrainedOutput | None,
+    prompt_param: str,
+    too_long: Callable[[int, int], str] = no_room,
 ) -> OutputLimit:
-    """The request's OutputLimit, or a 400: no room after the prompt, or a limit (asked, or
-    the room) below the shortest output the grammar allows."""
+    """The request's OutputLimit, or a 400: no room after the prompt (`too_long(prompt tokens,
+    context)` says so in the wire format's words), or a limit (asked, or the room) below the
+    shortest output the grammar allows. The one place the room left is reckoned."""
     context = facts.context_length
     room = context - prompt_tokens
     if room < 1:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {context} tokens, and the prompt is {prompt_tokens} "
-            "tokens: no room is left to generate one.",
-            param=prompt_param,
-            code="context_length_exceeded",
-        )
+        raise APIError(400, too_long(prompt_tokens, context), param=prompt_param, code="context_length_exceeded")
     needs = grammar.min_tokens if grammar is not None else None
     if needs is not None and asked is not None and asked < needs:
         raise APIError(

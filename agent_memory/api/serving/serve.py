@@ -1,0 +1,28 @@
+"""The one path every generating route takes, whatever its wire format (as vLLM's
+entrypoints/openai serving classes do over their EngineClient): the model, the prompt, the
+engine's request, then the engine's events as a stream or, run to the end, as one JSON body;
+a client that leaves first is a 499."""
+
+from __future__ import annotations
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from agent_memory.api.serving.admit import admit
+from agent_memory.api.serving.events import collect, events
+from agent_memory.api.serving.wire import WireFormat
+from agent_memory.api.state import ServerState
+
+
+async def serve(wire: WireFormat, request: Request, state: ServerState) -> Response:
+    model = state.model_for(wire.asked.model)
+    prepared = await wire.prompt(model)
+    admitted = admit(state, model, request, prepared, wire.asked)
+    answer = wire.answer(model, prepared, admitted)
+    if wire.asked.stream:
+        frames = answer.stream(events(state, model, admitted.generation))
+        return StreamingResponse(frames, media_type="text/event-stream", headers=answer.headers)
+    collected = await collect(state, model, admitted.generation, request)
+    if collected is None:
+        return Response(status_code=499)
+    return JSONResponse(answer.body(collected), headers=answer.headers)
