@@ -220,8 +220,8 @@ def budget(args) -> dict:
     """Blocks of the demo model's Q4 size (header + tensors) into a Redis of 64 MB."""
     sys.path.insert(0, str(REPO))
     from agent_memory.agent_key import AgentKey
-    from agent_memory.memory.warm.records import Manifest
-    from agent_memory.memory.warm.redis_backend import RedisBackend
+    from agent_memory.memory.warm.format.records import Manifest
+    from agent_memory.memory.warm.redis.backend import RedisBackend
 
     block = args.block_bytes
     work = Path(tempfile.mkdtemp(prefix="bench-redis-"))

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 from agent_memory import files
 from agent_memory.agent_key import RESPONSE, AgentKey, agent_file_stem, legacy_file_stem
 from agent_memory.cli.cache.commands import cache_app
-from agent_memory.memory.warm.folder import Folder, model_folders
-from agent_memory.memory.warm.records import Manifest
-from agent_memory.memory.warm.redis_backend import RedisBackend
-from agent_memory.memory.warm.redis_keys import CAS_MANIFEST
+from agent_memory.memory.warm.folder.paths import Folder, model_folders
+from agent_memory.memory.warm.format.records import Manifest
+from agent_memory.memory.warm.redis.backend import RedisBackend
+from agent_memory.memory.warm.redis.keys import CAS_MANIFEST
 from tests.conftest import Server
 from tests.test_dashboard import browser, row, until, visible  # noqa: F401 - browser: the fixture
 

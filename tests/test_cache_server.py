@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent_memory.memory.warm.folder import Folder, model_folders
-from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.folder.paths import Folder, model_folders
+from agent_memory.memory.warm.format.records import Manifest
 from tests.conftest import REPO, Server, ask, free_port
 from tests.test_cache_cli import DAY, FP_TINY, BlockNames, age, make_folder, write_agent, write_block
 

@@ -18,12 +18,12 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.write_back import WriteBack
-from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.format import blockfile
 from agent_memory.memory.warm.backend import BlockMissing
-from agent_memory.memory.warm.blockfile import BlockFileError
-from agent_memory.memory.warm.records import BlockRecord, Manifest
-from agent_memory.memory.warm.redis_backend import RedisBackend
-from agent_memory.memory.warm.redis_url import check_url, redact
+from agent_memory.memory.warm.format.blockfile import BlockFileError
+from agent_memory.memory.warm.format.records import BlockRecord, Manifest
+from agent_memory.memory.warm.redis.backend import RedisBackend
+from agent_memory.memory.warm.redis.url import check_url, redact
 from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.memory.warm.watch import Skipped
 from agent_memory.precision import KVPrecision

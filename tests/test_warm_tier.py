@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent_memory.memory.warm import blockfile
-from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.format import blockfile
+from agent_memory.memory.warm.format.records import Manifest
 from tests.conftest import Server, ask, tiers
 
 SYSTEM = "You keep the records of the lighthouse on the northern cape. " * 12

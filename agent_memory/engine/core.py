@@ -30,7 +30,7 @@ from agent_memory.engine.sequence import Sequence, Status, new_sequence
 from agent_memory.engine.speculative_batch import Verified
 from agent_memory.engine.trace import NoTrace
 from agent_memory.memory.index.write_back import WriteBack
-from agent_memory.memory.warm.records import BLOCK_TOKENS
+from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

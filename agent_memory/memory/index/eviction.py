@@ -70,7 +70,7 @@ class Eviction:
 
     def _evict_disk(self) -> None:
         if self.shared or self.pool.disk_bytes <= self.disk_budget_bytes:
-            return  # a shared tier is bounded by its own maxmemory (warm/redis_backend.py)
+            return  # a shared tier is bounded by its own maxmemory (warm/redis/backend.py)
         now = time.monotonic()
         held = [b for b in self.pool.blocks.values() if b.disk_bytes]
         for block in fair_order(

@@ -5,7 +5,7 @@ tier, on its reader thread, for the agent's manifest if another server wrote a n
 and for the request's blocks this server lacks; `apply` adopts the answers into the index
 (agents.py) on the engine thread (adopting may free hot KV), before the request is planned.
 Manifest versions (etags) keep a stale answer from replacing a newer turn
-(memory/warm/redis_backend.py writes them atomically).
+(memory/warm/redis/backend.py writes them atomically).
 
 A request waits for the answer at most WAIT_S, and not at all while the tier is skipped
 (memory/warm/watch.py): a hung tier never holds up an agent whose prompt is in memory, and

@@ -10,7 +10,7 @@ With a shared warm tier (several servers on one Redis: `warm.shared`), the store
 this server has seen: agents are not restored at start but probed when a request arrives
 (shared_sync.py), the store evicts nothing from the shared tier (Redis does, under its
 maxmemory), and a block this server stops using is forgotten here, not deleted there (manifests
-count the references: memory/warm/redis_backend.py).
+count the references: memory/warm/redis/backend.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from agent_memory.memory.index.eviction import Eviction
 from agent_memory.memory.index.prefix import PrefixMatcher
 from agent_memory.memory.index.shared_sync import SharedTierSync
 from agent_memory.memory.index.store_records import Lease, Persist, Segment
-from agent_memory.memory.warm.records import BlockRecord, Manifest
+from agent_memory.memory.warm.format.records import BlockRecord, Manifest
 from agent_memory.memory.warm.scan import FolderScan
 from agent_memory.memory.warm.tier import WarmTier
 

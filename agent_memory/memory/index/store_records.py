@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_memory.memory.index.blocks import Block
-from agent_memory.memory.warm.blockfile import Tensors
-from agent_memory.memory.warm.records import BlockRecord, Manifest
+from agent_memory.memory.warm.format.blockfile import Tensors
+from agent_memory.memory.warm.format.records import BlockRecord, Manifest
 from agent_memory.memory.warm.tier import WarmTier
 
 

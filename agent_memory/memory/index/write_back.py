@@ -19,8 +19,8 @@ from typing import Any
 
 from agent_memory.memory.index.agents import AgentIndex
 from agent_memory.memory.index.blocks import Tier
-from agent_memory.memory.warm.blockfile import Tensors
-from agent_memory.memory.warm.records import BlockRecord, Manifest
+from agent_memory.memory.warm.format.blockfile import Tensors
+from agent_memory.memory.warm.format.records import BlockRecord, Manifest
 from agent_memory.memory.warm.tier import WarmTier
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """WarmTier: block files and agent manifests in a backend (backend.py) — the model folder
-(folder_backend.py) or a Redis several servers share (redis_backend.py) — written behind the
+(folder/backend.py) or a Redis several servers share (redis/backend.py) — written behind the
 request path by one thread and read back by another. No MLX: numpy in, numpy out.
 
 Every write is atomic (files.write_atomic: a crash leaves old or new files and temp files the
@@ -20,12 +20,12 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.format import blockfile
 from agent_memory.memory.warm.backend import BackendUsage, WarmBackend
-from agent_memory.memory.warm.blockfile import Layout, Tensors
-from agent_memory.memory.warm.folder import Folder
-from agent_memory.memory.warm.folder_backend import FolderBackend
-from agent_memory.memory.warm.records import BlockRecord, Manifest, tokens_text
+from agent_memory.memory.warm.format.blockfile import Layout, Tensors
+from agent_memory.memory.warm.folder.paths import Folder
+from agent_memory.memory.warm.folder.backend import FolderBackend
+from agent_memory.memory.warm.format.records import BlockRecord, Manifest, tokens_text
 from agent_memory.memory.warm.scan import FolderScan
 from agent_memory.memory.warm.watch import TierWatch
 from agent_memory.precision import KVPrecision
@@ -79,7 +79,7 @@ class WarmTier:
         self._pending: set[str] = set()
         self._logged_errors: set[tuple[str, object]] = set()
         # What the folder may hold on its disk, when less than the configured budget (set at
-        # start by room.py; AgentCacheStore evicts to it), and why.
+        # start by folder/room.py; AgentCacheStore evicts to it), and why.
         self.budget_bytes: int | None = None
         self.budget_note: str | None = None
         self.write_error: str | None = None  # the last failed job, until a write succeeds

@@ -1,6 +1,6 @@
 """RedisBackend: the warm tier in a Redis that several servers share (backend.py says what a
 backend is). Any Redis-compatible service that runs Lua scripts will do; tests use Debian's
-redis-server. The keys and the scripts are redis_keys.py's.
+redis-server. The keys and the scripts are redis/keys.py's.
 
 Blocks: `SET NX EX` (the first writer's bytes stay; equal names are equal bytes), read with
 `GETEX` (a read renews the TTL), checked like a file. A damaged block is deleted only if the key
@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.format import blockfile
 from agent_memory.memory.warm.backend import BackendUsage, BlockMissing, ManifestWrite, Probe, WarmBackend
-from agent_memory.memory.warm.blockfile import Layout
-from agent_memory.memory.warm.records import Manifest
-from agent_memory.memory.warm.redis_keys import (
+from agent_memory.memory.warm.format.blockfile import Layout
+from agent_memory.memory.warm.format.records import Manifest
+from agent_memory.memory.warm.redis.keys import (
     BLOCK_TTL_S,
     CAS_MANIFEST,
     DELETE_MANIFEST,

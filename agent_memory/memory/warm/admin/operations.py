@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent_memory.memory.hashing import BlockNames
-from agent_memory.memory.warm.folder import BLOCK_META_KEYS, FOLDER_RE
-from agent_memory.memory.warm.model_folder import ModelFolder
-from agent_memory.memory.warm.records import BlockRecord, Manifest
+from agent_memory.memory.warm.folder.paths import BLOCK_META_KEYS, FOLDER_RE
+from agent_memory.memory.warm.admin.model_folder import ModelFolder
+from agent_memory.memory.warm.format.records import BlockRecord, Manifest
 from agent_memory.memory.warm.scan import FileInfo
 
 GRACE_S = 600.0  # younger orphans and temp files may belong to a write the server is making
