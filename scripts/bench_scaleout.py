@@ -241,7 +241,7 @@ def budget(args) -> dict:
         put_s = time.perf_counter() - t0
         info = redis.client.info()
         survivors = [
-            sum(1 for i in range(per_agent) if redis.client.exists(store.block_key(f"{a:04x}{i:04x}".ljust(32, "0"))))
+            sum(1 for i in range(per_agent) if redis.client.exists(store.keys.block_key(f"{a:04x}{i:04x}".ljust(32, "0"))))
             for a in range(agents)
         ]
         manifests = sum(1 for a in range(agents) if store.read_manifest(AgentKey(f"agent-{a}")))

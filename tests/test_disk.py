@@ -26,6 +26,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.index.tier_events import StoreEvents
 from agent_memory.memory.warm.format import blockfile
 from agent_memory.memory.warm.format.blockfile import BlockFileError
 from agent_memory.memory.warm.folder.paths import Folder
@@ -88,6 +89,7 @@ def make_store(
         state_layers=state,
     )
     store.restore(disk.open())
+    disk.start(StoreEvents(store))
     return store, disk
 
 

@@ -3,7 +3,8 @@
 The engine thread calls `lookup` before a prefill and `commit` when a prefill ends (the prompt,
 offered for reuse) and when the sequence ends (prompt and reply); HTTP handlers read
 `agents()` under the same lock. What leaves memory first is eviction.py's; which agent uses
-which block is agents.py's (`AgentIndex`, the store's base). With a warm tier (see `warm`), an
+which block is agents.py's (`AgentIndex`, the store's base); the store calls its `Evictor`
+(eviction.py) after each change. With a warm tier (see `warm`), an
 agent's block gains a copy there once it is durable, and is WARM when it leaves memory.
 
 With a shared warm tier (several servers on one Redis: `warm.shared`), the store holds what
@@ -26,7 +27,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.memory.index import snapshots
 from agent_memory.memory.index.agents import AgentIndex
 from agent_memory.memory.index.blocks import Block, Tier
-from agent_memory.memory.index.eviction import Eviction
+from agent_memory.memory.index.eviction import Evictor
 from agent_memory.memory.index.prefix import PrefixMatcher
 from agent_memory.memory.index.shared_sync import SharedTierSync
 from agent_memory.memory.index.store_records import Lease, Persist, Segment
@@ -41,7 +42,7 @@ KVDemoter = Callable[[Any], tuple[Any, int]]
 # Take the snapshot of a sequence's state layers where its cache ends: () -> (payload, nbytes).
 SnapshotTaker = Callable[[], tuple[Any, int]]
 
-class AgentCacheStore(Eviction, AgentIndex):
+class AgentCacheStore(AgentIndex):
     def __init__(
         self,
         *,
@@ -58,23 +59,42 @@ class AgentCacheStore(Eviction, AgentIndex):
         one precision and leave memory when they cool); state_layers: the model has window or
         recurrent layers, so a prompt resumes only at a snapshot (snapshots.py)."""
         super().__init__(block_tokens=block_tokens, salt=salt, warm=warm)
-        self.demote = demote
         self.state_layers = state_layers
         # Blocks that cooled or left, by (from tier, to tier, reason): read by /metrics.
         self.moves: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self.prefix = PrefixMatcher(self.pool, self.names)
-        self.hot_budget_bytes = hot_budget_bytes
-        # Context length at which a token's attention costs as much as its matmuls.
-        self.attention_tokens = attention_tokens
-        self.disk_budget_bytes = disk_budget_bytes
+        if warm is not None and warm.budget_bytes is not None:  # what its disk can hold (memory/warm/opening.py)
+            disk_budget_bytes = min(disk_budget_bytes, warm.budget_bytes)
+        self.evictor = Evictor(
+            self.pool,
+            hot_budget_bytes=hot_budget_bytes,
+            disk_budget_bytes=disk_budget_bytes,
+            attention_tokens=attention_tokens,
+            demote=demote,
+            warm=warm,
+            drop_if_unused=self.drop_if_unused,
+            moves=self.moves,
+        )
         self.sync = SharedTierSync(self, warm) if self.shared else None
-        if warm is not None:
-            warm.on_saved = self._block_saved
-            warm.still_used = self._still_used
-            if self.sync is not None:
-                warm.on_manifest = self.sync.manifest_written
-            if warm.budget_bytes is not None:  # what its disk can hold (memory/warm/opening.py)
-                self.disk_budget_bytes = min(disk_budget_bytes, warm.budget_bytes)
+
+    @property
+    def hot_budget_bytes(self) -> int:
+        return self.evictor.hot_budget_bytes
+
+    @property
+    def disk_budget_bytes(self) -> int:
+        return self.evictor.disk_budget_bytes
+
+    def set_hot_budget(self, nbytes: int) -> None:
+        """A new share of the memory limit (engine/residency.py): over it, blocks cool now."""
+        with self.lock:
+            self.evictor.hot_budget_bytes = nbytes
+            self.evictor.evict_hot()
+
+    def totals(self, tenant: str | None = None) -> dict[str, int]:
+        """The memory's figures against the budgets: every tenant's (None), or one tenant's."""
+        with self.lock:
+            return {**self.evictor.totals(tenant), **self.counts(tenant)}
 
     # -- the request path ---------------------------------------------------------------
 
@@ -130,7 +150,7 @@ class AgentCacheStore(Eviction, AgentIndex):
                 block = self.pool.blocks[h]
                 block.pins -= 1
                 self.drop_if_unused(block)
-            self._evict_hot()
+            self.evictor.evict_hot()
 
     def release(self, lease: Lease) -> None:
         with self.lock:
@@ -138,7 +158,7 @@ class AgentCacheStore(Eviction, AgentIndex):
                 block.pins -= 1
                 self.drop_if_unused(block)
             lease.blocks = []
-            self._evict_hot()
+            self.evictor.evict_hot()
 
     def commit(
         self,
@@ -197,13 +217,14 @@ class AgentCacheStore(Eviction, AgentIndex):
                     if self.shared:
                         persist.base, record.etag = record.etag, secrets.token_hex(8)
                         persist.etag = record.etag
-            self._evict_hot()
+            self.evictor.evict_hot()
             return persist
 
     # -- the warm tier --------------------------------------------------------------------
 
-    def _block_saved(self, block_hash: str, nbytes: int) -> None:
-        """The writer made a block durable; it counts as warm unless nobody wants it now."""
+    def block_saved(self, block_hash: str, nbytes: int) -> None:
+        """The writer made a block durable (tier_events.py); it counts as warm unless nobody
+        wants it now."""
         with self.lock:
             block = self.pool.get(block_hash)
             if block is None or not block.refs:
@@ -211,7 +232,7 @@ class AgentCacheStore(Eviction, AgentIndex):
                     self.warm.delete_block(block_hash)
                 return
             self.pool.set_disk(block, nbytes)
-            self._evict_disk()
+            self.evictor.evict_disk()
 
     def warm_lost(self, block: Block) -> None:
         """A block's warm copy could not be read back: it is recomputed from now on."""
@@ -256,9 +277,10 @@ class AgentCacheStore(Eviction, AgentIndex):
             for h in scan.blocks:
                 if h not in self.pool:
                     self.warm.delete_block(h)
-            self._evict_disk()
+            self.evictor.evict_disk()
 
-    def _still_used(self, hashes: list[str]) -> set[str]:
+    def still_used(self, hashes: list[str]) -> set[str]:
+        """Of blocks a shared tier's manifests no longer name, those this server still uses."""
         with self.lock:
             return {h for h in hashes if (b := self.pool.get(h)) is not None and (b.refs or b.pins)}
 

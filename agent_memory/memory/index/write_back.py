@@ -4,7 +4,7 @@ A shared tier can lose what this server wrote there (a Redis restarted without p
 FLUSHALL, a failover to a replica that lagged), and it misses what this server could not write
 while it was skipped (memory/warm/watch.py). The store still takes a block it wrote as stored
 there, so it would never write it again while its agent stays hot, and a later failover would
-recompute it. When the tier's watch says it lost its data or answers again, WriteBack asks it,
+recompute it. When the tier's watch says it lost its data or answers again (its events: tier_events.py), WriteBack asks it,
 on the writer thread, which of the blocks this server takes as stored there are gone (one round
 trip per CHUNK), then, on the engine thread (a hot block's KV is MLX), forgets those copies and
 queues what the tier lacks: every hot block of an agent this server holds that has no copy
@@ -42,7 +42,6 @@ class WriteBack:
         self.tier = tier
         self._post = post
         self._tensors = tensors
-        tier.watch.on_back = self.tier_back
 
     def tier_back(self, lost: bool) -> None:
         """On the writer thread: after a loss, which blocks taken as stored there are gone."""

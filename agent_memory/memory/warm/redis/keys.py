@@ -168,6 +168,10 @@ class RedisNamespace:
             self._scripts[source] = self.client.register_script(source)
         return self._scripts[source]
 
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
     def parse_manifest(self, key_name: str, data: bytes) -> Manifest:
         """A manifest read from its key (its stem checked against the agent it names)."""
         return Manifest.parse(data, key_name.rsplit(":", 1)[1], self.root / key_name)
