@@ -19,6 +19,8 @@ from typing import Any
 from agent_memory.memory.index.blocks import Block, BlockPool, Tier
 from agent_memory.memory.warm.tier import WarmTier
 
+# Quantize an exact block's KV to the hot tier's rest precision: payload -> (payload, nbytes).
+KVDemoter = Callable[[Any], tuple[Any, int]]
 # Reloading a block from disk costs this fraction of recomputing it.
 DISK_RELOAD_COST = 0.05
 
@@ -31,7 +33,7 @@ class Evictor:
         hot_budget_bytes: int,
         disk_budget_bytes: int,
         attention_tokens: float,
-        demote: Callable[[Any], tuple[Any, int]] | None,
+        demote: KVDemoter | None,
         warm: WarmTier | None,
         drop_if_unused: Callable[[Block], None],
         moves: collections.Counter[tuple[str, str, str]],

@@ -71,13 +71,13 @@ class WriteBack:
                 for b in held:
                     if b.tier is Tier.HOT and not b.disk_bytes and b.hash not in queued:
                         queued.add(b.hash)
-                        record_of = BlockRecord(b.hash, b.parent, b.start, b.tokens, b.snapshot)
+                        record_of = BlockRecord(b.hash, b.parent, b.start, b.tokens, b.snapshot, b.extras)
                         tier.save_block(record_of, self._tensors(b.payload))
                 if record.etag is not None and (lost or record.etag != record.stored):
                     snapshots = [(b.start, b.hash) for b in held if b.snapshot and b.tier is not Tier.COLD]
                     manifest = Manifest(
                         agent, tier.fingerprint, record.tokens, record.blocks, record.last_used,
-                        root=record.root, snapshots=snapshots,
+                        root=record.root, snapshots=snapshots, extras=record.extras,
                     )
                     tier.save_agent(manifest, None if lost else record.stored, record.etag)
                     manifests += 1
