@@ -192,7 +192,7 @@ class Settings(BaseSettings):
     @field_validator("warm_store")
     @classmethod
     def redis_url(cls, v: str | None) -> str | None:
-        from agent_memory.memory.warm.redis_url import check_url
+        from agent_memory.memory.warm.redis.url import check_url
 
         return check_url(v) if v else None
 
@@ -240,7 +240,7 @@ class Settings(BaseSettings):
         shown = {name: getattr(self, name) for name in type(self).model_fields}
         shown["api_key"] = "set" if self.api_key else "none"
         if self.warm_store:
-            from agent_memory.memory.warm.redis_url import redact
+            from agent_memory.memory.warm.redis.url import redact
 
             shown["warm_store"] = redact(self.warm_store)
         if self.api_keys_file:

@@ -40,9 +40,9 @@ import mlx.core as mx  # noqa: E402
 from agent_memory.config import default_cache_dir  # noqa: E402
 from agent_memory import files  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
-from agent_memory.memory.warm import blockfile  # noqa: E402
-from agent_memory.memory.warm.folder import Folder  # noqa: E402
-from agent_memory.memory.warm.records import BLOCK_TOKENS, tokens_text  # noqa: E402
+from agent_memory.memory.warm.format import blockfile# noqa: E402
+from agent_memory.memory.warm.folder.paths import Folder  # noqa: E402
+from agent_memory.memory.warm.format.records import BLOCK_TOKENS, tokens_text  # noqa: E402
 from agent_memory.precision import KVPrecision  # noqa: E402
 
 # SmolLM2-135M, the demo model, as the server sees it.

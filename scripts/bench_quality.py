@@ -47,7 +47,7 @@ from agent_memory.config import default_cache_dir
 from agent_memory.engine.kinds import attention as kv
 from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.batch.quantized import BatchQuantizedKVCache
-from agent_memory.memory.warm.records import BLOCK_TOKENS
+from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 from agent_memory.models.registry import resolve_model
 from agent_memory.precision import KVPrecision
 

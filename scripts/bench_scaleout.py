@@ -186,8 +186,8 @@ def budget(args) -> dict:
     """Blocks of the demo model's Q4 size (header + tensors) into a Redis of 64 MB."""
     sys.path.insert(0, str(REPO))
     from agent_memory.agent_key import AgentKey
-    from agent_memory.memory.warm.records import Manifest
-    from agent_memory.memory.warm.redis_backend import RedisBackend
+    from agent_memory.memory.warm.format.records import Manifest
+    from agent_memory.memory.warm.redis.backend import RedisBackend
 
     block = args.block_bytes
     work = Path(tempfile.mkdtemp(prefix="bench-redis-"))
@@ -207,7 +207,7 @@ def budget(args) -> dict:
         put_s = time.perf_counter() - t0
         info = redis.client.info()
         survivors = [
-            sum(1 for i in range(per_agent) if redis.client.exists(store.block_key(f"{a:04x}{i:04x}".ljust(32, "0"))))
+            sum(1 for i in range(per_agent) if redis.client.exists(store.keys.block_key(f"{a:04x}{i:04x}".ljust(32, "0"))))
             for a in range(agents)
         ]
         manifests = sum(1 for a in range(agents) if store.read_manifest(AgentKey(f"agent-{a}")))

@@ -34,8 +34,8 @@ from agent_memory.engine.kinds.layers import ModelLayers  # noqa: E402
 from agent_memory.engine.loader import describe_model, load_model  # noqa: E402
 from agent_memory import files  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
-from agent_memory.memory.warm import blockfile  # noqa: E402
-from agent_memory.memory.warm.records import BLOCK_TOKENS  # noqa: E402
+from agent_memory.memory.warm.format import blockfile# noqa: E402
+from agent_memory.memory.warm.format.records import BLOCK_TOKENS  # noqa: E402
 from agent_memory.models.registry import resolve_model  # noqa: E402
 from agent_memory.precision import KVPrecision  # noqa: E402
 from bench.server import ServerProcess, offline_env, ours_command  # noqa: E402

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 from agent_memory import files
 from agent_memory.agent_key import RESPONSE, AgentKey, agent_file_stem, legacy_file_stem
 from agent_memory.cli.cache.commands import cache_app
-from agent_memory.memory.warm.folder import Folder, model_folders
-from agent_memory.memory.warm.records import Manifest
-from agent_memory.memory.warm.redis_backend import RedisBackend
-from agent_memory.memory.warm.redis_keys import CAS_MANIFEST
+from agent_memory.memory.warm.folder.paths import Folder, model_folders
+from agent_memory.memory.warm.format.records import Manifest
+from agent_memory.memory.warm.redis.backend import RedisBackend
+from agent_memory.memory.warm.redis.keys import CAS_MANIFEST
 from tests.support.browser import browser, row, until, visible  # noqa: F401 - browser: the fixture
 from tests.support.server import Server
 
@@ -211,15 +211,15 @@ def test_a_shared_namespaces_legacy_manifest_moves_to_its_name_once(tmp_path, ca
             commit(store, agent, list(range(10)))
         disk.flush()
         backend: RedisBackend = disk.backend
-        client = backend.client
-        refs = client.hgetall(backend.refs_key)
+        client = backend.keys.client
+        refs = client.hgetall(backend.keys.refs_key)
         legacy = {agent: f"am:{{{ns}}}:m:{legacy_file_stem(agent)}" for agent in ("plain", "line1\nline2", "both")}
         for agent in ("plain", "line1\nline2"):  # named as af1c16f named them
-            client.rename(backend.manifest_key(agent), legacy[agent])
+            client.rename(backend.keys.manifest_key(agent), legacy[agent])
         # "both": a newer server wrote its name, an older one its legacy name afterwards.
-        data, blocks = client.hmget(backend.manifest_key("both"), ["data", "blocks"])
-        backend.script(CAS_MANIFEST)(keys=[legacy["both"], backend.refs_key], args=["", "old", data, blocks])
-        client.delete(backend.stems_key)
+        data, blocks = client.hmget(backend.keys.manifest_key("both"), ["data", "blocks"])
+        backend.keys.script(CAS_MANIFEST)(keys=[legacy["both"], backend.keys.refs_key], args=["", "old", data, blocks])
+        client.delete(backend.keys.stems_key)
         disk.close()
 
         with caplog.at_level(logging.INFO, logger="agent_memory.memory.warm.stems"):
@@ -227,8 +227,8 @@ def test_a_shared_namespaces_legacy_manifest_moves_to_its_name_once(tmp_path, ca
         assert "migrated 2 agent records" in caplog.text
         backend = disk.backend
         names = {k.decode() for k in client.scan_iter(match=f"am:{{{ns}}}:m:*")}
-        assert names == {backend.manifest_key(a) for a in ("plain", "line1\nline2", "both")}
-        assert client.hgetall(backend.refs_key) == refs  # the dropped copy's references with it
+        assert names == {backend.keys.manifest_key(a) for a in ("plain", "line1\nline2", "both")}
+        assert client.hgetall(backend.keys.refs_key) == refs  # the dropped copy's references with it
         discover(store, "plain", list(range(12)))
         assert store.agents[AgentKey("plain")].tokens == list(range(10))
         disk.close()

@@ -19,8 +19,8 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.cli.cache.commands import cache_app
 from agent_memory.cli.cache.render import human_age, human_bytes, parse_duration
 from agent_memory.memory.hashing import BlockNames
-from agent_memory.memory.warm.folder import Folder, folder_name
-from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.folder.paths import Folder, folder_name
+from agent_memory.memory.warm.format.records import Manifest
 from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import KVPrecision
 from tests.support.server import REPO

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from agent_memory.memory.hashing import BlockNames
-from agent_memory.memory.warm.folder import Folder, model_folders
-from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.folder.paths import Folder, model_folders
+from agent_memory.memory.warm.format.records import Manifest
 from tests.support.chat import ask
 from tests.support.server import REPO, Server, free_port
 from tests.support.warm_folders import DAY, FP_TINY, age, make_folder, write_agent, write_block

@@ -24,10 +24,10 @@ from agent_memory import files
 from agent_memory.agent_key import AgentKey
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.store import AgentCacheStore
-from agent_memory.memory.warm import blockfile
-from agent_memory.memory.warm.blockfile import BlockFileError
-from agent_memory.memory.warm.folder import Folder
-from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.format import blockfile
+from agent_memory.memory.warm.format.blockfile import BlockFileError
+from agent_memory.memory.warm.folder.paths import Folder
+from agent_memory.memory.warm.format.records import Manifest
 from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import KVPrecision
 from tests.support.fake_kv import (
@@ -334,7 +334,7 @@ def test_files_of_one_name_quarantined_in_the_same_second_are_all_kept(tmp_path)
     disk_layout = Folder(tmp_path)
     for content in ("first", "second"):
         (tmp_path / "m.json").write_text(content)
-        with mock.patch("agent_memory.memory.warm.folder.time.time", return_value=1_700_000_000.0):
+        with mock.patch("agent_memory.memory.warm.folder.paths.time.time", return_value=1_700_000_000.0):
             disk_layout.quarantine(tmp_path / "m.json", f"bad {content}")
     kept = sorted(p.read_text() for p in disk_layout.quarantine_dir.iterdir() if not p.name.endswith(".why"))
     assert kept == ["first", "second"]
@@ -355,7 +355,7 @@ def test_listing_survives_folders_pruned_meanwhile(tmp_path):
             shutil.rmtree(path, ignore_errors=True)  # gone between listing blocks/ and listing it
         return real_scandir(path)
 
-    with mock.patch("agent_memory.memory.warm.folder.os.scandir", pruning_scandir):
+    with mock.patch("agent_memory.memory.warm.folder.paths.os.scandir", pruning_scandir):
         scan = folder.scan(owns=lambda fingerprint: True)
     assert scan.blocks == {} and scan.manifests == [] and scan.temp_files == []
     store2, disk2 = make_store(tmp_path)

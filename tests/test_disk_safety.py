@@ -24,8 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent_memory.memory.warm.folder import Folder, model_folders
-from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.folder.paths import Folder, model_folders
+from agent_memory.memory.warm.format.records import Manifest
 from tests.support.chat import ask, tiers
 from tests.support.server import REPO, Server
 

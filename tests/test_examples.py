@@ -154,7 +154,7 @@ def make_agents(base_url: str, cache_dir: Path | None, agents: tuple[str, ...] =
     disk, which is written behind the reply."""
     import httpx
 
-    from agent_memory.memory.warm.folder import model_folders
+    from agent_memory.memory.warm.folder.paths import model_folders
 
     for agent in agents:
         body = {"messages": [{"role": "user", "content": "Plan the trip."}], "max_tokens": 4, "prompt_cache_key": agent}

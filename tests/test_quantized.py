@@ -14,7 +14,7 @@ from agent_memory import files
 from agent_memory.engine.kinds import attention as kv
 from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.batch.quantized import BatchQuantizedKVCache
-from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.format import blockfile
 from agent_memory.precision import KVPrecision
 from tests.support.chat import ask, tiers
 from tests.support.server import Server

@@ -17,17 +17,16 @@ import pytest
 from agent_memory.agent_key import AgentKey
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.store import AgentCacheStore
-from agent_memory.memory.index.write_back import WriteBack
-from agent_memory.memory.warm import blockfile
+from agent_memory.memory.index.tier_events import StoreEvents
+from agent_memory.memory.warm.format import blockfile
 from agent_memory.memory.warm.backend import BlockMissing
-from agent_memory.memory.warm.blockfile import BlockFileError
-from agent_memory.memory.warm.records import BlockRecord, Manifest
-from agent_memory.memory.warm.redis_backend import RedisBackend
-from agent_memory.memory.warm.redis_url import check_url, redact
+from agent_memory.memory.warm.format.blockfile import BlockFileError
+from agent_memory.memory.warm.format.records import BlockRecord, Manifest
+from agent_memory.memory.warm.redis.backend import RedisBackend
+from agent_memory.memory.warm.redis.url import check_url, redact
 from agent_memory.memory.warm.watch import Skipped
 from tests.support.fake_kv import BLOCK, FINGERPRINT, FakeKV, commit, discover, encode, layout, shared_disk, shared_store
 from tests.support.services import RedisServer
-
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
@@ -41,27 +40,53 @@ def ns(redis_url, request):
     name = f"test-{request.node.name}"[:60].replace("[", "_").replace("]", "_") + "-0123456789ab-kv16"
     store = RedisBackend(redis_url, name)
     yield name
-    client = store.client
+    client = store.keys.client
     for key in [*client.scan_iter(match=f"am:{{{name}}}:*"), *client.scan_iter(match=f"am:{name}:*")]:
         client.delete(key)
 
 
+
+
+class HeardManifests:
+    """The tier's events as a test without a store hears them: each manifest write's outcome."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, bool] = {}
+
+    def manifest_written(self, agent: AgentKey, etag: str, ok: bool) -> None:
+        self.outcomes[etag] = ok
+
+    def block_saved(self, block_hash: str, nbytes: int) -> None:
+        pass
+
+    def still_used(self, hashes: list[str]) -> set[str]:
+        return set()
+
+    def written(self, kind: str, subject: str, started: float) -> None:
+        pass
+
+    def tier_back(self, lost: bool) -> None:
+        pass
+
+
 def keys(store: RedisBackend, kind: str) -> list[bytes]:
-    pattern = f"am:{store.ns}:b:*" if kind == "b" else f"am:{{{store.ns}}}:{kind}:*"
-    return list(store.client.scan_iter(match=pattern))
+    pattern = f"am:{store.keys.ns}:b:*" if kind == "b" else f"am:{{{store.keys.ns}}}:{kind}:*"
+    return list(store.keys.client.scan_iter(match=pattern))
 
 
 def refs(store: RedisBackend) -> Counter:
-    return Counter({k.decode(): int(v) for k, v in store.client.hgetall(store.refs_key).items()})
+    return Counter({k.decode(): int(v) for k, v in store.keys.client.hgetall(store.keys.refs_key).items()})
 
 
 def manifests(store: RedisBackend) -> list[Manifest]:
-    return [store.parse_manifest(k.decode(), store.client.hget(k, "data")) for k in keys(store, "m")]
+    return [store.keys.parse_manifest(k.decode(), store.keys.client.hget(k, "data")) for k in keys(store, "m")]
 
 
 def check_refs(store: RedisBackend) -> None:
     """The reference counts are exactly how many manifests name each block."""
     assert refs(store) == Counter(h for m in manifests(store) for h in set(m.blocks))
+
+
 
 
 # -- urls ------------------------------------------------------------------------------------
@@ -92,7 +117,7 @@ def test_a_block_is_stored_once_and_read_back_checked(redis_url, ns):
     store.put_block("a" * 32, other)  # set-if-absent: the first writer's bytes stay
     expect = {"fingerprint": FINGERPRINT, "hash": "a" * 32, "tokens": "[1,2,3]"}
     assert store.read_block("a" * 32, expect, layout(3))["k"].tolist() == [1, 2, 3]
-    assert 0 < store.client.ttl(store.block_key("a" * 32)) <= 30 * 86400  # evictable under volatile-lru
+    assert 0 < store.keys.client.ttl(store.keys.block_key("a" * 32)) <= 30 * 86400  # evictable under volatile-lru
     with pytest.raises(BlockMissing):
         store.read_block("b" * 32, expect, layout(3))
     with pytest.raises(BlockFileError, match="fingerprint"):  # another model's bytes under this name
@@ -105,14 +130,14 @@ def test_a_damaged_block_is_a_miss_deleted_and_replaced(redis_url, ns, damage):
     commit(store, "a", list(range(9)))
     disk.flush()
     victim = store.agents[AgentKey("a")].blocks[1]
-    client, key = disk.backend.client, disk.backend.block_key(victim)
+    client, key = disk.backend.keys.client, disk.backend.keys.block_key(victim)
     data = bytearray(client.get(key))
     if damage == "truncate":
         data = data[: len(data) // 2]
     elif damage == "flip":
         data[-2] ^= 0xFF
     else:
-        data = bytearray(client.get(disk.backend.block_key(store.agents[AgentKey("a")].blocks[0])))
+        data = bytearray(client.get(disk.backend.keys.block_key(store.agents[AgentKey("a")].blocks[0])))
     client.set(key, bytes(data), keepttl=True)
     other, other_disk = shared_store(redis_url, ns)  # the agent moves to another server
     discover(other, "a", list(range(9)) + [1])
@@ -135,18 +160,18 @@ def test_a_good_copy_written_meanwhile_is_not_deleted_for_a_damaged_one(redis_ur
     store = RedisBackend(redis_url, ns)
     meta = {"fingerprint": FINGERPRINT, "bits": "16", **BlockRecord("c" * 32, None, 0, (1, 2, 3)).meta()}
     good = b"".join(bytes(c) for c in blockfile.encode(meta, encode(FakeKV((1, 2, 3)))))
-    store.client.set(store.block_key("c" * 32), good[:-1])
+    store.keys.client.set(store.keys.block_key("c" * 32), good[:-1])
     real_get = store.get_block_bytes
 
     def race(block_hash):  # another server replaces the damaged bytes between our read and our delete
         damaged = real_get(block_hash)
-        store.client.set(store.block_key(block_hash), good)
+        store.keys.client.set(store.keys.block_key(block_hash), good)
         return damaged
 
     store.get_block_bytes = race
     with pytest.raises(BlockFileError):
         store.read_block("c" * 32, {"hash": "c" * 32}, layout(3))
-    assert store.client.get(store.block_key("c" * 32)) == good
+    assert store.keys.client.get(store.keys.block_key("c" * 32)) == good
 
 
 def test_two_servers_writing_the_same_blocks_at_once_store_each_once(redis_url, ns):
@@ -182,8 +207,9 @@ def test_concurrent_turns_never_lose_a_committed_turn(redis_url, ns):
     store = disk.backend
     committed: list[list[int]] = []
     lock = threading.Lock()
-    outcomes: dict[str, bool] = {}
-    disk.on_manifest = lambda key, etag, ok: outcomes.__setitem__(etag, ok)
+    heard = HeardManifests()
+    disk.start(heard)
+    outcomes = heard.outcomes
 
     def writer(w: int) -> None:
         rng = random.Random(w)
@@ -310,10 +336,12 @@ def test_a_returning_agent_whose_turn_is_still_queued_is_not_asked_about(redis_u
 
 def test_a_redis_that_does_not_answer_is_a_degraded_tier_not_a_failure(tmp_path):
     from tests.support.server import free_port
+
     disk = shared_disk(f"redis://127.0.0.1:{free_port()}/0", "gone-0123456789ab-kv16")
     store = AgentCacheStore(
         block_tokens=BLOCK, salt=FINGERPRINT, hot_budget_bytes=10_000, attention_tokens=50.0, warm=disk
     )
+    disk.start(StoreEvents(store))
     commit(store, "a", list(range(6)))
     disk.flush()
     assert disk.write_error and disk.failed_jobs >= 1
@@ -339,8 +367,7 @@ def test_a_hung_redis_is_skipped_until_it_answers_then_gets_what_it_missed(tmp_p
     caplog.set_level(logging.INFO)
     with RedisServer(tmp_path / "redis") as redis_server:
         ns = "hung-0123456789ab-kv16"
-        store, disk = shared_store(redis_server.url, ns)
-        WriteBack(store, disk, lambda call: call(), encode)
+        store, disk = shared_store(redis_server.url, ns, write_back=True)
         commit(store, "hot", list(range(9)))
         disk.flush()
         redis_server.proc.send_signal(signal.SIGSTOP)
@@ -377,18 +404,17 @@ def test_a_hung_redis_is_skipped_until_it_answers_then_gets_what_it_missed(tmp_p
 
 def test_a_redis_that_lost_its_data_gets_back_what_this_server_holds(redis_url, ns, caplog):
     caplog.set_level(logging.INFO)
-    a, disk_a = shared_store(redis_url, ns)
-    WriteBack(a, disk_a, lambda call: call(), encode)
+    a, disk_a = shared_store(redis_url, ns, write_back=True)
     commit(a, "kept", list(range(10)))
     disk_a.flush()
     backend = disk_a.backend
     before = manifests(backend)
     assert [m.key.id for m in before] == ["kept"]
-    for key in [*backend.client.scan_iter(match=f"am:{{{ns}}}:*"), *backend.client.scan_iter(match=f"am:{ns}:*")]:
-        backend.client.delete(key)  # as FLUSHALL does to this namespace (other tests share this Redis)
+    for key in [*backend.keys.client.scan_iter(match=f"am:{{{ns}}}:*"), *backend.keys.client.scan_iter(match=f"am:{ns}:*")]:
+        backend.keys.client.delete(key)  # as FLUSHALL does to this namespace (other tests share this Redis)
     wait_for(lambda: manifests(backend), "the manifest written back")
     disk_a.flush()
-    assert manifests(backend)[0].blocks == before[0].blocks and backend.client.get(backend.model_key)
+    assert manifests(backend)[0].blocks == before[0].blocks and backend.keys.client.get(backend.keys.model_key)
     check_refs(backend)
     b, disk_b = shared_store(redis_url, ns)
     discover(b, "kept", list(range(10)) + [1])

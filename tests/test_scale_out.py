@@ -185,7 +185,7 @@ def test_a_damaged_block_in_redis_is_a_miss_and_is_replaced(cluster, redis):
     assert tiers(r)[1] < r.usage.prompt_tokens - 20  # a miss, recomputed
     assert "damaged block" in b.log()
     settle()
-    from agent_memory.memory.warm import blockfile
+    from agent_memory.memory.warm.format import blockfile
 
     blockfile.read_bytes(client.get(victim), {}, None)  # written again, whole
 

@@ -82,7 +82,7 @@ def test_a_tenant_flooding_the_disk_budget_removes_only_its_own_files(tmp_path):
     disk.flush()
     alice_disk = store.totals("alice")["disk_bytes"]
     assert alice_disk > 0
-    store.disk_budget_bytes = 4 * alice_disk  # her share of two tenants: twice what she holds
+    store.evictor.disk_budget_bytes = 4 * alice_disk  # her share of two tenants: twice what she holds
     idle(store, "alice", 1000)
     for i in range(12):
         commit(store, AgentKey(f"flood-{i}", "bob"), [i + 100] * 12)

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent_memory.memory.warm import blockfile
-from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.format import blockfile
+from agent_memory.memory.warm.format.records import Manifest
 from tests.support.chat import ask, tiers
 from tests.support.server import Server
 

@@ -84,7 +84,7 @@ class Committer:
             t0 = time.perf_counter()
             take_snapshot = take if snapshot and self.layers.has_state else None
             persist = self.store.commit(
-                agent, tokens, cut, seq.root, take_snapshot, seq.snapshots, tenant=seq.request.tenant
+                agent, tokens, cut, seq.root, take_snapshot, seq.snapshots, seq.request.tenant, seq.request.extra_keys
             )
             mx.eval(payloads)
             if self.warm is not None:

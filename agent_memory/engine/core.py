@@ -29,8 +29,9 @@ from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status, new_sequence
 from agent_memory.engine.speculative_batch import Verified
 from agent_memory.engine.trace import NoTrace
+from agent_memory.memory.index.tier_events import StoreEvents
 from agent_memory.memory.index.write_back import WriteBack
-from agent_memory.memory.warm.records import BLOCK_TOKENS
+from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -75,6 +76,8 @@ class EngineCore:
         # What a shared tier loses or misses is written back from memory.
         shared, disk = parts.store.sync is not None, parts.precisions.disk
         self.write_back = WriteBack(parts.store, parts.warm, post, lambda p: p.tensors(disk)) if shared else None
+        if parts.warm is not None:  # its writer starts now that all it tells exist
+            parts.warm.start(StoreEvents(parts.store, self.write_back, trace.job))
 
     @property
     def decoding(self) -> int:

@@ -104,8 +104,6 @@ class Loading:
 
     def _build(self, hot: int, working: int | None) -> None:
         parts = self._parts = build(self.config, self._described, self._trace, hot, working)
-        if parts.warm is not None:
-            parts.warm.on_written = self._trace.job
         self._core = EngineCore(parts, self.config, self._metrics, self._trace, self._ids, self._inbox.put)
         self._metrics.watch(parts.store, self._core.count, warm_on=parts.warm is not None)
 

@@ -20,7 +20,7 @@ from agent_memory.engine.speculative_batch import SpeculativeBatch
 from agent_memory.engine.trace import NoTrace
 from agent_memory.engine.warm import open_warm_tier
 from agent_memory.memory.index.store import AgentCacheStore
-from agent_memory.memory.warm.records import BLOCK_TOKENS
+from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import KVPrecision, Precisions
 

@@ -38,7 +38,7 @@ class Planner:
         t0 = time.perf_counter()
         if not seq.prefill_only:
             self.metrics.queue_time.observe(t0 - seq.submitted)
-        seq.lease = lease = self.store.lookup(seq.prompt[: seq.prefill_end], seq.root)
+        seq.lease = lease = self.store.lookup(seq.prompt[: seq.prefill_end], seq.root, seq.request.extra_keys)
         seq.plan.extend(lease.segments)
         if lease.end < seq.prefill_end:
             seq.plan.append(Segment(lease.end, seq.prefill_end, None))

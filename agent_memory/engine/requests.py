@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from agent_memory.agent_key import AgentKey
+from agent_memory.memory.hashing import SpanKey
 
 TOP_LOGPROBS = 20  # the most alternatives a request may ask for (OpenAI's limit)
 
@@ -68,6 +69,9 @@ class GenerationRequest:
     request_id: str = ""  # the X-Request-Id, for logs
     tenant: str = ""  # the API key's name when keys are per tenant: a namespace of its own
     cache_salt: str = ""  # requests with different salts share no cached block (vLLM's field)
+    # What fixes the prompt's KV beyond its token ids, by token span (an image's digest): blocks
+    # share KV only where these match too (memory/hashing.py).
+    extra_keys: tuple[SpanKey, ...] = ()
     # An llguidance matcher the output must follow (constrained decoding), made by the API.
     grammar: Any = None
 

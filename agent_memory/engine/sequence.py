@@ -123,5 +123,5 @@ def new_sequence(
     )
     seq.new_tokens = len(request.prompt) - store.known_prefix(seq.agent, request.prompt)
     if store.sync is not None and not prefill_only:  # a follow-up continues this server's own latest turn
-        seq.discovery = store.sync.discover(seq.agent, request.prompt, seq.root)
+        seq.discovery = store.sync.discover(seq.agent, request.prompt, seq.root, request.extra_keys)
     return seq

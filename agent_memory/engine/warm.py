@@ -9,9 +9,9 @@ from pathlib import Path
 from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.loader import LoadedModel
 from agent_memory.memory.warm.backend import WarmBackend
-from agent_memory.memory.warm.folder import Folder, folder_name
+from agent_memory.memory.warm.folder.paths import Folder, folder_name
 from agent_memory.memory.warm.opening import Opened, open_tier
-from agent_memory.memory.warm.records import BLOCK_TOKENS
+from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import Precisions
 

@@ -12,8 +12,10 @@ import numpy as np
 from agent_memory.agent_key import AgentKey
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.store import AgentCacheStore
-from agent_memory.memory.warm.folder import Folder
-from agent_memory.memory.warm.redis_backend import RedisBackend
+from agent_memory.memory.index.tier_events import StoreEvents
+from agent_memory.memory.index.write_back import WriteBack
+from agent_memory.memory.warm.folder.paths import Folder
+from agent_memory.memory.warm.redis.backend import RedisBackend
 from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import KVPrecision
 
@@ -73,6 +75,7 @@ def make_store(
         state_layers=state,
     )
     store.restore(disk.open())
+    disk.start(StoreEvents(store))
     return store, disk
 
 
@@ -101,8 +104,9 @@ def shared_disk(url: str, ns: str) -> WarmTier:
     return disk
 
 
-def shared_store(url: str, ns: str) -> tuple[AgentCacheStore, WarmTier]:
-    """What one agent-memory server holds: its store (memory) on the shared tier."""
+def shared_store(url: str, ns: str, write_back: bool = False) -> tuple[AgentCacheStore, WarmTier]:
+    """What one agent-memory server holds: its store (memory) on the shared tier; with
+    `write_back`, what the tier loses or misses is written back from it (engine/core.py)."""
     disk = shared_disk(url, ns)
     store = AgentCacheStore(
         block_tokens=BLOCK,
@@ -112,6 +116,7 @@ def shared_store(url: str, ns: str) -> tuple[AgentCacheStore, WarmTier]:
         warm=disk,
         disk_budget_bytes=1 << 30,
     )
+    disk.start(StoreEvents(store, WriteBack(store, disk, lambda call: call(), encode) if write_back else None))
     return store, disk
 
 

@@ -18,9 +18,9 @@ from agent_memory import files
 from agent_memory.agent_key import AgentKey
 from agent_memory.cli.cache.commands import cache_app
 from agent_memory.memory.hashing import BlockNames
-from agent_memory.memory.warm import blockfile
-from agent_memory.memory.warm.folder import Folder, folder_name
-from agent_memory.memory.warm.records import Manifest, tokens_text
+from agent_memory.memory.warm.format import blockfile
+from agent_memory.memory.warm.folder.paths import Folder, folder_name
+from agent_memory.memory.warm.format.records import Manifest, tokens_text
 
 FP_TINY = "a1" * 16
 FP_DEMO = "b2" * 16

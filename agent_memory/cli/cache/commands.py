@@ -1,9 +1,9 @@
 """`agent-memory cache`: look into and tidy the warm tier on disk without loading any model.
 
-It reads the very files the server writes (memory/warm/: folder.py, records.py, blockfile.py)
+It reads the very files the server writes (memory/warm/: folder/paths.py, format/records.py, format/blockfile.py)
 and never imports MLX, so it starts at once and runs where MLX cannot. What it looks at:
 scan.py and rows.py; what it checks and deletes, and in which order: the warm tier's own admin
-(memory/warm/admin.py), through a running server where one holds the agents: operations.py and
+(memory/warm/admin/operations.py), through a running server where one holds the agents: operations.py and
 server.py; what it prints: render.py.
 """
 
@@ -23,7 +23,7 @@ from agent_memory.cli.cache.rows import FolderStats
 from agent_memory.cli.cache.scan import agent_rows, describe_agent, find_agent, locate_agent, open_cache
 from agent_memory.cli.cache.select import FILTER_HELP, SORT_HELP, select
 from agent_memory.cli.common import CacheDirOption, fail, progress
-from agent_memory.memory.warm.admin import Problem, plan_prune, verify_folder
+from agent_memory.memory.warm.admin.operations import Problem, plan_prune, verify_folder
 
 cache_app = typer.Typer(
     no_args_is_help=True,

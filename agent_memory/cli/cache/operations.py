@@ -1,6 +1,6 @@
 """What `rm` and `prune` change, and through whom: agents a folder's live server holds
 (server.json) are ended through that server (server.py), never by deleting files it counts;
-everything else is deleted by the warm tier's own admin operations (memory/warm/admin.py), in
+everything else is deleted by the warm tier's own admin operations (memory/warm/admin/operations.py), in
 its one safe order (a manifest first). Nothing is deleted anywhere before every server involved
 has answered."""
 
@@ -15,9 +15,9 @@ from agent_memory.agent_key import RESPONSE, AgentKey
 from agent_memory.api.responses.store import response_file
 from agent_memory.cli.cache.server import LiveServer
 from agent_memory.files import unlink_regular
-from agent_memory.memory.warm.admin import Prune, delete_agents, finish_prune, removed_by_server, still_unused
-from agent_memory.memory.warm.model_folder import ModelFolder
-from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.admin.operations import Prune, delete_agents, finish_prune, removed_by_server, still_unused
+from agent_memory.memory.warm.admin.model_folder import ModelFolder
+from agent_memory.memory.warm.format.records import Manifest
 
 KeyOf = Callable[[str], str | None]  # the API key to speak for a tenant (the settings' keys)
 

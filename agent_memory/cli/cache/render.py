@@ -22,8 +22,8 @@ from rich.text import Text
 
 from agent_memory.agent_key import shown_id
 from agent_memory.cli.cache.rows import AgentRow, FolderStats
-from agent_memory.memory.warm.admin import Problem
-from agent_memory.memory.warm.model_folder import ModelFolder
+from agent_memory.memory.warm.admin.operations import Problem
+from agent_memory.memory.warm.admin.model_folder import ModelFolder
 
 
 class Format(str, Enum):

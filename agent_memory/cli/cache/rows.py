@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent_memory.agent_key import AGENT, RESPONSE
-from agent_memory.memory.warm.model_folder import ModelFolder
-from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.admin.model_folder import ModelFolder
+from agent_memory.memory.warm.format.records import Manifest
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Which model folders (or shared Redis namespaces) the `cache` commands look at, and how they
 find one agent in them and describe it. What a folder holds and means is the warm tier's own
-view (memory/warm/model_folder.py)."""
+view (memory/warm/admin/model_folder.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from agent_memory.cli.cache.rows import AgentRow
 from agent_memory.cli.cache.server import LiveServer
 from agent_memory.cli.common import fail, settings
 from agent_memory.config import Settings
-from agent_memory.memory.warm.folder import Folder, model_folders, model_names
-from agent_memory.memory.warm.model_folder import ModelFolder
-from agent_memory.memory.warm.records import Manifest, stems_of
-from agent_memory.memory.warm.redis_folder import RedisFolder, namespaces
-from agent_memory.memory.warm.redis_url import check_url, redact, store_root
+from agent_memory.memory.warm.folder.paths import Folder, model_folders, model_names
+from agent_memory.memory.warm.admin.model_folder import ModelFolder
+from agent_memory.memory.warm.format.records import Manifest, stems_of
+from agent_memory.memory.warm.redis.folder import RedisFolder, namespaces
+from agent_memory.memory.warm.redis.url import check_url, redact, store_root
 
 
 def scan_cache(cache_dir: Path, model: str | None, warm_store: str | None = None) -> list[ModelFolder]:

@@ -17,7 +17,7 @@ import typer
 
 from agent_memory.cli.cache.render import parse_duration
 from agent_memory.cli.cache.rows import AgentRow
-from agent_memory.memory.warm.folder import model_names
+from agent_memory.memory.warm.folder.paths import model_names
 
 _OPS: dict[str, Callable[[object, object], bool]] = {
     "=": operator.eq,

@@ -3,7 +3,7 @@ under it.
 
 A running server counts every block file it wrote and writes an agent it holds back to disk on
 the agent's next turn, so deleting an agent's files behind its back frees nothing for long. A
-server records itself in its folder (server.json: memory/warm/records.py); while that record names a
+server records itself in its folder (server.json: memory/warm/format/records.py); while that record names a
 live process, `rm` and `prune --older-than` end agents with `DELETE /v1/agents/ID`, which
 frees what only that agent held in every tier. A server that does not answer stops the command
 before anything is deleted. httpx is imported only when a server is found.
@@ -18,7 +18,7 @@ from urllib.parse import quote
 from agent_memory.agent_key import RESPONSE, AgentKey
 from agent_memory.cli.common import fail
 from agent_memory.config import ENV_PREFIX, config_file_path
-from agent_memory.memory.warm.records import ServerRecord
+from agent_memory.memory.warm.format.records import ServerRecord
 
 if TYPE_CHECKING:
     import httpx

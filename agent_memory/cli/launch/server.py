@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from agent_memory.memory.warm.folder import model_folders
+from agent_memory.memory.warm.folder.paths import model_folders
 
 READY_S = 900.0  # a first `--model demo` fetches the model before it serves
 STOP_S = 60.0

@@ -24,7 +24,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from agent_memory.engine.kinds import attention, registry
 from agent_memory.engine.kinds.attention import SAFETENSORS_DTYPES, BlockKV, KVShape, Payload, StoredRun
-from agent_memory.memory.warm.blockfile import layout_bytes
+from agent_memory.memory.warm.format.blockfile import layout_bytes
 from agent_memory.precision import KVPrecision, Precisions
 
 @dataclass(frozen=True)

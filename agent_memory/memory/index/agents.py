@@ -10,7 +10,7 @@ import threading
 from collections.abc import Sequence
 
 from agent_memory.agent_key import AGENT, RESPONSE, AgentKey
-from agent_memory.memory.hashing import BlockNames
+from agent_memory.memory.hashing import BlockNames, SpanKey
 from agent_memory.memory.index.blocks import Block, BlockPool, Tier
 from agent_memory.memory.index.prefix import common_prefix
 from agent_memory.memory.index.store_records import AgentInfo, AgentRecord
@@ -36,14 +36,22 @@ class AgentIndex:
             return common_prefix(record.tokens, tokens) if record is not None else 0
 
     def point_agent(
-        self, agent: AgentKey, tokens: list[int], blocks: list[Block], root: str | None, snapshots: Sequence[Block] = ()
+        self,
+        agent: AgentKey,
+        tokens: list[int],
+        blocks: list[Block],
+        root: str | None,
+        snapshots: Sequence[Block] = (),
+        extras: tuple[SpanKey, ...] = (),
     ) -> None:
         """Make `blocks` (and `snapshots` along them) the agent's latest sequence, keeping its
         manifest versions."""
         for block in [*blocks, *snapshots]:
             block.refs += 1
         old = self.agents.get(agent)
-        self.agents[agent] = AgentRecord(tokens, [b.hash for b in blocks], root, snapshots=[s.hash for s in snapshots])
+        self.agents[agent] = AgentRecord(
+            tokens, [b.hash for b in blocks], root, snapshots=[s.hash for s in snapshots], extras=extras
+        )
         if old is not None:
             self.agents[agent].etag, self.agents[agent].stored = old.etag, old.stored
             self._unref([*old.blocks, *old.snapshots])

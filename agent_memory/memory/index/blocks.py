@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_memory.memory.hashing import Extras
+
 
 class Tier(enum.Enum):
     HOT = "hot"  # KV in memory (it may also have a warm copy)
@@ -37,6 +39,7 @@ class Block:
     last_used: float = field(default_factory=time.monotonic)
     snapshot: bool = False  # the state after its parent's prefix, at position `start`
     tenant: str = ""  # whose namespace named it: no block is shared across tenants (memory/hashing.py)
+    extras: Extras = ()  # what fixes its KV beyond its tokens, relative to `start` (memory/hashing.py)
 
     @property
     def tier(self) -> Tier:

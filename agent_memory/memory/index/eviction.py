@@ -1,8 +1,8 @@
-"""Eviction, the store's half that keeps the tiers within their budgets (AgentCacheStore mixes
-it in): Pensieve's retention value, recompute cost per byte over idle time, so an idle agent's
-cheap early blocks leave first; a block a running sequence uses never leaves. Over the hot
-budget an exact block is quantized first, a quantized one leaves memory; over the disk budget
-a block's warm copy goes (it becomes COLD: its tokens are kept, its KV is recomputed).
+"""Evictor, which keeps the store's tiers within their budgets (the store calls it, under its
+lock, after each change): Pensieve's retention value, recompute cost per byte over idle time, so
+an idle agent's cheap early blocks leave first; a block a running sequence uses never leaves.
+Over the hot budget an exact block is quantized first, a quantized one leaves memory; over the
+disk budget a block's warm copy goes (it becomes COLD: its tokens are kept, its KV is recomputed).
 
 Tenants share both budgets fairly: each next block to cool is the least valuable of the tenant
 holding the most bytes of that tier (`fair_order`), so eviction levels the largest holders down,
@@ -11,26 +11,48 @@ nothing while another tenant holds more than it and has anything evictable."""
 
 from __future__ import annotations
 
+import collections
 import time
+from collections.abc import Callable
+from typing import Any
 
 from agent_memory.fair_share import fair_order
-from agent_memory.memory.index.blocks import Block, Tier
+from agent_memory.memory.index.blocks import Block, BlockPool, Tier
+from agent_memory.memory.warm.tier import WarmTier
 
+# Quantize an exact block's KV to the hot tier's rest precision: payload -> (payload, nbytes).
+KVDemoter = Callable[[Any], tuple[Any, int]]
 # Reloading a block from disk costs this fraction of recomputing it.
 DISK_RELOAD_COST = 0.05
 
 
-class Eviction:
-    """Needs the store's pool, budgets, lock, `demote`, `moves`, `warm`, `shared`, `counts` and
-    `drop_if_unused`."""
-
-    # -- eviction -----------------------------------------------------------------------
-
-    def set_hot_budget(self, nbytes: int) -> None:
-        """A new share of the memory limit (engine/residency.py): over it, blocks cool now."""
-        with self.lock:
-            self.hot_budget_bytes = nbytes
-            self._evict_hot()
+class Evictor:
+    def __init__(
+        self,
+        pool: BlockPool,
+        *,
+        hot_budget_bytes: int,
+        disk_budget_bytes: int,
+        attention_tokens: float,
+        demote: KVDemoter | None,
+        warm: WarmTier | None,
+        drop_if_unused: Callable[[Block], None],
+        moves: collections.Counter[tuple[str, str, str]],
+    ) -> None:
+        """pool: the store's blocks; attention_tokens: the context length at which a token's
+        attention costs as much as its matmuls; demote: how an exact hot block cools to the
+        rest precision (None: it leaves memory); warm: the tier whose copies the disk budget
+        bounds (a shared one bounds itself); drop_if_unused: the index's way to let a block
+        nobody holds go; moves: the store's count of blocks cooled, by (from, to, reason)."""
+        self.pool = pool
+        self.hot_budget_bytes = hot_budget_bytes
+        self.disk_budget_bytes = disk_budget_bytes
+        self.attention_tokens = attention_tokens
+        self.demote = demote
+        self.warm = warm
+        self.shared = warm is not None and warm.shared
+        self.drop_if_unused = drop_if_unused
+        self.moves = moves
 
     def retention_value(self, block: Block, now: float, nbytes: int, on_disk: bool) -> float:
         """What keeping the block saves, per byte per idle second; the lowest leaves first.
@@ -46,7 +68,7 @@ class Eviction:
         idle = now - block.last_used + 1.0
         return cost * (1 + block.refs) / (max(nbytes, 1) * idle)
 
-    def _evict_hot(self) -> None:
+    def evict_hot(self) -> None:
         """Over the hot budget, the blocks worth least per byte cool a step each: an exact
         block is quantized (it stays hot, several times smaller), a quantized one leaves
         memory (WARM with a file, else COLD)."""
@@ -70,9 +92,9 @@ class Eviction:
             self.drop_if_unused(block)
             self.moves["hot", block.tier.value if block.hash in self.pool else "gone", "hot_budget"] += 1
 
-    def _evict_disk(self) -> None:
+    def evict_disk(self) -> None:
         if self.shared or self.pool.disk_bytes <= self.disk_budget_bytes:
-            return  # a shared tier is bounded by its own maxmemory (warm/redis_backend.py)
+            return  # a shared tier is bounded by its own maxmemory (warm/redis/backend.py)
         now = time.monotonic()
         held = [b for b in self.pool.blocks.values() if b.disk_bytes]
         for block in fair_order(
@@ -86,31 +108,31 @@ class Eviction:
 
     # -- what the API shows ----------------------------------------------------------------
 
-    def totals(self, tenant: str | None = None) -> dict[str, int]:
-        """The memory's figures against the budgets: every tenant's (None), or one tenant's."""
-        with self.lock:
-            mine = [b for b in self.pool.blocks.values() if tenant is None or b.tenant == tenant]
-            by_tier = {t: 0 for t in Tier}
-            for block in mine:
-                by_tier[block.tier] += not block.snapshot
-            held = [s for s in mine if s.snapshot and s.tier is not Tier.COLD]
-            hot, exact = sum(b.hot_bytes for b in mine), sum(b.hot_bytes for b in mine if b.exact)
-            snapshot_hot = sum(s.hot_bytes for s in held)
-            return {
-                "hot_bytes": hot,
-                "hot_exact_bytes": exact,
-                "hot_quantized_bytes": hot - exact - snapshot_hot,
-                "hot_budget_bytes": self.hot_budget_bytes,
-                "disk_bytes": sum(b.disk_bytes for b in mine),
-                "disk_budget_bytes": self._disk_budget(),
-                **{f"{t.value}_blocks": n for t, n in by_tier.items()},
-                "snapshots": len(held),
-                "snapshot_hot_bytes": snapshot_hot,
-                "snapshot_disk_bytes": sum(s.disk_bytes for s in held),
-                **self.counts(tenant),
-            }
+    def totals(self, tenant: str | None) -> dict[str, int]:
+        """The memory's figures against the budgets (the caller holds the store's lock): every
+        tenant's (None), or one tenant's."""
+        mine = [b for b in self.pool.blocks.values() if tenant is None or b.tenant == tenant]
+        by_tier = {t: 0 for t in Tier}
+        for block in mine:
+            by_tier[block.tier] += not block.snapshot
+        held = [s for s in mine if s.snapshot and s.tier is not Tier.COLD]
+        hot, exact = sum(b.hot_bytes for b in mine), sum(b.hot_bytes for b in mine if b.exact)
+        snapshot_hot = sum(s.hot_bytes for s in held)
+        return {
+            "hot_bytes": hot,
+            "hot_exact_bytes": exact,
+            "hot_quantized_bytes": hot - exact - snapshot_hot,
+            "hot_budget_bytes": self.hot_budget_bytes,
+            "disk_bytes": sum(b.disk_bytes for b in mine),
+            "disk_budget_bytes": self.disk_budget(),
+            **{f"{t.value}_blocks": n for t, n in by_tier.items()},
+            "snapshots": len(held),
+            "snapshot_hot_bytes": snapshot_hot,
+            "snapshot_disk_bytes": sum(s.disk_bytes for s in held),
+        }
 
-    def _disk_budget(self) -> int:
+    def disk_budget(self) -> int:
+        """What the warm tier may hold: this server's budget, or a shared tier's maxmemory."""
         if self.warm is None:
             return 0
         return (self.warm.usage.limit_bytes or 0) if self.shared else self.disk_budget_bytes

@@ -5,7 +5,7 @@ tier, on its reader thread, for the agent's manifest if another server wrote a n
 and for the request's blocks this server lacks; `apply` adopts the answers into the index
 (agents.py) on the engine thread (adopting may free hot KV), before the request is planned.
 Manifest versions (etags) keep a stale answer from replacing a newer turn
-(memory/warm/redis_backend.py writes them atomically).
+(memory/warm/redis/backend.py writes them atomically).
 
 A request waits for the answer at most WAIT_S, and not at all while the tier is skipped
 (memory/warm/watch.py): a hung tier never holds up an agent whose prompt is in memory, and
@@ -22,6 +22,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
 from agent_memory.agent_key import AgentKey
+from agent_memory.memory.hashing import SpanKey, covering
 from agent_memory.memory.index.agents import AgentIndex
 from agent_memory.memory.index import snapshots
 from agent_memory.memory.index.blocks import Block, Tier
@@ -41,6 +42,7 @@ class Discovery:
     tokens: Sequence[int]
     unknown: list[tuple[str, str | None, int, int]]  # chain entries not usable here, asked about
     future: Future  # the answer
+    extras: tuple[SpanKey, ...]  # what fixes the request's KV beyond its tokens (memory/hashing.py)
     waited: Future = field(default_factory=Future)  # done at the answer, or after WAIT_S without one
     timer: threading.Timer | None = None
 
@@ -73,7 +75,9 @@ class SharedTierSync:
         self.tier = tier
         self._discoveries: list[Discovery] = []
 
-    def discover(self, agent: AgentKey | None, tokens: Sequence[int], root: str | None) -> Future | None:
+    def discover(
+        self, agent: AgentKey | None, tokens: Sequence[int], root: str | None, extras: Sequence[SpanKey] = ()
+    ) -> Future | None:
         """With a shared warm tier, ask it (on the reader thread) for what this server may lack
         for a request: the agent's manifest if it changed since this server last saw it (a turn
         served by another server), and which of the request's blocks it holds. None when there
@@ -86,7 +90,7 @@ class SharedTierSync:
         with index.lock:
             unknown = [
                 entry
-                for entry in index.names.chain(tokens, root)
+                for entry in index.names.chain(tokens, root, extras)
                 if (block := index.pool.get(entry[0])) is None or block.tier is Tier.COLD
             ]
             record = index.agents.get(agent) if agent is not None else None
@@ -95,7 +99,7 @@ class SharedTierSync:
                 return None
             known = record.stored if record is not None else None
             future = self.tier.probe(agent if ask else None, known, [h for h, *_ in unknown])
-            d = Discovery(agent if ask else None, tokens, unknown, future)
+            d = Discovery(agent if ask else None, tokens, unknown, future, tuple(sorted(extras)))
             self._discoveries.append(d)
         d.timer = threading.Timer(WAIT_S, d.stop_waiting)
         d.timer.daemon = True
@@ -133,7 +137,9 @@ class SharedTierSync:
         for h, parent, start, end in d.unknown:
             size = probe.sizes.get(h)
             if size:
-                block = index.pool.get(h) or index.pool.add(Block(h, parent, tuple(d.tokens[start:end]), start))
+                block = index.pool.get(h) or index.pool.add(
+                    Block(h, parent, tuple(d.tokens[start:end]), start, extras=covering(d.extras, start, end))
+                )
                 if not block.disk_bytes:
                     index.pool.set_disk(block, size)
         if d.agent is None or probe.manifest is True:
@@ -146,7 +152,7 @@ class SharedTierSync:
                 index.forget(d.agent)  # ended by another server or `cache rm`: a delete wins
             return
         manifest, etag = probe.manifest
-        chain = index.names.chain(manifest.tokens, manifest.root)
+        chain = index.names.chain(manifest.tokens, manifest.root, manifest.extras)
         if manifest.fingerprint != self.tier.fingerprint or [h for h, *_ in chain] != manifest.blocks:
             log.warning("the shared tier's manifest of an agent does not match its tokens: ignored")
             return
@@ -156,7 +162,8 @@ class SharedTierSync:
         blocks = []
         for h, parent, start, end in chain:
             block = index.pool.get(h) or index.pool.add(
-                Block(h, parent, tuple(manifest.tokens[start:end]), start, last_used=last_used)
+                Block(h, parent, tuple(manifest.tokens[start:end]), start, last_used=last_used,
+                      extras=covering(manifest.extras, start, end))
             )
             if block.tier is Tier.COLD and h not in asked:
                 # Not asked about (outside this request): held there, presumably; a miss on
@@ -165,12 +172,12 @@ class SharedTierSync:
             blocks.append(block)
         kept = []
         for position, h in manifest.snapshots:  # held there, presumably, like blocks outside the request
-            prefix = index.names.prefix_name(chain, manifest.tokens, position)
+            prefix = index.names.prefix_name(chain, manifest.tokens, position, manifest.extras)
             if h == index.names.snapshot_name(prefix) and self.tier.snapshot_layout is not None:
                 kept.append(snapshots.get_or_add(index.pool, index.names, prefix, position))
                 if kept[-1].tier is Tier.COLD:
                     index.pool.set_disk(kept[-1], self.tier.file_bytes(self.tier.layout(kept[-1])))
-        index.point_agent(d.agent, list(manifest.tokens), blocks, manifest.root, kept)
+        index.point_agent(d.agent, list(manifest.tokens), blocks, manifest.root, kept, manifest.extras)
         record = index.agents[d.agent]
         record.etag = record.stored = etag
         record.last_used = manifest.last_used

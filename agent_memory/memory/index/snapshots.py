@@ -15,20 +15,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from agent_memory.memory.hashing import BlockNames
+from agent_memory.memory.hashing import BlockNames, SpanKey
 from agent_memory.memory.index.blocks import Block, BlockPool, Tier
 
 KEPT_PER_AGENT = 3  # the earliest and the latest two
 
 
-def find(pool: BlockPool, names: BlockNames, tokens: Sequence[int], root: str | None, limit: int) -> Block | None:
+def find(
+    pool: BlockPool, names: BlockNames, tokens: Sequence[int], root: str | None, limit: int, extras: Sequence[SpanKey] = ()
+) -> Block | None:
     """The usable snapshot after the longest prefix of `tokens` up to `limit` tokens."""
     positions = sorted({s.start for s in pool.snapshots.values() if s.start <= limit}, reverse=True)
     if not positions:
         return None
-    chain = names.chain(tokens[: positions[0]], root)
+    chain = names.chain(tokens[: positions[0]], root, extras)
     for position in positions:
-        snapshot = pool.snapshots.get(names.prefix_name(chain, tokens, position))
+        snapshot = pool.snapshots.get(names.prefix_name(chain, tokens, position, extras))
         if snapshot is not None and snapshot.tier is not Tier.COLD:
             return snapshot
     return None
@@ -41,13 +43,15 @@ def get_or_add(pool: BlockPool, names: BlockNames, prefix: str, position: int) -
     )
 
 
-def along(pool: BlockPool, names: BlockNames, chain: list, tokens: Sequence[int], hashes: Iterable[str]) -> list[Block]:
+def along(
+    pool: BlockPool, names: BlockNames, chain: list, tokens: Sequence[int], hashes: Iterable[str], extras: Sequence[SpanKey] = ()
+) -> list[Block]:
     """Of the named snapshots, those still held that follow a prefix of `tokens` (`chain`: their blocks)."""
     out = {}
     for h in hashes:
         s = pool.get(h)
         if s is not None and s.tier is not Tier.COLD and s.start <= len(tokens):
-            if names.prefix_name(chain, tokens, s.start) == s.parent:
+            if names.prefix_name(chain, tokens, s.start, extras) == s.parent:
                 out[h] = s
     return list(out.values())
 

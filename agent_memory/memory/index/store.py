@@ -3,14 +3,15 @@
 The engine thread calls `lookup` before a prefill and `commit` when a prefill ends (the prompt,
 offered for reuse) and when the sequence ends (prompt and reply); HTTP handlers read
 `agents()` under the same lock. What leaves memory first is eviction.py's; which agent uses
-which block is agents.py's (`AgentIndex`, the store's base). With a warm tier (see `warm`), an
+which block is agents.py's (`AgentIndex`, the store's base); the store calls its `Evictor`
+(eviction.py) after each change. With a warm tier (see `warm`), an
 agent's block gains a copy there once it is durable, and is WARM when it leaves memory.
 
 With a shared warm tier (several servers on one Redis: `warm.shared`), the store holds what
 this server has seen: agents are not restored at start but probed when a request arrives
 (shared_sync.py), the store evicts nothing from the shared tier (Redis does, under its
 maxmemory), and a block this server stops using is forgotten here, not deleted there (manifests
-count the references: memory/warm/redis_backend.py).
+count the references: memory/warm/redis/backend.py).
 """
 
 from __future__ import annotations
@@ -23,25 +24,24 @@ from concurrent.futures import Future
 from typing import Any
 
 from agent_memory.agent_key import AgentKey
+from agent_memory.memory.hashing import SpanKey, covering
 from agent_memory.memory.index import snapshots
 from agent_memory.memory.index.agents import AgentIndex
 from agent_memory.memory.index.blocks import Block, Tier
-from agent_memory.memory.index.eviction import Eviction
+from agent_memory.memory.index.eviction import Evictor, KVDemoter
 from agent_memory.memory.index.prefix import PrefixMatcher
 from agent_memory.memory.index.shared_sync import SharedTierSync
 from agent_memory.memory.index.store_records import Lease, Persist, Segment
-from agent_memory.memory.warm.records import BlockRecord, Manifest
+from agent_memory.memory.warm.format.records import BlockRecord, Manifest
 from agent_memory.memory.warm.scan import FolderScan
 from agent_memory.memory.warm.tier import WarmTier
 
 # Cut one block's KV out of a finished sequence: (start, end) -> (payload, nbytes, exact).
 KVCutter = Callable[[int, int], tuple[Any, int, bool]]
-# Quantize an exact block's KV to the hot tier's rest precision: payload -> (payload, nbytes).
-KVDemoter = Callable[[Any], tuple[Any, int]]
 # Take the snapshot of a sequence's state layers where its cache ends: () -> (payload, nbytes).
 SnapshotTaker = Callable[[], tuple[Any, int]]
 
-class AgentCacheStore(Eviction, AgentIndex):
+class AgentCacheStore(AgentIndex):
     def __init__(
         self,
         *,
@@ -58,35 +58,50 @@ class AgentCacheStore(Eviction, AgentIndex):
         one precision and leave memory when they cool); state_layers: the model has window or
         recurrent layers, so a prompt resumes only at a snapshot (snapshots.py)."""
         super().__init__(block_tokens=block_tokens, salt=salt, warm=warm)
-        self.demote = demote
         self.state_layers = state_layers
         # Blocks that cooled or left, by (from tier, to tier, reason): read by /metrics.
         self.moves: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self.prefix = PrefixMatcher(self.pool, self.names)
-        self.hot_budget_bytes = hot_budget_bytes
-        # Context length at which a token's attention costs as much as its matmuls.
-        self.attention_tokens = attention_tokens
-        self.disk_budget_bytes = disk_budget_bytes
+        if warm is not None and warm.budget_bytes is not None:  # what its disk can hold (memory/warm/opening.py)
+            disk_budget_bytes = min(disk_budget_bytes, warm.budget_bytes)
+        self.evictor = Evictor(
+            self.pool,
+            hot_budget_bytes=hot_budget_bytes,
+            disk_budget_bytes=disk_budget_bytes,
+            attention_tokens=attention_tokens,
+            demote=demote,
+            warm=warm,
+            drop_if_unused=self.drop_if_unused,
+            moves=self.moves,
+        )
         self.sync = SharedTierSync(self, warm) if self.shared else None
-        if warm is not None:
-            warm.on_saved = self._block_saved
-            warm.still_used = self._still_used
-            if self.sync is not None:
-                warm.on_manifest = self.sync.manifest_written
-            if warm.budget_bytes is not None:  # what its disk can hold (memory/warm/opening.py)
-                self.disk_budget_bytes = min(disk_budget_bytes, warm.budget_bytes)
+
+    hot_budget_bytes = property(lambda self: self.evictor.hot_budget_bytes)
+    disk_budget_bytes = property(lambda self: self.evictor.disk_budget_bytes)
+
+    def set_hot_budget(self, nbytes: int) -> None:
+        """A new share of the memory limit (engine/residency.py): over it, blocks cool now."""
+        with self.lock:
+            self.evictor.hot_budget_bytes = nbytes
+            self.evictor.evict_hot()
+
+    def totals(self, tenant: str | None = None) -> dict[str, int]:
+        """The memory's figures against the budgets: every tenant's (None), or one tenant's."""
+        with self.lock:
+            return {**self.evictor.totals(tenant), **self.counts(tenant)}
 
     # -- the request path ---------------------------------------------------------------
 
-    def lookup(self, tokens: Sequence[int], root: str | None = None) -> Lease:
-        """Plan the longest reusable prefix of `tokens` in a namespace and pin its blocks."""
+    def lookup(self, tokens: Sequence[int], root: str | None = None, extras: Sequence[SpanKey] = ()) -> Lease:
+        """Plan the longest reusable prefix of `tokens` in a namespace and pin its blocks;
+        `extras`: what fixes their KV beyond their ids (memory/hashing.py)."""
         with self.lock:
             if self.sync is not None:
                 self.sync.apply()
             if self.state_layers:
-                return self._lookup_resumable(tokens, root)
+                return self._lookup_resumable(tokens, root, extras)
             segments, blocks, pos = [], [], 0
-            for block, n in self.prefix.match(tokens, root):
+            for block, n in self.prefix.match(tokens, root, extras):
                 usable = block is not None and block.tier is not Tier.COLD
                 if usable:
                     block.pins += 1
@@ -99,16 +114,16 @@ class AgentCacheStore(Eviction, AgentIndex):
                 pos += n
             return Lease(segments, blocks)
 
-    def _lookup_resumable(self, tokens: Sequence[int], root: str | None) -> Lease:
+    def _lookup_resumable(self, tokens: Sequence[int], root: str | None, extras: Sequence[SpanKey]) -> Lease:
         """With state layers: blocks from the start without a gap, up to the latest snapshot
         along them (a gap could not be recomputed without the state before it)."""
-        entries = self.prefix.match(tokens, root)
+        entries = self.prefix.match(tokens, root, extras)
         usable = 0
         for block, n in entries:
             if block is None or block.tier is Tier.COLD:
                 break
             usable += n
-        snapshot = snapshots.find(self.pool, self.names, tokens, root, usable)
+        snapshot = snapshots.find(self.pool, self.names, tokens, root, usable, extras)
         end = snapshot.start if snapshot is not None else 0
         segments, blocks, pos = [], [], 0
         for block, n in entries:
@@ -130,7 +145,7 @@ class AgentCacheStore(Eviction, AgentIndex):
                 block = self.pool.blocks[h]
                 block.pins -= 1
                 self.drop_if_unused(block)
-            self._evict_hot()
+            self.evictor.evict_hot()
 
     def release(self, lease: Lease) -> None:
         with self.lock:
@@ -138,7 +153,7 @@ class AgentCacheStore(Eviction, AgentIndex):
                 block.pins -= 1
                 self.drop_if_unused(block)
             lease.blocks = []
-            self._evict_hot()
+            self.evictor.evict_hot()
 
     def commit(
         self,
@@ -149,21 +164,23 @@ class AgentCacheStore(Eviction, AgentIndex):
         snapshot: SnapshotTaker | None = None,
         made: Sequence[str] = (),
         tenant: str = "",
+        extras: Sequence[SpanKey] = (),
     ) -> Persist:
         """Store a sequence's tokens (a finished one after releasing its lease): its blocks become
         hot and the agent points at it. `snapshot`: take one where the tokens end (taken for no
         agent, it stays pinned for the running sequence's own commit until `let_go`); `made`: the
         snapshots the sequence took on its way, for the agent to keep; `tenant`: whose request
-        it is (its blocks count against that tenant's share of the budgets: eviction.py).
+        it is (its blocks count against that tenant's share of the budgets: eviction.py);
+        `extras`: what fixes their KV beyond their ids (memory/hashing.py).
         Returns what the caller should write to the warm tier."""
         with self.lock:
             now = time.monotonic()
             blocks = []
-            chain = self.names.chain(tokens, root)
+            extras = tuple(sorted(extras))
+            chain = self.names.chain(tokens, root, extras)
             for h, parent, start, end in chain:
-                block = self.pool.get(h) or self.pool.add(
-                    Block(h, parent, tuple(tokens[start:end]), start)
-                )
+                block = self.pool.get(h) or self.pool.add(Block(h, parent, tuple(tokens[start:end]), start))
+                block.extras = covering(extras, start, end)  # the same name: the same extras
                 block.last_used, block.tenant = now, tenant
                 # A block another running sequence pinned outside memory stays there: made hot
                 # now, it could not be evicted until that sequence ends.
@@ -181,29 +198,30 @@ class AgentCacheStore(Eviction, AgentIndex):
             if agent is not None:
                 old = self.agents.get(agent)
                 named = [*(old.snapshots if old is not None else ()), *made, *filter(None, [persist.snapshot])]
-                kept = snapshots.choose(snapshots.along(self.pool, self.names, chain, tokens, named))
-                self.point_agent(agent, list(tokens), blocks, root, kept)
+                kept = snapshots.choose(snapshots.along(self.pool, self.names, chain, tokens, named, extras))
+                self.point_agent(agent, list(tokens), blocks, root, kept, extras)
                 if self.warm is not None:
                     persist.blocks = [
-                        (BlockRecord(b.hash, b.parent, b.start, b.tokens, b.snapshot), b.payload)
+                        (BlockRecord(b.hash, b.parent, b.start, b.tokens, b.snapshot, b.extras), b.payload)
                         for b in [*blocks, *kept]
                         if b.tier is Tier.HOT and not b.disk_bytes
                     ]
                     record = self.agents[agent]
                     persist.manifest = Manifest(
                         agent, self.warm.fingerprint, record.tokens, record.blocks, record.last_used, root=root,
-                        snapshots=[(s.start, s.hash) for s in kept],
+                        snapshots=[(s.start, s.hash) for s in kept], extras=extras,
                     )
                     if self.shared:
                         persist.base, record.etag = record.etag, secrets.token_hex(8)
                         persist.etag = record.etag
-            self._evict_hot()
+            self.evictor.evict_hot()
             return persist
 
     # -- the warm tier --------------------------------------------------------------------
 
-    def _block_saved(self, block_hash: str, nbytes: int) -> None:
-        """The writer made a block durable; it counts as warm unless nobody wants it now."""
+    def block_saved(self, block_hash: str, nbytes: int) -> None:
+        """The writer made a block durable (tier_events.py); it counts as warm unless nobody
+        wants it now."""
         with self.lock:
             block = self.pool.get(block_hash)
             if block is None or not block.refs:
@@ -211,7 +229,7 @@ class AgentCacheStore(Eviction, AgentIndex):
                     self.warm.delete_block(block_hash)
                 return
             self.pool.set_disk(block, nbytes)
-            self._evict_disk()
+            self.evictor.evict_disk()
 
     def warm_lost(self, block: Block) -> None:
         """A block's warm copy could not be read back: it is recomputed from now on."""
@@ -229,7 +247,7 @@ class AgentCacheStore(Eviction, AgentIndex):
                 # Every check comes before the first change to the pool, so a bad manifest is
                 # quarantined whole and the others still load (Manifest.read has already
                 # refused token ids the hash chain cannot pack).
-                chain = self.names.chain(manifest.tokens, manifest.root)
+                chain = self.names.chain(manifest.tokens, manifest.root, manifest.extras)
                 if [h for h, *_ in chain] != manifest.blocks:
                     self.warm.quarantine_manifest(manifest, "its block hashes do not match its tokens")
                     continue
@@ -237,7 +255,8 @@ class AgentCacheStore(Eviction, AgentIndex):
                 blocks = []
                 for h, parent, start, end in chain:
                     block = self.pool.get(h) or self.pool.add(
-                        Block(h, parent, tuple(manifest.tokens[start:end]), start, last_used=last_used)
+                        Block(h, parent, tuple(manifest.tokens[start:end]), start, last_used=last_used,
+                              extras=covering(manifest.extras, start, end))
                     )
                     block.last_used, block.tenant = max(block.last_used, last_used), manifest.key.tenant
                     if h in scan.blocks and not block.disk_bytes:
@@ -245,20 +264,21 @@ class AgentCacheStore(Eviction, AgentIndex):
                     blocks.append(block)
                 kept = []
                 for position, h in manifest.snapshots:  # a snapshot whose file is gone is simply not kept
-                    prefix = self.names.prefix_name(chain, manifest.tokens, position)
+                    prefix = self.names.prefix_name(chain, manifest.tokens, position, manifest.extras)
                     if h in scan.blocks and h == self.names.snapshot_name(prefix):
                         kept.append(snapshots.get_or_add(self.pool, self.names, prefix, position))
                         kept[-1].tenant = manifest.key.tenant
                         if not kept[-1].disk_bytes:
                             self.pool.set_disk(kept[-1], scan.blocks[h].size)
-                self.point_agent(manifest.key, manifest.tokens, blocks, manifest.root, kept)
+                self.point_agent(manifest.key, manifest.tokens, blocks, manifest.root, kept, manifest.extras)
                 self.agents[manifest.key].last_used = manifest.last_used
             for h in scan.blocks:
                 if h not in self.pool:
                     self.warm.delete_block(h)
-            self._evict_disk()
+            self.evictor.evict_disk()
 
-    def _still_used(self, hashes: list[str]) -> set[str]:
+    def still_used(self, hashes: list[str]) -> set[str]:
+        """Of blocks a shared tier's manifests no longer name, those this server still uses."""
         with self.lock:
             return {h for h in hashes if (b := self.pool.get(h)) is not None and (b.refs or b.pins)}
 

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_memory.memory.hashing import SpanKey
 from agent_memory.memory.index.blocks import Block
-from agent_memory.memory.warm.blockfile import Tensors
-from agent_memory.memory.warm.records import BlockRecord, Manifest
+from agent_memory.memory.warm.format.blockfile import Tensors
+from agent_memory.memory.warm.format.records import BlockRecord, Manifest
 from agent_memory.memory.warm.tier import WarmTier
 
 
@@ -26,6 +27,7 @@ class AgentRecord:
     etag: str | None = None
     stored: str | None = None
     snapshots: list[str] = field(default_factory=list)  # the snapshots it keeps, by position
+    extras: tuple[SpanKey, ...] = ()  # what fixes its KV beyond its tokens (memory/hashing.py)
 
 
 @dataclass

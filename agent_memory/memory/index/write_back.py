@@ -4,7 +4,7 @@ A shared tier can lose what this server wrote there (a Redis restarted without p
 FLUSHALL, a failover to a replica that lagged), and it misses what this server could not write
 while it was skipped (memory/warm/watch.py). The store still takes a block it wrote as stored
 there, so it would never write it again while its agent stays hot, and a later failover would
-recompute it. When the tier's watch says it lost its data or answers again, WriteBack asks it,
+recompute it. When the tier's watch says it lost its data or answers again (its events: tier_events.py), WriteBack asks it,
 on the writer thread, which of the blocks this server takes as stored there are gone (one round
 trip per CHUNK), then, on the engine thread (a hot block's KV is MLX), forgets those copies and
 queues what the tier lacks: every hot block of an agent this server holds that has no copy
@@ -19,8 +19,8 @@ from typing import Any
 
 from agent_memory.memory.index.agents import AgentIndex
 from agent_memory.memory.index.blocks import Tier
-from agent_memory.memory.warm.blockfile import Tensors
-from agent_memory.memory.warm.records import BlockRecord, Manifest
+from agent_memory.memory.warm.format.blockfile import Tensors
+from agent_memory.memory.warm.format.records import BlockRecord, Manifest
 from agent_memory.memory.warm.tier import WarmTier
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,6 @@ class WriteBack:
         self.tier = tier
         self._post = post
         self._tensors = tensors
-        tier.watch.on_back = self.tier_back
 
     def tier_back(self, lost: bool) -> None:
         """On the writer thread: after a loss, which blocks taken as stored there are gone."""
@@ -72,13 +71,13 @@ class WriteBack:
                 for b in held:
                     if b.tier is Tier.HOT and not b.disk_bytes and b.hash not in queued:
                         queued.add(b.hash)
-                        record_of = BlockRecord(b.hash, b.parent, b.start, b.tokens, b.snapshot)
+                        record_of = BlockRecord(b.hash, b.parent, b.start, b.tokens, b.snapshot, b.extras)
                         tier.save_block(record_of, self._tensors(b.payload))
                 if record.etag is not None and (lost or record.etag != record.stored):
                     snapshots = [(b.start, b.hash) for b in held if b.snapshot and b.tier is not Tier.COLD]
                     manifest = Manifest(
                         agent, tier.fingerprint, record.tokens, record.blocks, record.last_used,
-                        root=record.root, snapshots=snapshots,
+                        root=record.root, snapshots=snapshots, extras=record.extras,
                     )
                     tier.save_agent(manifest, None if lost else record.stored, record.etag)
                     manifests += 1

@@ -1,9 +1,9 @@
 """Where the warm tier keeps its bytes: one interface (`WarmBackend`), two places.
 
-- `FolderBackend` (folder_backend.py): the cache folder on this machine (folder.py); the
+- `FolderBackend` (folder/backend.py): the cache folder on this machine (folder/paths.py); the
   embedded default. One server owns it (server.json), so it restores every agent at start and
   evicts against its own budget.
-- `RedisBackend` (redis_backend.py): a Redis shared by several servers of one model. Agents are
+- `RedisBackend` (redis/backend.py): a Redis shared by several servers of one model. Agents are
   read when they come back, manifests are compare-and-set, and Redis' maxmemory evicts.
 
 What a backend holds is keyed by a namespace, the folder name `<model>-<fingerprint>-<precision>`,
@@ -11,7 +11,7 @@ so servers of other models or precisions never see each other's blocks.
 
 - **Blocks** are content-addressed and immutable. A put stores the bytes only if the name is
   free (two servers computing the same block write the same bytes once). A get checks the bytes
-  exactly as a block file is checked (blockfile.py: identity in the header, shapes, CRC32).
+  exactly as a block file is checked (format/blockfile.py: identity in the header, shapes, CRC32).
   Anything wrong is a miss: the damaged copy is set aside (quarantined, or deleted from Redis if
   it still holds those very bytes) so that the recomputed block can take its name.
 - **Manifests** are small and mutable: an agent's tokens and block names. A write names the
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory.warm.blockfile import Layout
-from agent_memory.memory.warm.folder import Folder
-from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.format.blockfile import Layout
+from agent_memory.memory.warm.folder.paths import Folder
+from agent_memory.memory.warm.format.records import Manifest
 from agent_memory.memory.warm.scan import FolderScan
 
 

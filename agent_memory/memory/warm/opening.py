@@ -1,9 +1,9 @@
 """Where the warm tier lives, opened at start: a model folder under the cache dir, named by
 model, fingerprint and disk precision, or that name's namespace in a Redis several servers
-share (`--warm-store redis://...`, redis_backend.py). A disk that cannot hold it (read-only,
+share (`--warm-store redis://...`, redis/backend.py). A disk that cannot hold it (read-only,
 full, not a folder) means serving without it, said in the log and on /health, never a failed
 start; a Redis that does not answer yet means misses until it does. A folder's disk budget is
-capped to what its disk can hold (room.py).
+capped to what its disk can hold (folder/room.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 
 from agent_memory.files import entries
 from agent_memory.memory.warm.backend import WarmBackend
-from agent_memory.memory.warm.folder import Folder
-from agent_memory.memory.warm.records import BLOCK_TOKENS
-from agent_memory.memory.warm.redis_backend import RedisBackend
-from agent_memory.memory.warm.room import DiskRoom, disk_room, mib, room_text
+from agent_memory.memory.warm.folder.paths import Folder
+from agent_memory.memory.warm.format.records import BLOCK_TOKENS
+from agent_memory.memory.warm.redis.backend import RedisBackend
+from agent_memory.memory.warm.folder.room import DiskRoom, disk_room, mib, room_text
 from agent_memory.memory.warm.scan import FolderScan
 from agent_memory.memory.warm.tier import WarmTier
 

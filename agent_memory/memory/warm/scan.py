@@ -1,6 +1,6 @@
 """What a warm tier held at one moment: its block files, its manifests (good and bad), and
-what else lies there. A model folder's scan (folder.py) sorts each entry it lists here; a
-shared Redis namespace's (redis_folder.py) fills its blocks and manifests. A server restores
+what else lies there. A model folder's scan (folder/paths.py) sorts each entry it lists here; a
+shared Redis namespace's (redis/folder.py) fills its blocks and manifests. A server restores
 from one; the `cache` commands read and tidy from one."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_memory.files import TEMP_SUFFIX
-from agent_memory.memory.warm.records import HASH_RE, Manifest
+from agent_memory.memory.warm.format.records import HASH_RE, Manifest
 
 
 STRAY_KINDS = ((stat.S_ISREG, "file"), (stat.S_ISLNK, "link"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISDIR, "folder"))

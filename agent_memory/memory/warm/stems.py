@@ -5,7 +5,7 @@ by a hash of `tenant NUL id NUL kind`: the shared id "alice\\0victim\\0agent" na
 agent "victim" (agent_key.py). Every key now has the three-field name. A manifest still under
 its key's legacy name (Manifest.parse accepts it) is moved to its name once, at the start of
 the server that owns the folder (or of the first server on a shared namespace), said in one log
-line; records.py's parse and the `cache` commands read either name meanwhile.
+line; format/records.py's parse and the `cache` commands read either name meanwhile.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 
 from agent_memory.agent_key import agent_file_stem, legacy_file_stem
-from agent_memory.memory.warm.folder import Folder
-from agent_memory.memory.warm.records import Manifest
-from agent_memory.memory.warm.redis_keys import MOVE_MANIFEST, SCAN_COUNT, RedisNamespace
+from agent_memory.memory.warm.folder.paths import Folder
+from agent_memory.memory.warm.format.records import Manifest
+from agent_memory.memory.warm.redis.keys import MOVE_MANIFEST, SCAN_COUNT, RedisNamespace
 from agent_memory.memory.warm.scan import FolderScan
 
 log = logging.getLogger(__name__)

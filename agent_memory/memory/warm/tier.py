@@ -1,5 +1,5 @@
 """WarmTier: block files and agent manifests in a backend (backend.py) — the model folder
-(folder_backend.py) or a Redis several servers share (redis_backend.py) — written behind the
+(folder/backend.py) or a Redis several servers share (redis/backend.py) — written behind the
 request path by one thread and read back by another. No MLX: numpy in, numpy out.
 
 Every write is atomic (files.write_atomic: a crash leaves old or new files and temp files the
@@ -8,6 +8,9 @@ planted for a folder, a Redis that does not answer) costs that write only: said 
 of failure, and in `write_error` until a write succeeds. With a shared backend a manifest
 write is compare-and-set (`_write_manifest`): no server overwrites a turn it did not see, and
 a backend that does not answer is skipped until it does (watch.py).
+
+Each write is a typed job (jobs.py). What the writer does is told to the `TierEvents` (events.py)
+given to `start`, which starts the writer: until then writes only queue.
 """
 from __future__ import annotations
 
@@ -20,12 +23,14 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.format import blockfile
 from agent_memory.memory.warm.backend import BackendUsage, WarmBackend
-from agent_memory.memory.warm.blockfile import Layout, Tensors
-from agent_memory.memory.warm.folder import Folder
-from agent_memory.memory.warm.folder_backend import FolderBackend
-from agent_memory.memory.warm.records import BlockRecord, Manifest, tokens_text
+from agent_memory.memory.warm.events import TierEvents
+from agent_memory.memory.warm.format.blockfile import Layout, Tensors
+from agent_memory.memory.warm.folder.paths import Folder
+from agent_memory.memory.warm.folder.backend import FolderBackend
+from agent_memory.memory.warm.format.records import BlockRecord, Manifest, tokens_text
+from agent_memory.memory.warm.jobs import DeleteAgent, DeleteBlock, Job, SaveBlock, SaveManifest, say_failed
 from agent_memory.memory.warm.scan import FolderScan
 from agent_memory.memory.warm.watch import TierWatch
 from agent_memory.precision import KVPrecision
@@ -63,13 +68,7 @@ class WarmTier:
         self.block_tokens = block_tokens
         self.block_layout = block_layout
         self.snapshot_layout = snapshot_layout
-        self.on_saved: Callable[[str, int], None] = lambda block_hash, nbytes: None
-        # Each write done, fsyncs included: (kind, block hash or agent id, its start) for --trace-file.
-        self.on_written: Callable[[str, str, float], None] = lambda kind, key, started: None
-        # A manifest write's outcome (shared backends): (agent, etag, whether it was written).
-        self.on_manifest: Callable[[AgentKey, str, bool], None] = lambda key, etag, ok: None
-        # Of blocks no manifest in the shared backend names any more, those this server still uses.
-        self.still_used: Callable[[list[str]], set[str]] = lambda hashes: set()
+        self.events: TierEvents | None = None  # who hears what the writer did (given to `start`)
         # (priority, order, job): a block's deletion goes before queued writes, so that the
         # disk holds at most one block over its budget while a commit's blocks are written
         # (an eviction's deletions would otherwise wait behind them). Safe: a block is only
@@ -79,7 +78,7 @@ class WarmTier:
         self._pending: set[str] = set()
         self._logged_errors: set[tuple[str, object]] = set()
         # What the folder may hold on its disk, when less than the configured budget (set at
-        # start by room.py; AgentCacheStore evicts to it), and why.
+        # start by folder/room.py; AgentCacheStore evicts to it), and why.
         self.budget_bytes: int | None = None
         self.budget_note: str | None = None
         self.write_error: str | None = None  # the last failed job, until a write succeeds
@@ -117,13 +116,18 @@ class WarmTier:
         return {"name": self.name, **self.meta, "block_tokens": self.block_tokens, "precision": precision}
 
     def open(self) -> FolderScan:
-        """Make the backend ready and start writing; what it holds to restore (a folder: every
-        agent; a shared backend: nothing, agents are probed when they come back)."""
+        """Make the backend ready; what it holds to restore (a folder: every agent; a shared
+        backend: nothing, agents are probed when they come back)."""
         scan = self.backend.open(self.model_info(), owns=lambda fingerprint: fingerprint == self.fingerprint)
         if self.shared:
-            self.watch.check()
-        self._writer.start()
+            self.watch.check()  # its first: nothing can have come back yet
         return scan
+
+    def start(self, events: TierEvents) -> None:
+        """Start writing what is queued and will be, telling `events` (the index of the blocks,
+        made once the tier is open) what each write did."""
+        self.events = events
+        self._writer.start()
 
     @property
     def alive(self) -> bool:
@@ -136,22 +140,22 @@ class WarmTier:
         if block.hash in self._pending:
             return
         self._pending.add(block.hash)
-        self._put(("save_block", block, tensors))
+        self._put(SaveBlock(block, tensors))
 
     def save_agent(self, manifest: Manifest, base: str | None = None, etag: str | None = None) -> None:
         """Write the agent's manifest; with a shared backend, as version `etag` replacing `base`."""
-        self._put(("save_agent", manifest, (base, etag)))
+        self._put(SaveManifest(manifest, base, etag))
 
     def delete_block(self, block_hash: str) -> None:
-        self._put(("delete_block", block_hash, None), priority=0)
+        self._put(DeleteBlock(block_hash), priority=0)
 
     def delete_agent(self, key: AgentKey) -> Future:
         """Future of whether the backend had the agent's manifest."""
         done: Future = Future()
-        self._put(("delete_agent", key, done))
+        self._put(DeleteAgent(key, done))
         return done
 
-    def _put(self, job: tuple | None, priority: int = 1) -> None:
+    def _put(self, job: Job | None, priority: int = 1) -> None:
         self._jobs.put((priority, next(self._order), job))
 
     def flush(self) -> None:
@@ -159,9 +163,11 @@ class WarmTier:
         self._jobs.join()
 
     def close(self) -> None:
-        self.flush()
-        self._put(None, priority=2)
-        self._writer.join()
+        """Write what is queued and stop (a tier never started, closed at start, writes nothing)."""
+        if self.events is not None:
+            self.flush()
+            self._put(None, priority=2)
+            self._writer.join()
         self._reader.shutdown()
         self.backend.close()
 
@@ -170,50 +176,56 @@ class WarmTier:
             try:
                 job = self._jobs.get(timeout=self.watch.interval() if self.shared else None)[2]
             except queue.Empty:
-                self.watch.check()
+                self._check()
                 continue
             if job is None:
                 break
-            kind, key, data = job
             started = time.perf_counter()
             try:
                 self.watch.guard()  # never skipped: a folder (it always answers)
-                self._run_job(kind, key, data)
-                if kind.startswith("save"):
+                self._run_job(job)
+                if isinstance(job, (SaveBlock, SaveManifest)):
                     self.write_error = self.write_error_since = None
-                    self.on_written(kind, key.hash if kind == "save_block" else key.key.id, started)
+                    self.events.written(job.kind, job.subject, started)
             except Exception as e:  # one file's failure must not stop the writer
                 self.watch.failed(e)
                 self.failed_jobs += 1
                 if self.write_error is None:
                     self.write_error_since = time.time()
-                self.write_error = f"{kind.replace('_', ' ')} failed: {getattr(e, 'strerror', None) or e}"
-                self._log_once(kind, e)
-                if kind == "delete_agent":
-                    data.set_exception(e)
+                self.write_error = f"{job.kind.replace('_', ' ')} failed: {getattr(e, 'strerror', None) or e}"
+                say_failed(job.kind, e, self._logged_errors)
+                if isinstance(job, DeleteAgent):
+                    job.done.set_exception(e)
                 # A manifest that could not be written stays the agent's latest state here: the
                 # next one is compared with the backend's and written over it if it contains it.
             finally:
-                if kind == "save_block":
-                    self._pending.discard(key.hash)
+                if isinstance(job, SaveBlock):
+                    self._pending.discard(job.block.hash)
                 self._jobs.task_done()
             if self.shared and self.watch.due():
-                self.watch.check()
+                self._check()
         self._jobs.task_done()
 
-    def _run_job(self, kind: str, key, data) -> None:
-        if kind == "save_block":
-            meta = {**self.meta, **key.meta()}
-            nbytes = self.backend.put_block(key.hash, blockfile.encode(meta, data))
-            self.on_saved(key.hash, nbytes)
-        elif kind == "save_agent":
-            self._write_manifest(key, *data)
-        elif kind == "delete_block":
-            self.backend.delete_block(key)
-        elif kind == "delete_agent":
-            result = self.backend.delete_manifest(key)
-            self._free(result.freed)
-            data.set_result(result.ok)
+    def _check(self) -> None:
+        """The watch's check; a backend back or that lost its data is told to the events."""
+        lost = self.watch.check()
+        if lost is not None:
+            self.events.tier_back(lost)
+
+    def _run_job(self, job: Job) -> None:
+        match job:
+            case SaveBlock(block, tensors):
+                meta = {**self.meta, **block.meta()}
+                nbytes = self.backend.put_block(block.hash, blockfile.encode(meta, tensors))
+                self.events.block_saved(block.hash, nbytes)
+            case SaveManifest(manifest, base, etag):
+                self._write_manifest(manifest, base, etag)
+            case DeleteBlock(block_hash):
+                self.backend.delete_block(block_hash)
+            case DeleteAgent(key, done):
+                result = self.backend.delete_manifest(key)
+                self._free(result.freed)
+                done.set_result(result.ok)
 
     def _write_manifest(self, manifest: Manifest, base: str | None, etag: str | None) -> None:
         """Write a manifest; with a shared backend, compare-and-set: it replaces version `base`.
@@ -230,7 +242,7 @@ class WarmTier:
             result = self.backend.write_manifest(manifest, base, etag)
             if result.ok:
                 self._free(result.freed)
-                self.on_manifest(manifest.key, etag, True)
+                self.events.manifest_written(manifest.key, etag, True)
                 return
             try:
                 current = self.backend.read_manifest(manifest.key)
@@ -246,7 +258,7 @@ class WarmTier:
                 break
             base = their_etag
         log.debug("manifest of %s not written: the shared backend holds a later or other turn", manifest.key)
-        self.on_manifest(manifest.key, etag, False)
+        self.events.manifest_written(manifest.key, etag, False)
 
     def _free(self, hashes: Iterable[str]) -> None:
         """Delete blocks that no manifest in the shared backend names any more, unless this
@@ -256,27 +268,13 @@ class WarmTier:
         hashes = list(hashes)
         if not hashes:
             return
-        keep = self.still_used(hashes)
+        keep = self.events.still_used(hashes)
         try:
             for h in hashes:
                 if h not in keep:
                     self.backend.delete_block(h)
         except Exception as e:  # noqa: BLE001 - the manifest write it follows succeeded
             log.info("could not free %d unused blocks in the shared tier (%s): their TTL will expire them", len(hashes), e)
-
-    def _log_once(self, kind: str, e: Exception) -> None:
-        """Say once per kind of failure what happened and what it means; then stay quiet."""
-        key = (kind, getattr(e, "errno", None) or type(e).__name__)
-        level = logging.DEBUG if key in self._logged_errors else logging.WARNING
-        self._logged_errors.add(key)
-        log.log(
-            level,
-            "warm tier: %s failed (%s); blocks stay in memory or are recomputed%s",
-            kind,
-            e,
-            "" if level == logging.DEBUG else " (said once for this kind of failure)",
-            exc_info=not isinstance(e, (OSError, ConnectionError, TimeoutError)) and not _redis_error(e),
-        )
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -292,8 +290,4 @@ class WarmTier:
 
     def quarantine_manifest(self, manifest: Manifest, reason: str) -> None:
         self.backend.quarantine_manifest(manifest, reason)
-
-
-def _redis_error(e: Exception) -> bool:
-    return type(e).__module__.startswith("redis")
 

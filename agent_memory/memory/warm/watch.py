@@ -7,8 +7,8 @@ nothing, a read is a miss and a write fails at once, so a slow shared tier costs
 than the one call that found it out. The watch checks it on the writer thread (tier.py), every
 WATCH_S while used and every RETRY_S while skipped, and uses it again once it answers. The same
 check finds a tier that lost its data (backend.check: a restart without persistence, FLUSHALL).
-Both, and being skipped, are said in the log; `on_back` hears of them (shared_sync.py writes
-back what this server holds).
+Both, and being skipped, are said in the log, and `check` returns them (the tier tells its
+events: memory/index/write_back.py writes back what this server holds).
 """
 
 from __future__ import annotations
@@ -37,9 +37,6 @@ class TierWatch:
         self.usage = BackendUsage()  # the backend's figures as last read
         self.skipped_since: float | None = None  # wall clock
         self.reason: str | None = None
-        # The tier answers again after being skipped (False), or lost its data (True): called
-        # on the writer thread, before it takes its next job.
-        self.on_back: Callable[[bool], None] = lambda lost: None
         self._checked = 0.0
         self._lost = False  # a loss found whose write-back has not been started yet
         self._lock = threading.Lock()
@@ -92,9 +89,11 @@ class TierWatch:
             self.reason,
         )
 
-    def check(self) -> None:
-        """Read the backend's figures; note a tier that lost its data or answers again."""
+    def check(self) -> bool | None:
+        """Read the backend's figures. Whether the tier lost its data (True) or answers again
+        after being skipped (False), for the writer to act on before its next job; else None."""
         self._checked = time.monotonic()
+        back = None
         try:
             self.usage, lost = self.backend.check()
             self._lost |= lost
@@ -105,12 +104,11 @@ class TierWatch:
                     self.backend.location,
                 )
             if self._lost or self.skipped:
-                self.on_back(self._lost)
-                self._lost = False
+                back, self._lost = self._lost, False
         except Exception as e:  # noqa: BLE001 - shown on /health, and skipped if it got no answer
             self.usage = BackendUsage(note=f"the store does not answer: {e}")
             self.failed(e)
-            return
+            return None
         if self.skipped:
             log.warning(
                 "the shared warm tier %s answers again after %.0f s: used again",
@@ -118,3 +116,4 @@ class TierWatch:
                 time.time() - self.skipped_since,
             )
             self.skipped_since = self.reason = None
+        return back

@@ -1,8 +1,8 @@
 """One model folder (or shared Redis namespace) of the warm tier as found at one moment: its
 scan, its model.json, and what the operator's commands ask of it (which model owns a file,
 which blocks an agent shares, the block size a manifest was written with). The listing itself
-is folder.py's (it follows no link inside a model folder and opens only regular files) or
-redis_folder.py's."""
+is folder/paths.py's (it follows no link inside a model folder and opens only regular files) or
+redis/folder.py's."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from agent_memory.memory.warm.folder import FOLDER_RE, Folder
-from agent_memory.memory.warm.records import BLOCK_TOKENS, BlockRecord, Manifest
-from agent_memory.memory.warm.redis_folder import RedisFolder
+from agent_memory.memory.warm.folder.paths import FOLDER_RE, Folder
+from agent_memory.memory.warm.format.records import BLOCK_TOKENS, BlockRecord, Manifest
+from agent_memory.memory.warm.redis.folder import RedisFolder
 from agent_memory.memory.warm.scan import FolderScan
 
 

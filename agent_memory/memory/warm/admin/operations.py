@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent_memory.memory.hashing import BlockNames
-from agent_memory.memory.warm.folder import BLOCK_META_KEYS, FOLDER_RE
-from agent_memory.memory.warm.model_folder import ModelFolder
-from agent_memory.memory.warm.records import BlockRecord, Manifest
+from agent_memory.memory.warm.folder.paths import BLOCK_META_KEYS, FOLDER_RE
+from agent_memory.memory.warm.admin.model_folder import ModelFolder
+from agent_memory.memory.warm.format.records import BlockRecord, Manifest
 from agent_memory.memory.warm.scan import FileInfo
 
 GRACE_S = 600.0  # younger orphans and temp files may belong to a write the server is making
@@ -57,7 +57,7 @@ def check_block(folder: ModelFolder, block_hash: str, path: Path) -> str | None:
     if not folder.owns(fingerprint):
         return f"fingerprint {str(fingerprint)[:12]!r} is another model's"
     names = BlockNames(fingerprint, len(block.tokens))
-    actual = names.snapshot_name(block.parent) if block.snapshot else names.block_hash(block.parent, block.tokens)
+    actual = names.snapshot_name(block.parent) if block.snapshot else names.block_hash(block.parent, block.tokens, block.extras)
     if actual != block_hash:
         return f"its parent and tokens hash to {actual[:16]}…, not to its name"
     folder.token_counts[block_hash] = len(block.tokens)
@@ -70,12 +70,12 @@ def check_manifest(folder: ModelFolder, manifest: Manifest) -> str | None:
     size = folder.block_tokens(manifest)
     names = BlockNames(manifest.fingerprint, size)
     try:
-        chain = names.chain(manifest.tokens, manifest.root)
+        chain = names.chain(manifest.tokens, manifest.root, manifest.extras)
     except (ValueError, OverflowError) as e:
         return f"token ids out of range: {e}"
     if [h for h, *_ in chain] != manifest.blocks:
         return f"its block hashes do not match its tokens (in {size}-token blocks)"
-    if any(h != names.snapshot_name(names.prefix_name(chain, manifest.tokens, p)) for p, h in manifest.snapshots):
+    if any(h != names.snapshot_name(names.prefix_name(chain, manifest.tokens, p, manifest.extras)) for p, h in manifest.snapshots):
         return "a snapshot's name does not match the prefix it follows"
     return None
 

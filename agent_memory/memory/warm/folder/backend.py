@@ -1,5 +1,5 @@
 """FolderBackend: the warm tier in the cache folder on this machine (backend.py says what a
-backend is; folder.py lays the folder out)."""
+backend is; folder/paths.py lays the folder out)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from collections.abc import Callable
 import numpy as np
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.format import blockfile
 from agent_memory.memory.warm.backend import BlockMissing, ManifestWrite, WarmBackend
-from agent_memory.memory.warm.blockfile import BlockFileError, Layout
-from agent_memory.memory.warm.folder import Folder
-from agent_memory.memory.warm.records import Manifest
+from agent_memory.memory.warm.format.blockfile import BlockFileError, Layout
+from agent_memory.memory.warm.folder.paths import Folder
+from agent_memory.memory.warm.format.records import Manifest
 from agent_memory.memory.warm.scan import FolderScan
 from agent_memory.memory.warm.stems import move_folder_manifests
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class FolderBackend(WarmBackend):
-    """The cache folder: block files and manifest files (folder.py, blockfile.py), owned by
+    """The cache folder: block files and manifest files (folder/paths.py, format/blockfile.py), owned by
     one server at a time. Manifests carry no version: the owner is their only writer."""
 
     def __init__(self, folder: Folder) -> None:

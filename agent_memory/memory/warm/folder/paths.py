@@ -1,10 +1,10 @@
-"""The cache folder: where each file lives (what the files hold: records.py), for the server's
-warm tier (folder_backend.py) and the `cache` commands alike. No MLX here.
+"""The cache folder: where each file lives (what the files hold: format/records.py), for the server's
+warm tier (folder/backend.py) and the `cache` commands alike. No MLX here.
 
     <cache-dir>/kv/<model>-<fingerprint>-<precision>/
         model.json                         what this folder holds (for people and the CLI)
         server.json                        the server running on this folder: pid, URL, start
-        blocks/<h[:2]>/<hash>.safetensors  one block, content-addressed (blockfile.py)
+        blocks/<h[:2]>/<hash>.safetensors  one block, content-addressed (format/blockfile.py)
         agents/<hash of agent id>.json     an agent's manifest: its tokens and block hashes
         quarantine/                        files that failed a check, with a .why note
 
@@ -34,8 +34,8 @@ from pathlib import Path
 from agent_memory import files
 from agent_memory.agent_key import AgentKey, agent_file_stem
 from agent_memory.files import TEMP_SUFFIX, entries
-from agent_memory.memory.warm import blockfile
-from agent_memory.memory.warm.records import Manifest, ServerRecord, pid_alive
+from agent_memory.memory.warm.format import blockfile
+from agent_memory.memory.warm.format.records import Manifest, ServerRecord, pid_alive
 from agent_memory.memory.warm.scan import FileInfo, FolderScan
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class Folder:
         finally:
             os.close(fd)
 
-    # What the `cache` commands read, by path; a shared Redis namespace (redis_folder.py) answers the same.
+    # What the `cache` commands read, by path; a shared Redis namespace (redis/folder.py) answers the same.
 
     def size_at(self, path: Path) -> int:
         try:

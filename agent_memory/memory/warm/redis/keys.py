@@ -1,6 +1,6 @@
 """Where a namespace's things are in a Redis, and the Lua scripts that change several of them at
-once: what the server's backend (RedisBackend, redis_backend.py) and the `cache` commands' view
-of it (RedisFolder, redis_folder.py) share.
+once: what the server's backend (RedisBackend, redis/backend.py) and the `cache` commands' view
+of it (RedisFolder, redis/folder.py) share.
 
 Keys, for a namespace `ns` (the folder name: `<model>-<fingerprint>-<precision>`):
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 import threading
 
 from agent_memory.agent_key import AgentKey, agent_file_stem
-from agent_memory.memory.warm.records import Manifest
-from agent_memory.memory.warm.redis_url import connect, redact, store_root
+from agent_memory.memory.warm.format.records import Manifest
+from agent_memory.memory.warm.redis.url import connect, redact, store_root
 
 PREFIX = "am"
 BLOCK_TTL_S = 30 * 86400  # an unused block expires after 30 days (each read or write renews it)
@@ -167,6 +167,10 @@ class RedisNamespace:
         if source not in self._scripts:
             self._scripts[source] = self.client.register_script(source)
         return self._scripts[source]
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
 
     def parse_manifest(self, key_name: str, data: bytes) -> Manifest:
         """A manifest read from its key (its stem checked against the agent it names)."""

@@ -16,9 +16,11 @@ from pathlib import Path
 
 from agent_memory import files
 from agent_memory.agent_key import AGENT, KINDS, AgentKey, agent_file_stem, legacy_file_stem
+from agent_memory.memory.hashing import SpanKey, covering
 
 BLOCK_TOKENS = 64  # tokens per block; a sequence's last block may be shorter
 HASH_RE = re.compile(r"^[0-9a-f]{32}$")
+HEX_RE = re.compile(r"^(?:[0-9a-f]{2}){1,64}$")  # an extra key: up to 64 bytes (a digest)
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_TOKEN_ID = 2**32  # block hashes pack token ids as uint32 (hashing.py)
@@ -42,11 +44,14 @@ class BlockRecord:
     start: int
     tokens: tuple[int, ...]
     snapshot: bool = False  # a snapshot: no tokens, the state at `start` after the prefix `parent` names
+    extras: tuple[SpanKey, ...] = ()  # what fixes its KV beyond its tokens, relative to `start` (hashing.py)
 
     def meta(self) -> dict[str, str]:
         """The block file's metadata that names the block (WarmTier adds the folder's fields)."""
         parent = self.parent or ""
         meta = {"hash": self.hash, "parent": parent, "start": str(self.start), "tokens": tokens_text(self.tokens)}
+        if self.extras:  # only when there are some: a block file without is as before
+            meta["extras"] = json.dumps([[s.start, s.end, s.key.hex()] for s in self.extras], separators=(",", ":"))
         return {**meta, "snapshot": "1"} if self.snapshot else meta
 
     @classmethod
@@ -68,7 +73,12 @@ class BlockRecord:
             raise ValueError("its start position is not a number")
         if snapshot and parent is None:
             raise ValueError("a snapshot names the prefix it follows")
-        return cls(block_hash, parent, int(start), tuple(tokens), snapshot)
+        try:
+            spans = json.loads(meta.get("extras") or "[]")
+        except (ValueError, TypeError, RecursionError) as e:
+            raise ValueError(f"unreadable extras: {e}") from e
+        extras = parse_extras(spans, len(tokens), relative=True)
+        return cls(block_hash, parent, int(start), tuple(tokens), snapshot, extras)
 
 
 @dataclass(frozen=True)
@@ -114,11 +124,13 @@ class Manifest:
     path: Path | None = None
     root: str | None = None  # where its hash chain starts: its namespace (memory/hashing.py)
     snapshots: list[tuple[int, str]] = field(default_factory=list)
+    extras: tuple[SpanKey, ...] = ()  # what fixes its KV beyond its tokens (memory/hashing.py)
 
     def extends(self, theirs: Manifest) -> bool:
         """Whether this sequence contains theirs: the same namespace, their tokens a prefix of ours."""
         n = len(theirs.tokens)
-        return theirs.root == self.root and n <= len(self.tokens) and self.tokens[:n] == theirs.tokens
+        same = theirs.root == self.root and covering(theirs.extras, 0, n) == covering(self.extras, 0, n)
+        return same and n <= len(self.tokens) and self.tokens[:n] == theirs.tokens
 
     @property
     def names(self) -> list[str]:
@@ -143,6 +155,8 @@ class Manifest:
             data["root"] = self.root
         if self.snapshots:
             data["snapshots"] = [list(s) for s in self.snapshots]
+        if self.extras:  # written only when there are some: a manifest without is as before
+            data["extras"] = [[s.start, s.end, s.key.hex()] for s in self.extras]
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
@@ -186,11 +200,25 @@ class Manifest:
             for s in snapshots
         ):
             raise ValueError("snapshots must be a list of [position, hash] within its tokens")
+        extras = parse_extras(data.get("extras", []), len(tokens))
         last_used = data.get("last_used")
         if type(last_used) not in (int, float) or not isinstance(data.get("fingerprint"), str):
             raise ValueError("missing fingerprint or last_used")
         if not abs(last_used) < 1e15:  # also false for NaN and inf; float(10**400) would overflow
             raise ValueError("last_used is not a time")
         return cls(
-            key, data["fingerprint"], tokens, blocks, float(last_used), path, root, [(p, h) for p, h in snapshots]
+            key, data["fingerprint"], tokens, blocks, float(last_used), path, root, [(p, h) for p, h in snapshots], extras
         )
+
+
+def parse_extras(extras: object, n_tokens: int, relative: bool = False) -> tuple[SpanKey, ...]:
+    """Spans of extra keys, checked: [start, end, key as hex] within a manifest's tokens, or
+    (`relative`: a block file's) over some of a block's."""
+    if not isinstance(extras, list) or not all(
+        isinstance(s, list) and len(s) == 3 and type(s[0]) is int and type(s[1]) is int and s[0] < s[1]
+        and (s[0] < n_tokens and s[1] > 0 if relative else 0 <= s[0] and s[1] <= n_tokens)
+        and isinstance(s[2], str) and HEX_RE.match(s[2])
+        for s in extras
+    ):
+        raise ValueError("extras must be a list of [start, end, key as hex] within its tokens")
+    return tuple(sorted(SpanKey(s, e, bytes.fromhex(k)) for s, e, k in extras))

@@ -1,6 +1,6 @@
 """RedisBackend: the warm tier in a Redis that several servers share (backend.py says what a
 backend is). Any Redis-compatible service that runs Lua scripts will do; tests use Debian's
-redis-server. The keys and the scripts are redis_keys.py's.
+redis-server. The keys and the scripts are redis/keys.py's.
 
 Blocks: `SET NX EX` (the first writer's bytes stay; equal names are equal bytes), read with
 `GETEX` (a read renews the TTL), checked like a file. A damaged block is deleted only if the key
@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.memory.warm import blockfile
+from agent_memory.memory.warm.format import blockfile
 from agent_memory.memory.warm.backend import BackendUsage, BlockMissing, ManifestWrite, Probe, WarmBackend
-from agent_memory.memory.warm.blockfile import Layout
-from agent_memory.memory.warm.records import Manifest
-from agent_memory.memory.warm.redis_keys import (
+from agent_memory.memory.warm.format.blockfile import Layout
+from agent_memory.memory.warm.format.records import Manifest
+from agent_memory.memory.warm.redis.keys import (
     BLOCK_TTL_S,
     CAS_MANIFEST,
     DELETE_MANIFEST,
@@ -44,14 +44,18 @@ from agent_memory.memory.warm.stems import move_redis_manifests
 log = logging.getLogger(__name__)
 
 
-class RedisBackend(RedisNamespace, WarmBackend):
+class RedisBackend(WarmBackend):
     shared = True
 
     def __init__(self, url: str, namespace: str, *, client=None) -> None:
-        super().__init__(url, namespace, client=client)
+        self.keys = RedisNamespace(url, namespace, client=client)  # where things are, the client, the scripts
         self.model_info: dict | None = None
         self._model_written = False
         self.epoch: str | None = None  # the namespace's epoch key as this server last saw it
+
+    @property
+    def location(self) -> str:
+        return self.keys.location
 
     # -- start -----------------------------------------------------------------------------
 
@@ -63,7 +67,7 @@ class RedisBackend(RedisNamespace, WarmBackend):
         self.model_info = model_info
         try:
             self._write_model_info()
-            move_redis_manifests(self)
+            move_redis_manifests(self.keys)
             usage = self.check()[0]
             if usage.note:
                 log.warning("warm tier %s: %s", self.location, usage.note)
@@ -73,7 +77,7 @@ class RedisBackend(RedisNamespace, WarmBackend):
 
     def _write_model_info(self) -> None:
         if not self._model_written and self.model_info is not None:
-            self.client.set(self.model_key, json.dumps(self.model_info, sort_keys=True))
+            self.keys.client.set(self.keys.model_key, json.dumps(self.model_info, sort_keys=True))
             self._model_written = True
 
     # -- blocks ----------------------------------------------------------------------------
@@ -81,15 +85,15 @@ class RedisBackend(RedisNamespace, WarmBackend):
     def put_block(self, block_hash: str, chunks: list) -> int:
         self._write_model_info()
         data = b"".join(chunks)  # memoryviews joined as they are: one copy
-        key = self.block_key(block_hash)
-        pipe = self.client.pipeline(transaction=False)
+        key = self.keys.block_key(block_hash)
+        pipe = self.keys.client.pipeline(transaction=False)
         pipe.set(key, data, nx=True, ex=BLOCK_TTL_S)
         pipe.expire(key, BLOCK_TTL_S)  # already there: it is in use again
         pipe.execute()
         return len(data)
 
     def get_block_bytes(self, block_hash: str) -> bytes | None:
-        return self.client.getex(self.block_key(block_hash), ex=BLOCK_TTL_S)
+        return self.keys.client.getex(self.keys.block_key(block_hash), ex=BLOCK_TTL_S)
 
     def read_block(self, block_hash: str, expect: dict[str, str], layout: Layout) -> dict[str, np.ndarray]:
         data = self.get_block_bytes(block_hash)
@@ -98,7 +102,7 @@ class RedisBackend(RedisNamespace, WarmBackend):
         try:
             return blockfile.read_bytes(data, expect, layout)[1]
         except blockfile.BlockFileError as e:
-            gone = self.script(DISCARD_BLOCK)(keys=[self.block_key(block_hash)], args=[hashlib.sha1(data).hexdigest()])
+            gone = self.keys.script(DISCARD_BLOCK)(keys=[self.keys.block_key(block_hash)], args=[hashlib.sha1(data).hexdigest()])
             log.warning(
                 "damaged block %s in %s (%s): %s; it is recomputed and written again",
                 block_hash[:16],
@@ -109,22 +113,22 @@ class RedisBackend(RedisNamespace, WarmBackend):
             raise
 
     def delete_block(self, block_hash: str) -> None:
-        self.client.delete(self.block_key(block_hash))
+        self.keys.client.delete(self.keys.block_key(block_hash))
 
     # -- manifests -------------------------------------------------------------------------
 
     def read_manifest(self, key: AgentKey) -> tuple[Manifest, str] | None:
-        name = self.manifest_key(key)
-        etag, data = self.client.hmget(name, ["etag", "data"])
+        name = self.keys.manifest_key(key)
+        etag, data = self.keys.client.hmget(name, ["etag", "data"])
         if etag is None or data is None:
             return None
-        return self.parse_manifest(name, data), etag.decode()
+        return self.keys.parse_manifest(name, data), etag.decode()
 
     def write_manifest(self, manifest: Manifest, base: str | None, etag: str) -> ManifestWrite:
         self._write_model_info()
         blocks = " ".join(dict.fromkeys(manifest.names))
-        out = self.script(CAS_MANIFEST)(
-            keys=[self.manifest_key(manifest.key), self.refs_key],
+        out = self.keys.script(CAS_MANIFEST)(
+            keys=[self.keys.manifest_key(manifest.key), self.keys.refs_key],
             args=[base or "", etag, manifest.to_bytes(), blocks],
         )
         if int(out[0]) == 1:
@@ -132,7 +136,7 @@ class RedisBackend(RedisNamespace, WarmBackend):
         return ManifestWrite(False, out[1].decode() or None)
 
     def delete_manifest(self, key: AgentKey) -> ManifestWrite:
-        out = self.script(DELETE_MANIFEST)(keys=[self.manifest_key(key), self.refs_key], args=[])
+        out = self.keys.script(DELETE_MANIFEST)(keys=[self.keys.manifest_key(key), self.keys.refs_key], args=[])
         return ManifestWrite(bool(int(out[0])), None, [h.decode() for h in out[1:]])
 
     def quarantine_manifest(self, manifest: Manifest, reason: str) -> None:
@@ -142,12 +146,12 @@ class RedisBackend(RedisNamespace, WarmBackend):
     def probe(self, key: AgentKey | None, known: str | None, hashes: Iterable[str]) -> Probe:
         """One round trip: the agent's manifest if its etag is not `known`, and which blocks exist."""
         hashes = list(hashes)
-        pipe = self.client.pipeline(transaction=False)
-        name = self.manifest_key(key) if key is not None else None
+        pipe = self.keys.client.pipeline(transaction=False)
+        name = self.keys.manifest_key(key) if key is not None else None
         if name is not None:
-            self.script(FETCH_IF_CHANGED)(keys=[name], args=[known or ""], client=pipe)
+            self.keys.script(FETCH_IF_CHANGED)(keys=[name], args=[known or ""], client=pipe)
         for h in hashes:
-            pipe.strlen(self.block_key(h))
+            pipe.strlen(self.keys.block_key(h))
         out = pipe.execute()
         manifest: tuple[Manifest, str] | None | bool = True
         if name is not None:
@@ -156,7 +160,7 @@ class RedisBackend(RedisNamespace, WarmBackend):
                 manifest = None
             elif len(found) == 2:
                 try:
-                    manifest = (self.parse_manifest(name, found[1]), found[0].decode())
+                    manifest = (self.keys.parse_manifest(name, found[1]), found[0].decode())
                 except ValueError as e:
                     log.warning("unreadable manifest %s in %s: %s", name, self.location, e)
                     manifest = True  # as if unchanged: the next write replaces it
@@ -165,7 +169,7 @@ class RedisBackend(RedisNamespace, WarmBackend):
     # -- budget ----------------------------------------------------------------------------
 
     def usage(self) -> BackendUsage:
-        return self._usage(self.client.info("memory"))
+        return self._usage(self.keys.client.info("memory"))
 
     @staticmethod
     def _usage(info: dict) -> BackendUsage:
@@ -183,13 +187,13 @@ class RedisBackend(RedisNamespace, WarmBackend):
         """Usage, and whether Redis lost its data since the last check: the namespace's epoch
         key, set by the first server to find it absent and never evicted (it has no TTL), is
         gone, or another server found it gone and set a new one."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.get(self.epoch_key)
+        pipe = self.keys.client.pipeline(transaction=False)
+        pipe.get(self.keys.epoch_key)
         pipe.info("memory")
         found, info = pipe.execute()
         if found is None:  # SET NX, then GET: Redis 6.2 takes no GET with NX
-            self.client.set(self.epoch_key, secrets.token_hex(8), nx=True)
-            found = self.client.get(self.epoch_key)
+            self.keys.client.set(self.keys.epoch_key, secrets.token_hex(8), nx=True)
+            found = self.keys.client.get(self.keys.epoch_key)
         epoch = found.decode() if found is not None else None
         lost = self.epoch is not None and epoch != self.epoch
         self.epoch = epoch
@@ -204,5 +208,4 @@ class RedisBackend(RedisNamespace, WarmBackend):
         return isinstance(e, (redis.ConnectionError, redis.TimeoutError, OSError))
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        self.keys.close()

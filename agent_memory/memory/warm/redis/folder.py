@@ -1,6 +1,6 @@
-"""The `cache` commands' view of a namespace in a shared Redis: Folder's interface (folder.py)
+"""The `cache` commands' view of a namespace in a shared Redis: Folder's interface (folder/paths.py)
 on keys, so that ls/show/verify/rm/prune work on the shared tier as on a cache folder. Paths
-are keys (redis_url.RedisPath); the layout is redis_keys.py's."""
+are keys (redis/url.py's RedisPath); the layout is redis/keys.py's."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import time
 from collections.abc import Callable
 from pathlib import PurePosixPath
 
-from agent_memory.memory.warm import blockfile
-from agent_memory.memory.warm.blockfile import Layout
-from agent_memory.memory.warm.records import HASH_RE, Manifest
-from agent_memory.memory.warm.redis_keys import BLOCK_TTL_S, DELETE_MANIFEST, PREFIX, SCAN_COUNT, RedisNamespace
-from agent_memory.memory.warm.redis_url import connect
+from agent_memory.memory.warm.format import blockfile
+from agent_memory.memory.warm.format.blockfile import Layout
+from agent_memory.memory.warm.format.records import HASH_RE, Manifest
+from agent_memory.memory.warm.redis.keys import BLOCK_TTL_S, DELETE_MANIFEST, PREFIX, SCAN_COUNT, RedisNamespace
+from agent_memory.memory.warm.redis.url import connect
 from agent_memory.memory.warm.scan import FileInfo, FolderScan
 
 
