@@ -129,11 +129,11 @@ def test_cache_rm_and_prune_end_agents_through_the_running_server(tiny_model, tm
         listed = json.loads(cache_cli(cache_dir, "ls", "--format", "json").stdout)["agents"]
         assert sorted(a["id"] for a in listed) == ["bob", "carol"]
 
-        time.sleep(1.2)
+        time.sleep(4)  # bob is 4 s old; carol, a moment: --older-than 3s tells them apart on a busy machine
         recent = time.time()
         turn(server, "carol", shared + "Plan a picnic. Bring bread.")  # carol stays recent
         wait_for(lambda: Manifest.read(folder.agent_path("carol")).last_used >= recent)
-        result = cache_cli(cache_dir, "prune", "--older-than", "1s", "--yes", "--format", "json")
+        result = cache_cli(cache_dir, "prune", "--older-than", "3s", "--yes", "--format", "json")
         assert result.returncode == 0, result.stderr
         assert [i["name"] for i in json.loads(result.stdout)["removed"] if i["kind"] == "agent"] == ["bob"]
         assert server_agents(server) == ["carol"] and not folder.agent_path("bob").exists()
