@@ -120,7 +120,7 @@ def _serve(settings: Settings) -> int:
     from agent_memory.api.app import create_app
     from agent_memory.api.responses.store import ResponseStore
     from agent_memory.api.sealing import SealKeyError, Sealer
-    from agent_memory.engine.residency import Residency
+    from agent_memory.engine.loading.residency import Residency
     from agent_memory.models.folders import ModelError
 
     try:

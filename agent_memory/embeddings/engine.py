@@ -27,12 +27,12 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.embeddings.layout import NotEmbeddingModel, embedding_layout
 from agent_memory.embeddings.metrics import EmbeddingMetrics
 from agent_memory.embeddings.model import PASS_INPUTS, EmbeddingModel, batches
-from agent_memory.engine.budget import give_back_memory, tell_mlx, weights_bytes
+from agent_memory.engine.loading.budget import give_back_memory, tell_mlx, weights_bytes
 from agent_memory.engine.config import EngineConfig
-from agent_memory.engine.loader import weights_damage, weights_file_bytes
+from agent_memory.engine.loading.loader import weights_damage, weights_file_bytes
 from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
 from agent_memory.engine.requests import MODEL_UNAVAILABLE, Failed, GenerationRequest, Sink
-from agent_memory.engine.residency import NoRoom, Residency
+from agent_memory.engine.loading.residency import NoRoom, Residency
 
 log = logging.getLogger(__name__)
 

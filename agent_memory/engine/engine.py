@@ -27,18 +27,18 @@ import mlx.core as mx
 from prometheus_client import CollectorRegistry
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.engine.budget import give_back_memory
+from agent_memory.engine.loading.budget import give_back_memory
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.core import EngineCore
-from agent_memory.engine.loader import ModelText, UnsupportedModelError, describe_model, draft_refusal
-from agent_memory.engine.loading import Loading
-from agent_memory.engine.metrics import Metrics
-from agent_memory.engine.parts import Parts
+from agent_memory.engine.loading.loader import ModelText, UnsupportedModelError, describe_model, draft_refusal
+from agent_memory.engine.loading.weights import Loading
+from agent_memory.engine.observability.metrics import Metrics
+from agent_memory.engine.loading.parts import Parts
 from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
-from agent_memory.engine.report import parts_health, summary
+from agent_memory.engine.observability.report import parts_health, summary
 from agent_memory.engine.requests import GenerationRequest, Sink
-from agent_memory.engine.residency import NoRoom, Residency
-from agent_memory.engine.trace import NO_TRACE, Trace
+from agent_memory.engine.loading.residency import NoRoom, Residency
+from agent_memory.engine.observability.trace import NO_TRACE, Trace
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from agent_memory.engine.constraint import logits_processors
 from agent_memory.engine.detokenizer import Detokenizer
-from agent_memory.engine.loader import LoadedModel
+from agent_memory.engine.loading.loader import LoadedModel
 from agent_memory.engine.output import Output
 from agent_memory.engine.sampling import make_sampler
 from agent_memory.engine.sequence import Sequence, Status

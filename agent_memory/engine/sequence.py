@@ -14,7 +14,7 @@ from agent_memory.engine.constraint import logits_processors
 from agent_memory.engine.detokenizer import Detokenizer
 from agent_memory.engine.kinds.attention import StoredRun
 from agent_memory.engine.kinds.layers import ModelLayers
-from agent_memory.engine.loader import LoadedModel
+from agent_memory.engine.loading.loader import LoadedModel
 from agent_memory.engine.output import Output
 from agent_memory.engine.requests import GenerationRequest, Sink, Usage
 from agent_memory.engine.sampling import make_sampler

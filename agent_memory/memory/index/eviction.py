@@ -28,7 +28,7 @@ class Eviction:
     # -- eviction -----------------------------------------------------------------------
 
     def set_hot_budget(self, nbytes: int) -> None:
-        """A new share of the memory limit (engine/residency.py): over it, blocks cool now."""
+        """A new share of the memory limit (engine/loading/residency.py): over it, blocks cool now."""
         with self.lock:
             self.hot_budget_bytes = nbytes
             self._evict_hot()

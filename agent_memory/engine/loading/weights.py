@@ -15,12 +15,12 @@ from concurrent.futures import Future
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
-from agent_memory.engine.budget import describe_split, give_back_memory, tell_mlx, weights_bytes
+from agent_memory.engine.loading.budget import describe_split, give_back_memory, tell_mlx, weights_bytes
 from agent_memory.engine.core import EngineCore
-from agent_memory.engine.loader import weights_damage, weights_file_bytes
-from agent_memory.engine.parts import build, reload_weights, unload_weights
+from agent_memory.engine.loading.loader import weights_damage, weights_file_bytes
+from agent_memory.engine.loading.parts import build, reload_weights, unload_weights
 from agent_memory.engine.requests import MODEL_UNAVAILABLE, Failed, GenerationRequest, Sink
-from agent_memory.engine.residency import NoRoom
+from agent_memory.engine.loading.residency import NoRoom
 
 log = logging.getLogger(__name__)
 

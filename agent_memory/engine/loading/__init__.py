@@ -1,0 +1,1 @@
+"""A served model's weights in and out of memory: its files read (loader.py), what a load builds (parts.py, warm.py), the lifecycle shared by chat and embedding engines (weights.py) within one memory limit (residency.py, budget.py)."""
