@@ -14,8 +14,8 @@ import mlx.core as mx
 
 from agent_memory.agent_key import AgentKey
 from agent_memory.engine.kinds.layers import ModelLayers
-from agent_memory.engine.sequence import Sequence, canonical_reply
 from agent_memory.engine.observability.trace import NoTrace
+from agent_memory.engine.sequence import Sequence, canonical_reply
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.store_records import Persist
 from agent_memory.memory.warm.tier import WarmTier

@@ -21,14 +21,14 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.decode_batch import Token
 from agent_memory.engine.observability.metrics import Metrics
-from agent_memory.engine.loading.parts import Parts
+from agent_memory.engine.observability.trace import NoTrace
+from agent_memory.engine.parts import Parts
 from agent_memory.engine.planner import Planner
 from agent_memory.engine.requests import Failed, GenerationRequest, SamplingParams, Sink
 from agent_memory.engine.samples import samples
 from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status, new_sequence
 from agent_memory.engine.speculation.speculative_batch import Verified
-from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.memory.index.write_back import WriteBack
 from agent_memory.memory.warm.records import BLOCK_TOKENS
 

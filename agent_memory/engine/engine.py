@@ -8,7 +8,7 @@ from any thread; reads of the store take its lock.
 The thread first reads the model's tokenizer and layers (what the API needs), then loads the
 weights at start or when a request first asks for the model; with other models served it may
 later unload them when idle, keeping the store and warm tier, and load them again for the next
-request: its `Weights` (loading/weights.py) does that, over its `ChatModel` (loading/chat.py),
+request: its `Weights` (loading/weights.py) does that, over its `ChatModel` (chat_model.py),
 which holds what a load built (the Parts, the EngineCore).
 """
 
@@ -28,16 +28,16 @@ import mlx.core as mx
 from prometheus_client import CollectorRegistry
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.engine.loading.budget import give_back_memory
+from agent_memory.engine.chat_model import ChatModel
 from agent_memory.engine.config import EngineConfig
-from agent_memory.engine.loading.chat import ChatModel
+from agent_memory.engine.loading.budget import give_back_memory
 from agent_memory.engine.loading.loader import UnsupportedModelError
 from agent_memory.engine.loading.residency import NoRoom, Residency
 from agent_memory.engine.loading.weights import Weights
 from agent_memory.engine.observability.metrics import Metrics
-from agent_memory.engine.observability.report import parts_health, summary
 from agent_memory.engine.observability.trace import NO_TRACE, Trace
 from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
+from agent_memory.engine.report import parts_health, summary
 from agent_memory.engine.requests import GenerationRequest, Sink
 
 log = logging.getLogger(__name__)

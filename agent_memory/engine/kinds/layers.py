@@ -116,7 +116,7 @@ class ModelLayers:
         self.model = model
 
     def detach(self) -> None:
-        """The weights are unloaded (engine/loading/parts.py): the kinds and shapes stay known, so the
+        """The weights are unloaded (engine/parts.py): the kinds and shapes stay known, so the
         warm tier keeps reading and deleting this model's files."""
         self.model = None
 

@@ -1,1 +1,3 @@
-"""A served model's weights in and out of memory: its files read (loader.py), what a load builds (parts.py, warm.py), the lifecycle shared by chat and embedding engines (weights.py) within one memory limit (residency.py, budget.py)."""
+"""A served model in and out of memory: its files read (loader.py), its warm tier opened
+(warm.py), its weights loaded and unloaded by the lifecycle both engines share (weights.py)
+within one memory limit for every served model (residency.py, budget.py)."""

@@ -2,9 +2,10 @@
 engines share (BatchEngine and EmbeddingEngine each hold a `Weights`). They load at start or
 for the first request that asks, and unload when idle or to make room for another model: a
 `Weights` is what the residency (residency.py) counts and asks (`residency.Resident`). What a
-load builds and an unload drops is the model's own (`Loadable`: chat.py's `ChatModel`, the
-embedding engine's `Embedder`). It runs on its engine's thread but for `idle_since`, `unload`,
-`set_budgets`, `unavailable` and the arrival count, which only read or post to that thread."""
+load builds and an unload drops is the model's own (`Loadable`: engine/chat_model.py's
+`ChatModel`, embeddings/engine.py's `Embedder`). It runs on its engine's thread but for
+`idle_since`, `unload`, `set_budgets`, `unavailable` and the arrival count, which only read or
+post to that thread."""
 
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""What an engine shows its operator: Prometheus families (metrics.py), the trace file (trace.py), /health and the ready line (report.py)."""
+"""What an engine records for its operator: its Prometheus families (metrics.py) and the
+trace file (trace.py)."""

@@ -1,1 +1,2 @@
-"""Speculative decoding: proposals (lookup.py, draft.py) verified in one forward pass of the batch (speculative_batch.py), as wide as pays (verify_width.py)."""
+"""Speculative decoding: proposals (lookup.py, draft.py) verified in one forward pass of the
+batch (speculative_batch.py), as many positions as pay (verify_width.py)."""

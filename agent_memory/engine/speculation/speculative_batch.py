@@ -26,13 +26,13 @@ import mlx.core as mx
 
 from agent_memory.engine.constraint import GrammarProcessor
 from agent_memory.engine.decode_batch import Token
-from agent_memory.engine.speculation.draft import Draft
 from agent_memory.engine.logprobs import token_logprobs
-from agent_memory.engine.requests import TokenLogprob
-from agent_memory.engine.speculation.lookup import Lookups, Settled
 from agent_memory.engine.penalties import Penalties
 from agent_memory.engine.ragged_kv import drop, join
+from agent_memory.engine.requests import TokenLogprob
 from agent_memory.engine.sampling import SeededSampler, accept_greedy, verify
+from agent_memory.engine.speculation.draft import Draft
+from agent_memory.engine.speculation.lookup import Lookups, Settled
 from agent_memory.engine.speculation.verify_width import VerifyWidth
 
 

@@ -4,7 +4,7 @@ line the log says once the model is served."""
 from __future__ import annotations
 
 from agent_memory import blas
-from agent_memory.engine.loading.parts import Parts
+from agent_memory.engine.parts import Parts
 from agent_memory.engine.protocol import Health, ModelFacts
 from agent_memory.memory.warm.health import warm_health
 

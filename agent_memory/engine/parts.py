@@ -15,10 +15,10 @@ from agent_memory.engine.decode_batch import DecodeBatch
 from agent_memory.engine.kinds import attention
 from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.loading.loader import LoadedModel, ModelText, UnsupportedModelError, load_draft, load_model
+from agent_memory.engine.loading.warm import open_warm_tier
+from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.engine.prefill import Prefiller
 from agent_memory.engine.speculation.speculative_batch import SpeculativeBatch
-from agent_memory.engine.observability.trace import NoTrace
-from agent_memory.engine.loading.warm import open_warm_tier
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.warm.records import BLOCK_TOKENS
 from agent_memory.memory.warm.tier import WarmTier

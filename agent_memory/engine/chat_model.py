@@ -23,9 +23,9 @@ from agent_memory.engine.loading.loader import (
     weights_damage,
     weights_file_bytes,
 )
-from agent_memory.engine.loading.parts import Parts, build, reload_weights, unload_weights
 from agent_memory.engine.observability.metrics import Metrics
 from agent_memory.engine.observability.trace import NoTrace
+from agent_memory.engine.parts import Parts, build, reload_weights, unload_weights
 
 log = logging.getLogger(__name__)
 
