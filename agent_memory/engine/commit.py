@@ -48,7 +48,7 @@ class Committer:
         follow_up = None
         held = len(tokens)
         if seq.agent is not None and reason in ("stop", "length"):
-            reply = self.decoder.encode(seq.output.text, add_special_tokens=False).ids
+            reply = self.decoder.encode(seq.generation.output.text, add_special_tokens=False).ids
             keep, follow_up = canonical_reply(seq.prompt, tokens, reply)
             tokens = tokens[:keep]
         # A state layer's cache cannot be cut back: its snapshot is taken only where it ends.

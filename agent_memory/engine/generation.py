@@ -1,0 +1,36 @@
+"""A sequence's request side, which scheduling never reads (the Sequence holds it whole in one
+field, as nano-vllm's Sequence holds only what scheduling needs): how its tokens are chosen (the
+sampler, and logits processors for logit_bias, penalties and the grammar's mask), what it has
+counted (`Usage`), and its `Output` (tokens to text, stop strings, events to its client)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agent_memory.engine.constraint import logits_processors
+from agent_memory.engine.detokenizer import Detokenizer
+from agent_memory.engine.loading.loader import LoadedModel
+from agent_memory.engine.output import Output
+from agent_memory.engine.requests import GenerationRequest, Sink, Usage
+from agent_memory.engine.sampling import make_sampler
+
+
+@dataclass(eq=False)
+class Generation:
+    sampler: Any
+    processors: list  # mlx-lm logits processors (logit_bias, penalties, the grammar's mask)
+    usage: Usage
+    output: Output
+    last_token: float = 0.0  # perf_counter() of its latest token
+
+
+def new_generation(request: GenerationRequest, sink: Sink, loaded: LoadedModel, index: int = 0) -> Generation:
+    """The request side of `request`'s sample `index` (its own seed, processors and grammar matcher)."""
+    params = request.params
+    return Generation(
+        sampler=make_sampler(params.temperature, params.top_p, params.seed, params.top_k),
+        processors=logits_processors(request, loaded.vocab_size, loaded.tokenizer.eos_token_ids),
+        usage=Usage(prompt_tokens=len(request.prompt)),
+        output=Output(sink, Detokenizer(loaded.decoder, loaded.hidden_tokens), params.stop, index),
+    )
