@@ -44,7 +44,7 @@ def repeating_batch(tmp_path_factory):
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache
 
-    from agent_memory.engine.sampling import make_sampler
+    from agent_memory.engine.tokens.sampling import make_sampler
     from agent_memory.models.tiny import build_tiny
 
     folder = build_tiny(tmp_path_factory.mktemp("models") / "tied", config={"tie_word_embeddings": True})

@@ -19,9 +19,9 @@ from mlx_lm.generate import GenerationBatch, StopSequences
 from mlx_lm.models.cache import QuantizedKVCache
 from mlx_lm.sample_utils import greedy_sampler
 
-from agent_memory.engine.logprobs import token_logprobs
-from agent_memory.engine.requests import TokenLogprob
 from agent_memory.engine.quantized import BatchQuantizedKVCache
+from agent_memory.engine.requests import TokenLogprob
+from agent_memory.engine.tokens.logprobs import token_logprobs
 
 
 @dataclass

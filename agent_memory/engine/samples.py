@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from agent_memory.engine.generation import new_generation
 from agent_memory.engine.loading.loader import LoadedModel
 from agent_memory.engine.sequence import Sequence, Status
+from agent_memory.engine.tokens.generation import new_generation
 
 
 def samples(seq: Sequence, ids: Iterator[int], loaded: LoadedModel) -> list[Sequence]:

@@ -10,11 +10,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.engine.generation import Generation, new_generation
 from agent_memory.engine.kinds.attention import StoredRun
 from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.loading.loader import LoadedModel
 from agent_memory.engine.requests import GenerationRequest, Sink
+from agent_memory.engine.tokens.generation import Generation, new_generation
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.store_records import Lease, Segment

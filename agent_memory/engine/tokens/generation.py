@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent_memory.engine.constraint import logits_processors
-from agent_memory.engine.detokenizer import Detokenizer
 from agent_memory.engine.loading.loader import LoadedModel
-from agent_memory.engine.output import Output
 from agent_memory.engine.requests import GenerationRequest, Sink, Usage
-from agent_memory.engine.sampling import make_sampler
+from agent_memory.engine.tokens.constraint import logits_processors
+from agent_memory.engine.tokens.detokenizer import Detokenizer
+from agent_memory.engine.tokens.output import Output
+from agent_memory.engine.tokens.sampling import make_sampler
 
 
 @dataclass(eq=False)
