@@ -166,17 +166,15 @@ class EngineCore:
             seq = self.seqs[t.seq_id]
             if seq.id in stopped:  # its run went on past a stop string: the rest is not output
                 continue
-            gen = seq.generation
-            gen.usage.completion_tokens += 1
-            hit = gen.output.take(t.token, t.finish, t.logprob)
+            hit = seq.generation.take(t.token, t.finish, t.logprob)
             now = time.perf_counter()
             self.metrics.generated_tokens.inc()
-            if gen.usage.completion_tokens == 1:
+            if seq.generation.usage.completion_tokens == 1:
                 self.metrics.ttft.observe(now - seq.submitted)
                 self.trace.first_token(seq)
             else:
-                self.metrics.inter_token.observe(now - gen.last_token)
-            gen.last_token = now
+                self.metrics.inter_token.observe(now - seq.generation.last_token)
+            seq.generation.last_token = now
             if hit and t.finish is None:
                 stopped[seq.id] = seq  # a stop string: it leaves the batch below
             elif hit or t.finish is not None:

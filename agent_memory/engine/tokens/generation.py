@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_memory.engine.loading.loader import LoadedModel
-from agent_memory.engine.requests import GenerationRequest, Sink, Usage
+from agent_memory.engine.requests import GenerationRequest, Sink, TokenLogprob, Usage
 from agent_memory.engine.tokens.constraint import logits_processors
 from agent_memory.engine.tokens.detokenizer import Detokenizer
 from agent_memory.engine.tokens.output import Output
@@ -23,6 +23,11 @@ class Generation:
     usage: Usage
     output: Output
     last_token: float = 0.0  # perf_counter() of its latest token
+
+    def take(self, token: int, finish: str | None, logprob: TokenLogprob | None) -> bool:
+        """A generated token: counted, and its text on to the client; True at a stop string."""
+        self.usage.completion_tokens += 1
+        return self.output.take(token, finish, logprob)
 
 
 def new_generation(request: GenerationRequest, sink: Sink, loaded: LoadedModel, index: int = 0) -> Generation:
