@@ -44,8 +44,8 @@ def per_token_costs(vocab_size: int, batch: int) -> dict:
     own (medians of 100): steadier than the end-to-end ratios on a shared machine."""
     import mlx.core as mx
 
-    from agent_memory.engine.logprobs import token_logprobs
-    from agent_memory.engine.penalties import Penalties
+    from agent_memory.engine.tokens.logprobs import token_logprobs
+    from agent_memory.engine.tokens.penalties import Penalties
 
     def median_ms(fn) -> float:
         times = []

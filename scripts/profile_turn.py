@@ -31,7 +31,7 @@ from openai import OpenAI  # noqa: E402
 
 from agent_memory.config import default_cache_dir  # noqa: E402
 from agent_memory.engine.kinds.layers import ModelLayers  # noqa: E402
-from agent_memory.engine.loader import describe_model, load_model  # noqa: E402
+from agent_memory.engine.loading.loader import describe_model, load_model  # noqa: E402
 from agent_memory import files  # noqa: E402
 from agent_memory.memory.hashing import BlockNames  # noqa: E402
 from agent_memory.memory.warm.format import blockfile# noqa: E402

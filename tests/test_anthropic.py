@@ -27,7 +27,7 @@ from agent_memory.api.sealing import THINKING, Sealer
 from agent_memory.chat.reader import ReplyReader
 from agent_memory.chat.toolcalls import ToolCallParser
 from agent_memory.engine.requests import Failed, Finished, TextDelta, Usage
-from agent_memory.engine.stops import StopMatcher
+from agent_memory.engine.tokens.stops import StopMatcher
 from tests.support.chat import WEATHER
 from tests.support.server import Server
 
@@ -587,7 +587,7 @@ def test_stop_matcher_names_the_earliest_stop():
 def test_top_k_keeps_only_the_k_most_likely_tokens():
     import mlx.core as mx
 
-    from agent_memory.engine.sampling import make_sampler
+    from agent_memory.engine.tokens.sampling import make_sampler
 
     logprobs = mx.log(mx.array([[0.05, 0.4, 0.3, 0.25]]))
     draws = {make_sampler(1.0, 1.0, seed, top_k=2)(logprobs).item() for seed in range(40)}

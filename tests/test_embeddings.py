@@ -68,6 +68,7 @@ def test_loaded_on_demand_in_the_residency_and_listed_by_kind(server):
     )
     assert chat.usage.completion_tokens > 0 and loaded(server) == {"tiny": True, "embed": False, "gemma": False}
     assert metric(server, "agent_memory_model_unloads_total", model="embed") == 1
+    assert metric(server, "agent_memory_model_loads_total", model="embed") == 1
 
 
 @pytest.mark.parametrize("model", ["embed", "gemma"])

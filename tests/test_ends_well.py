@@ -1,4 +1,4 @@
-"""Constrained output always ends well within max_tokens (chat/finish.py, engine/constraint.py):
+"""Constrained output always ends well within max_tokens (chat/finish.py, engine/tokens/constraint.py):
 a named tool_choice gives exactly one call; required and named calls and JSON answers parse and
 validate at small and large budgets, on chat completions, Messages and Responses, streamed and
 not, with their end reasons and never markup in the text; a budget smaller than the shortest
@@ -180,7 +180,7 @@ def test_free_text_opens_no_call_it_could_not_finish(tiny_model):
 
     from agent_memory.chat.conversation import Conversation, Message, Tool, ToolChoice
     from agent_memory.chat.grammar import GrammarCompiler
-    from agent_memory.engine.constraint import GrammarProcessor
+    from agent_memory.engine.tokens.constraint import GrammarProcessor
 
     tokenizer = load_tokenizer(tiny_model)
     compiler = GrammarCompiler(tokenizer, 2048)

@@ -1,4 +1,4 @@
-"""engine/residency.py's choices, with stand-in engines (no MLX): which model leaves to make
+"""engine/loading/residency.py's choices, with stand-in engines (no MLX): which model leaves to make
 room, which never does, when a load waits and when it is refused, and each model's share."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from agent_memory.engine import residency
-from agent_memory.engine.residency import NoRoom, Residency
+from agent_memory.engine.loading import residency
+from agent_memory.engine.loading.residency import NoRoom, Residency
 
 MIB = 1 << 20
 

@@ -170,6 +170,7 @@ def test_an_idle_model_unloads_for_another_and_its_agents_return_warm(tiny_model
         alone = turn(client, "tiny", None, "And Oslo?", follow(first, "Where is Paris?"))
         assert second.choices[0].message.content == alone.choices[0].message.content
         assert metric(s, "agent_memory_model_unloads_total", model="small") == 1
+        assert metric(s, "agent_memory_model_loads_total", model="tiny") == 2  # at start, and back for dave
 
 
 def test_a_pinned_model_keeps_its_place(tiny_model, small, tmp_path):

@@ -1,4 +1,4 @@
-"""How much a speculative step verifies (engine/verify_width.py, engine/speculative_batch.py):
+"""How much a speculative step verifies (engine/speculation/verify_width.py, engine/speculation/speculative_batch.py):
 as wide as pays for the decoding sequences, and nothing at all while a client waits for its
 first token, so that speculation never makes a returning agent wait."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_memory.engine.verify_width import VerifyWidth
+from agent_memory.engine.speculation.verify_width import VerifyWidth
 
 FIXED, PER = 0.20, 0.010  # seconds a step, seconds a position: this CPU's order of magnitude
 
@@ -38,13 +38,13 @@ def test_likely_proposals_are_verified_whole_and_unlikely_ones_not_at_all():
 def repeating_batch(tmp_path_factory):
     """A speculative batch of one sequence whose prompt repeats itself, so prompt lookup has
     proposals at every step, on a tiny model with tied embeddings (its greedy output repeats)."""
-    from agent_memory.engine.speculative_batch import SpeculativeBatch  # first: OpenBLAS before MLX
+    from agent_memory.engine.speculation.speculative_batch import SpeculativeBatch  # first: OpenBLAS before MLX
 
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache
 
-    from agent_memory.engine.sampling import make_sampler
+    from agent_memory.engine.tokens.sampling import make_sampler
     from agent_memory.models.tiny import build_tiny
 
     folder = build_tiny(tmp_path_factory.mktemp("models") / "tied", config={"tie_word_embeddings": True})

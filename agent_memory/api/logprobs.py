@@ -1,4 +1,4 @@
-"""Token logprobs (engine/logprobs.py) in the wire formats' shapes: chat completions' and the
+"""Token logprobs (engine/tokens/logprobs.py) in the wire formats' shapes: chat completions' and the
 Responses output_text's (`token`, `logprob`, `bytes`, `top_logprobs`), and text completions'
 legacy one (`tokens`, `token_logprobs`, `top_logprobs` as {token: logprob}, `text_offset`).
 A token's text is its own decoding (special tokens written out); `bytes` its UTF-8."""

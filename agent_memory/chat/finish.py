@@ -1,6 +1,6 @@
 """Constrained output that always ends well within max_tokens: a short way to finish what a
 grammar has started (`Finisher.plan`), for the engine to force when the tokens left run short
-(engine/constraint.py), and for a request whose shortest valid output cannot fit at all to be
+(engine/tokens/constraint.py), and for a request whose shortest valid output cannot fit at all to be
 refused before it runs (`ConstrainedOutput.min_tokens`). Under tool_choice auto, free text
 may open a call (`<tool_call>`, the format's opener) only while the shortest call still fits
 (`call_tokens`, `Finisher.openers`): one opened later could only be cut off.

@@ -1,7 +1,7 @@
 """The grammar a conversation's output must follow, for constrained decoding with llguidance.
 
 Built and checked per request off the engine thread (~3 ms); the engine only advances it and
-applies its token mask (engine/constraint.py). The model's reply format (formats/reply.py)
+applies its token mask (engine/tokens/constraint.py). The model's reply format (formats/reply.py)
 writes the grammar's shape: reasoning, then text, calls or a JSON answer, each call exactly as
 the model's template writes it back, and JSON with json.dumps' separators and no free
 whitespace, so what the model writes is what the next turn renders. Why llguidance and not xgrammar: it

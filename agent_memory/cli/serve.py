@@ -153,7 +153,7 @@ def build_app(settings: Settings, on_load_failure: Callable[[], None]):
     from agent_memory.api.app import create_app
     from agent_memory.api.responses.store import ResponseStore
     from agent_memory.api.sealing import Sealer
-    from agent_memory.engine.residency import Residency
+    from agent_memory.engine.loading.residency import Residency
 
     # The operator's file must exist (servers behind a router share it); the default is made.
     sealer = Sealer.from_file(settings.seal_key_path, create=settings.seal_key_file is None)

@@ -3,8 +3,9 @@
 Like BatchEngine it owns one thread, the only one that touches its MLX arrays, and takes work
 from an inbox; it keeps no KV and remembers no agents. Each turn of its loop takes every
 request waiting and embeds their inputs together, sorted by length into forward passes of at
-most BATCH_TOKENS padded tokens. Its weights are in the residency's count (residency.py): loaded
-at start or on the first request, unloaded when idle or to make room, as a chat model's are.
+most BATCH_TOKENS padded tokens. Its weights are in the residency's count: loaded at start or on
+the first request, unloaded when idle or to make room, by the same `Weights` (engine/loading/
+weights.py) as a chat model's, over an `Embedder`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
@@ -24,18 +26,18 @@ from mlx_lm.utils import load_tokenizer
 from prometheus_client import CollectorRegistry
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.embeddings.layout import NotEmbeddingModel, embedding_layout
+from agent_memory.embeddings.layout import EmbeddingLayout, NotEmbeddingModel, embedding_layout
 from agent_memory.embeddings.metrics import EmbeddingMetrics
 from agent_memory.embeddings.model import PASS_INPUTS, EmbeddingModel, batches
-from agent_memory.engine.budget import give_back_memory, tell_mlx, weights_bytes
 from agent_memory.engine.config import EngineConfig
-from agent_memory.engine.loader import weights_damage, weights_file_bytes
+from agent_memory.engine.loading.budget import give_back_memory, weights_bytes
+from agent_memory.engine.loading.loader import weights_damage, weights_file_bytes
+from agent_memory.engine.loading.residency import NoRoom, Residency
+from agent_memory.engine.loading.weights import Weights
 from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
-from agent_memory.engine.requests import MODEL_UNAVAILABLE, Failed, GenerationRequest, Sink
-from agent_memory.engine.residency import NoRoom, Residency
+from agent_memory.engine.requests import Failed, GenerationRequest, Sink
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass
@@ -47,24 +49,62 @@ class Job:
     submitted: float  # time.perf_counter() when it came
 
 
-class EmbeddingEngine(EngineClient):
-    keeps_kv = False  # the residency shares the hot KV budget among the chat models alone
+class Embedder:
+    """The embedding model as loading makes it (weights.Loadable): its layout read at start,
+    its `EmbeddingModel` while loaded (the embedding thread's to change)."""
 
+    def __init__(self, name: str, path: Path) -> None:
+        self.name = name
+        self.path = path
+        self.layout: EmbeddingLayout | None = None  # once the thread has read it
+        self.model: EmbeddingModel | None = None
+
+    def damage(self) -> str | None:
+        return weights_damage(self.path)
+
+    def room_bytes(self) -> int:
+        return weights_file_bytes(self.path) + self._dense_bytes()
+
+    def load(self, hot_bytes: int, working_bytes: int | None) -> int:
+        """No share of the limit to apply: its forward passes are bounded by BATCH_TOKENS."""
+        self.model = EmbeddingModel.load(self.path, self.layout)
+        log.info("loaded embedding model %s (%d dimensions)", self.name, self.layout.dimensions)
+        return weights_bytes(self.model.backbone) + self._dense_bytes()
+
+    def unload(self) -> None:
+        self.model = None
+
+    def busy(self) -> bool:
+        """Its jobs count as arriving until answered (Weights.arrived)."""
+        return False
+
+    def set_budgets(self, hot_bytes: int, working_bytes: int | None) -> None:
+        """No KV kept: its forward passes are bounded by BATCH_TOKENS instead."""
+
+    def _dense_bytes(self) -> int:
+        return sum(weights_file_bytes(folder) for folder in self.layout.dense)
+
+
+class EmbeddingEngine(EngineClient):
     def __init__(self, config: EngineConfig, residency: Residency) -> None:
         self.config = config
         self.name = config.served_as or config.model_name or config.model_path.name
-        self.pinned = config.pinned
-        self.residency = residency
         self._metrics = EmbeddingMetrics()
         self._facts: ModelFacts | None = None
-        self._model = None  # embeddings/model.py's EmbeddingModel while loaded (the thread's to change)
         self._loaded = threading.Event()
         self._load_error: str | None = None
-        self._load_failure: str | None = None  # a load on demand that failed for good
-        self._pending = 0  # jobs submitted and not yet answered
-        self._pending_lock = threading.Lock()
-        self._last_used = time.monotonic()
         self._inbox: queue.SimpleQueue[Job | Callable[[], None] | None] = queue.SimpleQueue()
+        self._embedder = Embedder(self.name, config.model_path)
+        self._weights = Weights(
+            self.name,
+            config.pinned,
+            False,  # the residency shares the hot KV budget among the chat models alone
+            self._embedder,
+            residency,
+            config.memory_limit_bytes,
+            self._inbox.put,
+            self._metrics,
+        )
         self._thread = threading.Thread(target=self._run, name="embedding", daemon=True)
 
     # -- lifetime -----------------------------------------------------------------------
@@ -98,9 +138,8 @@ class EmbeddingEngine(EngineClient):
         """The vectors of `inputs` (token ids each, none empty): a Future of an np.ndarray, one
         float32 row per input, or of a Failed when the model cannot be loaded."""
         job = Job(inputs, Future(), time.perf_counter())
-        with self._pending_lock:
-            self._pending += 1
-        job.result.add_done_callback(self._answered)
+        self._weights.arriving()
+        job.result.add_done_callback(lambda _: self._weights.arrived())
         self._inbox.put(job)
         return job.result
 
@@ -137,34 +176,19 @@ class EmbeddingEngine(EngineClient):
             return Health("error", self._load_error)
         if not self._thread.is_alive():
             return Health("error", "the embedding thread has stopped")
-        if why := self._unavailable():
+        if why := self._weights.unavailable():
             return Health("unavailable", why, loaded=False)
-        return Health("ok", loaded=self._model is not None)
+        return Health("ok", loaded=self._weights.loaded)
 
     def summary(self) -> str:
         layout = self._facts.embedding
         shape = f"{layout.dimensions} dimensions, {layout.pooling} pooling, context {layout.context_length}"
-        when = "loaded" if self._model is not None else "loads on its first request"
+        when = "loaded" if self._weights.loaded else "loads on its first request"
         return f"embedding model {self.name} ({shape}): {when}"
 
     @property
     def metrics(self) -> CollectorRegistry:
         return self._metrics.registry
-
-    # -- residency.Resident -------------------------------------------------------------
-
-    def idle_since(self) -> float | None:
-        if self._model is None or self._pending:
-            return None
-        return self._last_used
-
-    def unload(self) -> Future:
-        done: Future = Future()
-        self._inbox.put(lambda: done.set_result(self._unload()))
-        return done
-
-    def set_budgets(self, hot_bytes: int, working_bytes: int | None) -> None:
-        """No KV kept: its forward passes are bounded by BATCH_TOKENS instead."""
 
     # -- the thread ---------------------------------------------------------------------
 
@@ -173,7 +197,7 @@ class EmbeddingEngine(EngineClient):
         try:
             if why := weights_damage(path):
                 raise NotEmbeddingModel(why)
-            layout = embedding_layout(path)
+            layout = self._embedder.layout = embedding_layout(path)
             tokenizer = load_tokenizer(path)
             self._facts = ModelFacts(
                 name=self.config.model_name or path.name,
@@ -186,7 +210,7 @@ class EmbeddingEngine(EngineClient):
                 embedding=layout,
             )
             if self.config.load_at_start:
-                self._load()
+                self._weights.load_at_start()
         except (NotEmbeddingModel, NoRoom) as e:
             self._facts, self._load_error = None, f"{self.name}: {e}"
         except Exception as e:
@@ -222,8 +246,7 @@ class EmbeddingEngine(EngineClient):
                 item()
 
     def _answer(self, jobs: list[Job]) -> None:
-        self._last_used = time.monotonic()
-        if self._model is None and (failed := self._load_on_demand()):
+        if failed := self._weights.take():
             for job in jobs:
                 job.result.set_result(failed)
                 self._metrics.failed.inc()
@@ -232,7 +255,7 @@ class EmbeddingEngine(EngineClient):
         vectors = np.empty((len(inputs), self._facts.embedding.dimensions), np.float32)
         try:
             for batch in batches([len(tokens) for tokens in inputs]):
-                vectors[batch] = self._model.embed([inputs[i] for i in batch])
+                vectors[batch] = self._embedder.model.embed([inputs[i] for i in batch])
                 self._metrics.batch_size.observe(len(batch))
         except Exception as e:  # one bad pass must not stop the thread: its requests fail, the next ones run
             log.exception("embedding %d inputs failed", len(inputs))
@@ -245,54 +268,4 @@ class EmbeddingEngine(EngineClient):
             job.result.set_result(vectors[at : at + len(job.inputs)])
             at += len(job.inputs)
             self._metrics.answered(len(job.inputs), sum(map(len, job.inputs)), time.perf_counter() - job.submitted)
-        self._last_used = time.monotonic()
-
-    def _answered(self, _: Future) -> None:
-        with self._pending_lock:
-            self._pending -= 1
-
-    def _unavailable(self) -> str | None:
-        if self._load_failure is not None or self._model is not None:
-            return self._load_failure
-        return weights_damage(self.config.model_path)
-
-    def _load_on_demand(self) -> Failed | None:
-        if why := self._unavailable():
-            return Failed(f"the model {self.name} cannot be loaded: {why}", 500, MODEL_UNAVAILABLE)
-        log.info("loading %s for a request", self.name)
-        try:
-            self._load()
-        except NoRoom as e:
-            log.warning("could not load %s: %s", self.name, e)
-            return Failed(f"the model {self.name} could not be loaded: {e}", 503, "model_not_loaded")
-        except Exception as e:
-            self._load_failure = str(e)
-            log.exception("%s cannot be loaded; its requests fail until the server restarts", self.name)
-            return Failed(f"the model {self.name} cannot be loaded: {e}", 500, MODEL_UNAVAILABLE)
-        return None
-
-    def _load(self) -> None:
-        path = self.config.model_path
-        dense = sum(weights_file_bytes(folder) for folder in self._facts.embedding.dense)
-        self.residency.make_room(self, weights_file_bytes(path) + dense)
-        try:
-            tell_mlx(self.config.memory_limit_bytes)
-            self._model = EmbeddingModel.load(path, self._facts.embedding)
-        except BaseException:
-            self.residency.unloaded(self)
-            raise
-        self.residency.loaded_as(self, weights_bytes(self._model.backbone) + dense)
-        self._metrics.loaded.set(1)
-        self._metrics.loads.inc()
-        log.info("loaded %s", self.summary())
-
-    def _unload(self) -> bool:
-        if self._model is None or self._pending:
-            return False
-        self._model = None
-        self._metrics.loaded.set(0)
-        self._metrics.unloads.inc()
-        mx.clear_cache()
-        give_back_memory()
-        return True
-
+        self._weights.used()

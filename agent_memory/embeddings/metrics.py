@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from agent_memory.engine.metrics import SECONDS
+from agent_memory.engine.observability.metrics import SECONDS
 
 
 class EmbeddingMetrics:

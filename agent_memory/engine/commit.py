@@ -14,8 +14,8 @@ import mlx.core as mx
 
 from agent_memory.agent_key import AgentKey
 from agent_memory.engine.kinds.layers import ModelLayers
+from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.engine.sequence import Sequence, canonical_reply
-from agent_memory.engine.trace import NoTrace
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.store_records import Persist
 from agent_memory.memory.warm.tier import WarmTier
@@ -48,7 +48,7 @@ class Committer:
         follow_up = None
         held = len(tokens)
         if seq.agent is not None and reason in ("stop", "length"):
-            reply = self.decoder.encode(seq.output.text, add_special_tokens=False).ids
+            reply = self.decoder.encode(seq.generation.output.text, add_special_tokens=False).ids
             keep, follow_up = canonical_reply(seq.prompt, tokens, reply)
             tokens = tokens[:keep]
         # A state layer's cache cannot be cut back: its snapshot is taken only where it ends.

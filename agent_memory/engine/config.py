@@ -28,7 +28,7 @@ class EngineConfig:
     model_defaults: bool = True  # requests' omitted sampling fields from generation_config.json
     default_max_tokens: int | None = None  # --default-max-tokens: a request's limit when it sends none
     trace_path: Path | None = None  # --trace-file: where the engine's time goes (trace.py)
-    load_at_start: bool = True  # else on its first request (a second served model: engine/residency.py)
+    load_at_start: bool = True  # else on its first request (a second served model: engine/loading/residency.py)
     pinned: bool = False  # --keep-loaded: never unloaded to make room for another model
     # --speculation: "lookup" (prompt lookup where the model allows it), "draft" (draft_path proposes) or "off"
     speculation: str = "lookup"

@@ -20,15 +20,15 @@ from typing import TypeVar
 from agent_memory.agent_key import AgentKey
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.batch.decode_batch import Token
-from agent_memory.engine.metrics import Metrics
+from agent_memory.engine.observability.metrics import Metrics
 from agent_memory.engine.parts import Parts
 from agent_memory.engine.planner import Planner
 from agent_memory.engine.requests import Failed, GenerationRequest, SamplingParams, Sink
 from agent_memory.engine.samples import samples
 from agent_memory.engine.scheduler import Scheduler
 from agent_memory.engine.sequence import Sequence, Status, new_sequence
-from agent_memory.engine.speculative_batch import Verified
-from agent_memory.engine.trace import NoTrace
+from agent_memory.engine.speculation.speculative_batch import Verified
+from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.memory.index.tier_events import StoreEvents
 from agent_memory.memory.index.write_back import WriteBack
 from agent_memory.memory.warm.format.records import BLOCK_TOKENS
@@ -125,7 +125,7 @@ class EngineCore:
 
     def _apply_decoded(self, decoded: Decoded) -> None:
         for v in decoded.verified:  # speculation: what each sequence's proposals gave
-            self.seqs[v.seq_id].usage.speculated(v.proposed, v.accepted)
+            self.seqs[v.seq_id].generation.usage.speculated(v.proposed, v.accepted)
             self.metrics.speculated(v.proposed, v.accepted)
         if decoded.tokens:
             self._apply_tokens(decoded.tokens)
@@ -169,16 +169,15 @@ class EngineCore:
             seq = self.seqs[t.seq_id]
             if seq.id in stopped:  # its run went on past a stop string: the rest is not output
                 continue
-            seq.usage.completion_tokens += 1
-            hit = seq.output.take(t.token, t.finish, t.logprob)
+            hit = seq.generation.take(t.token, t.finish, t.logprob)
             now = time.perf_counter()
             self.metrics.generated_tokens.inc()
-            if seq.usage.completion_tokens == 1:
+            if seq.generation.usage.completion_tokens == 1:
                 self.metrics.ttft.observe(now - seq.submitted)
                 self.trace.first_token(seq)
             else:
-                self.metrics.inter_token.observe(now - seq.last_token)
-            seq.last_token = now
+                self.metrics.inter_token.observe(now - seq.generation.last_token)
+            seq.generation.last_token = now
             if hit and t.finish is None:
                 stopped[seq.id] = seq  # a stop string: it leaves the batch below
             elif hit or t.finish is not None:
@@ -197,7 +196,7 @@ class EngineCore:
         params = seq.request.params
         for sample in [seq, *samples(seq, self._ids, self.parts.loaded)]:  # n > 1: all from one prefill
             self.seqs[sample.id] = sample
-            args = (sample.sampler, sample.processors, params.max_tokens, params.logprobs)
+            args = (sample.generation.sampler, sample.generation.processors, params.max_tokens, params.logprobs)
             self.parts.batch.add(sample.id, seq.prompt, seq.cache, *args)
             sample.status = Status.DECODING
         seq.cache = None
@@ -240,15 +239,16 @@ class EngineCore:
         self.trace.ended(seq, reason)
         if seq.prefill_only:
             return
+        usage, output = seq.generation.usage, seq.generation.output
         self.metrics.finished.labels(reason).inc()
-        self.metrics.prompt_length.observe(seq.usage.prompt_tokens)
-        self.metrics.generation_length.observe(seq.usage.completion_tokens)
+        self.metrics.prompt_length.observe(usage.prompt_tokens)
+        self.metrics.generation_length.observe(usage.completion_tokens)
         if error is not None:
-            seq.output.fail(error)
+            output.fail(error)
             return
-        self.metrics.cached_tokens.labels("hot").inc(seq.usage.hot_tokens)
-        self.metrics.cached_tokens.labels("warm").inc(seq.usage.warm_tokens)
-        seq.output.finish(reason, seq.usage)
+        self.metrics.cached_tokens.labels("hot").inc(usage.hot_tokens)
+        self.metrics.cached_tokens.labels("warm").inc(usage.warm_tokens)
+        output.finish(reason, usage)
 
     def _follow_up(self, seq: Sequence, tokens: list[int]) -> None:
         """Queue the KV of `tokens` for the sequence's agent as a prefill with no decoding: done

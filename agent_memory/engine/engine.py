@@ -7,8 +7,9 @@ from any thread; reads of the store take its lock.
 
 The thread first reads the model's tokenizer and layers (what the API needs), then loads the
 weights at start or when a request first asks for the model; with other models served it may
-later unload them when idle (residency.py), keeping the store and warm tier, and load them
-again for the next request.
+later unload them when idle, keeping the store and warm tier, and load them again for the next
+request: its `Weights` (loading/weights.py) does that, over its `ChatModel` (chat_model.py),
+which holds what a load built (the Parts, the EngineCore).
 """
 
 from __future__ import annotations
@@ -27,48 +28,45 @@ import mlx.core as mx
 from prometheus_client import CollectorRegistry
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.engine.budget import give_back_memory
+from agent_memory.engine.chat_model import ChatModel
 from agent_memory.engine.config import EngineConfig
-from agent_memory.engine.core import EngineCore
-from agent_memory.engine.loader import ModelText, UnsupportedModelError, describe_model, draft_refusal
-from agent_memory.engine.loading import Loading
-from agent_memory.engine.metrics import Metrics
-from agent_memory.engine.parts import Parts
+from agent_memory.engine.loading.budget import give_back_memory
+from agent_memory.engine.loading.loader import UnsupportedModelError
+from agent_memory.engine.loading.residency import NoRoom, Residency
+from agent_memory.engine.loading.weights import Weights
+from agent_memory.engine.observability.metrics import Metrics
+from agent_memory.engine.observability.trace import NO_TRACE, Trace
 from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
 from agent_memory.engine.report import parts_health, summary
 from agent_memory.engine.requests import GenerationRequest, Sink
-from agent_memory.engine.residency import NoRoom, Residency
-from agent_memory.engine.trace import NO_TRACE, Trace
 
 log = logging.getLogger(__name__)
 
 
-class BatchEngine(Loading, EngineClient):
-    keeps_kv = True  # its share of the hot KV budget (residency.py)
-
+class BatchEngine(EngineClient):
     def __init__(self, config: EngineConfig, residency: Residency | None = None) -> None:
         """`residency`: the memory limit this engine shares with other served models' engines
         (None: its own, for a server of one model)."""
         self.config = config
         self.name = config.served_as or config.model_name or config.model_path.name
-        self.pinned = config.pinned
-        self.residency = residency or Residency(config.memory_limit_bytes, config.hot_budget_bytes)
         self._metrics = Metrics()
         self._trace = Trace(config.trace_path) if config.trace_path else NO_TRACE
         self._loaded = threading.Event()
         self._load_error: str | None = None  # why the start failed
-        self._load_failure: str | None = None  # why a later load failed (loading.py: `unavailable`)
-        self._parts: Parts | None = None
         self._facts: ModelFacts | None = None
-        self._core: EngineCore | None = None
-        self._described: ModelText | None = None
-        self._weights_in = False  # whether the weights are loaded now (the engine thread's to change)
-        self._arriving = 0  # requests submitted and not yet admitted by the engine thread
-        self._arriving_lock = threading.Lock()
-        self._last_used = time.monotonic()
-        self._url: str | None = None
         self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._ids = itertools.count()
+        self._model = ChatModel(config, self._metrics, self._trace, self._ids, self._inbox.put)
+        self._weights = Weights(
+            self.name,
+            config.pinned,
+            True,  # keeps KV: its share of the hot budget
+            self._model,
+            residency or Residency(config.memory_limit_bytes, config.hot_budget_bytes),
+            config.memory_limit_bytes,
+            self._inbox.put,
+            self._metrics,
+        )
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     # -- lifetime -----------------------------------------------------------------------
@@ -81,25 +79,13 @@ class BatchEngine(Loading, EngineClient):
         return self._load_error
 
     def announce(self, url: str) -> None:
-        self._url = url  # a model loaded on demand announces itself when it loads
-        warm = self._parts.warm if self._parts is not None else None
-        if warm is not None and warm.folder is not None:  # a shared store records no server
-            try:
-                warm.folder.write_server_json(url)
-            except OSError as e:
-                where = warm.folder.server_json
-                log.warning("could not write %s (%s): `agent-memory cache` will not know this server", where, e)
+        self._model.announce(url)  # a model loaded on demand announces itself when it loads
 
     def stop(self) -> None:
         if self._thread.is_alive():
             self._inbox.put(None)
             self._thread.join()
-        warm = self._parts.warm if self._parts is not None else None
-        if warm is not None and warm.folder is not None:  # only now: the writer has flushed
-            try:
-                warm.folder.remove_server_json()
-            except OSError as e:
-                log.warning("could not remove %s: %s", warm.folder.server_json, e)
+        self._model.remove_server_json()
 
     # -- the model ----------------------------------------------------------------------
 
@@ -116,13 +102,19 @@ class BatchEngine(Loading, EngineClient):
     def submit(self, request: GenerationRequest, sink: Sink) -> int:
         seq_id = next(self._ids)
         submitted = time.perf_counter()
-        with self._arriving_lock:
-            self._arriving += 1
+        self._weights.arriving()
         self._inbox.put(lambda: self._admit(seq_id, request, sink, submitted))
         return seq_id
 
+    def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
+        self._weights.arrived()
+        if failed := self._weights.take():
+            sink(failed)
+            return
+        self._model.core.admit(seq_id, request, sink, submitted)
+
     def cancel(self, request_id: int) -> None:
-        self._inbox.put(lambda: self._core is not None and self._core.cancel(request_id))
+        self._inbox.put(lambda: self._model.core is not None and self._model.core.cancel(request_id))
 
     def call(self, fn: Callable[[], Any]) -> Future:
         """Run fn on the engine thread (anything that frees or makes MLX arrays)."""
@@ -140,19 +132,19 @@ class BatchEngine(Loading, EngineClient):
     # -- agents -------------------------------------------------------------------------
 
     def agents(self, tenant: str | None) -> list[AgentInfo]:
-        return self._parts.store.all_agents(tenant) if self._parts is not None else []
+        return self._model.parts.store.all_agents(tenant) if self._model.parts is not None else []
 
     def agent(self, key: AgentKey) -> AgentInfo | None:
-        return self._parts.store.agent_info(key) if self._parts is not None else None
+        return self._model.parts.store.agent_info(key) if self._model.parts is not None else None
 
     def totals(self, tenant: str | None = None) -> dict[str, int]:
-        return self._parts.store.totals(tenant) if self._parts is not None else {}
+        return self._model.parts.store.totals(tenant) if self._model.parts is not None else {}
 
     def end_agent(self, key: AgentKey) -> Future:
         """Its running requests finish for their clients but no longer join its memory: a
         delete wins over a turn in flight. With a shared warm tier, the tier's answer counts."""
         ended: Future = Future()
-        if self._parts is None:  # never loaded here: its memory is not open (the `cache` commands reach it)
+        if self._model.parts is None:  # never loaded here: its memory is not open (the `cache` commands reach it)
             ended.set_result(False)
             return ended
 
@@ -164,7 +156,7 @@ class BatchEngine(Loading, EngineClient):
             else:
                 ended.set_result(step.result())
 
-        self.call(lambda: self._core.end_agent(key)).add_done_callback(settle)
+        self.call(lambda: self._model.core.end_agent(key)).add_done_callback(settle)
         return ended
 
     # -- the operator's view ------------------------------------------------------------
@@ -176,14 +168,14 @@ class BatchEngine(Loading, EngineClient):
             return Health("error", self._load_error)
         if not self._thread.is_alive():
             return Health("error", "the engine thread has stopped")
-        if (why := self.unavailable()) is not None:
+        if (why := self._weights.unavailable()) is not None:
             return Health("unavailable", why, loaded=False)
-        if self._parts is None:
+        if self._model.parts is None:
             return Health("ok", loaded=False)
-        return parts_health(self._parts, self._weights_in)
+        return parts_health(self._model.parts, self._weights.loaded)
 
     def summary(self) -> str:
-        return summary(self._parts, self._facts, self.config.max_batch)
+        return summary(self._model.parts, self._facts, self.config.max_batch)
 
     @property
     def metrics(self) -> CollectorRegistry:
@@ -193,13 +185,9 @@ class BatchEngine(Loading, EngineClient):
 
     def _run(self) -> None:
         try:
-            own = self.config.model_name  # its warm folder's name: a NAME= moves no agent
-            self._described = describe_model(self.config.model_path, own, self.config.model_defaults)
-            draft = self.config.draft_path
-            if draft is not None and (why := draft_refusal(draft, self._described)):
-                raise UnsupportedModelError(f"--draft-model {draft}: {why}")
+            described = self._model.describe()
             if self.config.load_at_start:
-                self._load_at_start()
+                self._weights.load_at_start()
         except (UnsupportedModelError, NoRoom) as e:  # said in one line by whoever waits for the load
             self._load_error = str(e)
             self._loaded.set()
@@ -209,29 +197,29 @@ class BatchEngine(Loading, EngineClient):
             self._load_error = str(e)
             self._loaded.set()
             return
-        self._facts = self._described.facts(self.config.model_aliases, self.config.default_max_tokens)
+        self._facts = described.facts(self.config.model_aliases, self.config.default_max_tokens)
         self._loaded.set()
         while self._drain(block=not self._busy()):
             if self._busy():  # the inbox may have unloaded the weights
-                self._core.step()
-        if self._core is not None:
-            self._core.shutdown()
-        if self._parts is not None and self._parts.warm is not None:
+                self._model.core.step()
+        if self._model.core is not None:
+            self._model.core.shutdown()
+        if self._model.parts is not None and self._model.parts.warm is not None:
             log.info("flushing the warm tier")
-            self._parts.warm.close()
+            self._model.parts.warm.close()
         # MLX's per-thread streams must be cleared by the thread that used them, or the
         # process can abort at exit (ml-explore/mlx#4327).
         mx.synchronize()
         mx.clear_streams()
 
     def _busy(self) -> bool:
-        return self._weights_in and self._core.busy()
+        return self._weights.loaded and self._model.core.busy()
 
     def _drain(self, block: bool) -> bool:
         """Run queued calls; False once stop was asked. Before waiting with no sequence left,
         the memory of a burst goes back to the system (not while a sequence only waits for its
         disk reads: each read wakes the loop)."""
-        if block and not (self._core is not None and self._core.seqs):
+        if block and not self._model.busy():
             give_back_memory()
         try:
             item = self._inbox.get(block=block)

@@ -14,11 +14,11 @@ from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.batch.decode_batch import DecodeBatch
 from agent_memory.engine.kinds import attention
 from agent_memory.engine.kinds.layers import ModelLayers
-from agent_memory.engine.loader import LoadedModel, ModelText, UnsupportedModelError, load_draft, load_model
+from agent_memory.engine.loading.loader import LoadedModel, ModelText, UnsupportedModelError, load_draft, load_model
+from agent_memory.engine.loading.warm import open_warm_tier
+from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.engine.prefill import Prefiller
-from agent_memory.engine.speculative_batch import SpeculativeBatch
-from agent_memory.engine.trace import NoTrace
-from agent_memory.engine.warm import open_warm_tier
+from agent_memory.engine.speculation.speculative_batch import SpeculativeBatch
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 from agent_memory.memory.warm.tier import WarmTier
@@ -101,7 +101,7 @@ def draft_bytes_per_token(draft: Any) -> int:
 
 def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: int, working: int | None) -> Parts:
     """Load the model's weights and open the tiers (on the engine thread: it makes MLX arrays),
-    with its share of the memory limit (engine/residency.py)."""
+    with its share of the memory limit (engine/loading/residency.py)."""
     p = cfg.precisions
     loaded = load_model(described)
     draft = load_draft(cfg.draft_path)

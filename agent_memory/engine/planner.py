@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from agent_memory.engine.metrics import Metrics
+from agent_memory.engine.observability.metrics import Metrics
+from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.engine.sequence import Sequence, Status
-from agent_memory.engine.trace import NoTrace
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.store_records import Segment

@@ -78,9 +78,9 @@ class Prefiller:
             seq.stored.append(attention.StoredRun(seq.pos, seq.pos + n, stored))
             seq.pos += n
             if from_warm:
-                seq.usage.warm_tokens += n
+                seq.generation.usage.warm_tokens += n
             else:
-                seq.usage.hot_tokens += n
+                seq.generation.usage.hot_tokens += n
         self.layers.append(seq.cache, parts, p.working)
         snapshot = seq.lease.snapshot
         if snapshot is not None and seq.pos == snapshot.start:
@@ -110,5 +110,5 @@ class Prefiller:
         """Compute the whole prompt: what was put in the cache cannot be completed."""
         seq.cache = self.layers.new_cache(self.precisions.working)
         seq.pos, seq.stored = 0, []
-        seq.usage.hot_tokens = seq.usage.warm_tokens = 0
+        seq.generation.usage.hot_tokens = seq.generation.usage.warm_tokens = 0
         seq.plan = deque([Segment(0, seq.prefill_end, None)])

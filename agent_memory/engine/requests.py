@@ -110,7 +110,7 @@ class Finished:
     index: int = 0  # which of the request's n samples
 
 
-# A served model whose weights cannot be loaded (engine/loading.py): no retry mends it, so the
+# A served model whose weights cannot be loaded (engine/loading/weights.py): no retry mends it, so the
 # API answers 500 with `x-should-retry: false` (api/serving/admit.py), before a stream starts.
 MODEL_UNAVAILABLE = "model_unavailable"
 

@@ -13,12 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from agent_memory.engine.constraint import logits_processors
-from agent_memory.engine.detokenizer import Detokenizer
-from agent_memory.engine.loader import LoadedModel
-from agent_memory.engine.output import Output
-from agent_memory.engine.sampling import make_sampler
+from agent_memory.engine.loading.loader import LoadedModel
 from agent_memory.engine.sequence import Sequence, Status
+from agent_memory.engine.tokens.generation import new_generation
 
 
 def samples(seq: Sequence, ids: Iterator[int], loaded: LoadedModel) -> list[Sequence]:
@@ -31,15 +28,13 @@ def samples(seq: Sequence, ids: Iterator[int], loaded: LoadedModel) -> list[Sequ
         if grammar is not None:  # its own matcher, at the start as sample 0's is
             grammar = replace(grammar, matcher=grammar.matcher.deep_copy())
         request = replace(seq.request, params=replace(params, seed=seed, n=1), agent=None, grammar=grammar)
-        detokenizer = Detokenizer(loaded.decoder, loaded.hidden_tokens)
+        generation = new_generation(request, seq.generation.output.sink, loaded, index)
+        generation.usage = replace(seq.generation.usage, completion_tokens=0)  # the prompt's, from one prefill
         sample = Sequence(
             id=next(ids),
             request=request,
-            output=Output(seq.output.sink, detokenizer, params.stop, index),
+            generation=generation,
             submitted=seq.submitted,
-            sampler=make_sampler(params.temperature, params.top_p, seed, params.top_k),
-            processors=logits_processors(request, loaded.vocab_size, loaded.tokenizer.eos_token_ids),
-            usage=replace(seq.usage, completion_tokens=0),
             cache=None,
             agent=None,
             root=seq.root,

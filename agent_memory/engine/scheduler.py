@@ -65,7 +65,7 @@ class Scheduler:
         if budget is None or seq.pos:
             return True
         running = [
-            len(s.prompt) + s.usage.completion_tokens
+            len(s.prompt) + s.generation.usage.completion_tokens
             for s in seqs
             if s.status is Status.DECODING or (s.status is Status.PREFILLING and s.pos)
         ]

@@ -1,5 +1,6 @@
-"""A request inside the engine, as the scheduler sees it: its state, what the store lent it,
-its working KV cache. Its text and events are its `Output` (output.py)."""
+"""A request inside the engine, as the scheduler sees it: its prompt and agent, its state, what
+the store lent it, its working KV cache. Its request side (sampling, usage, the text and events
+its client gets) is one field, `generation` (generation.py), that scheduling never reads."""
 
 from __future__ import annotations
 
@@ -7,17 +8,13 @@ import enum
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.engine.constraint import logits_processors
-from agent_memory.engine.detokenizer import Detokenizer
 from agent_memory.engine.kinds.attention import StoredRun
 from agent_memory.engine.kinds.layers import ModelLayers
-from agent_memory.engine.loader import LoadedModel
-from agent_memory.engine.output import Output
-from agent_memory.engine.requests import GenerationRequest, Sink, Usage
-from agent_memory.engine.sampling import make_sampler
+from agent_memory.engine.loading.loader import LoadedModel
+from agent_memory.engine.requests import GenerationRequest, Sink
+from agent_memory.engine.tokens.generation import Generation, new_generation
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.store_records import Lease, Segment
@@ -35,11 +32,8 @@ class Status(enum.Enum):
 class Sequence:
     id: int
     request: GenerationRequest
-    output: Output
+    generation: Generation  # the request side: sampling, usage, output
     submitted: float  # perf_counter() when the request arrived
-    sampler: Any
-    processors: list  # mlx-lm logits processors (logit_bias, the grammar's mask)
-    usage: Usage
     cache: list | None  # the working cache while prefilling; the decode batch holds it after
     agent: AgentKey | None  # whose memory the result joins; None once that agent was deleted
     root: str | None  # the namespace (tenant, cache salt) its blocks are named in
@@ -58,7 +52,6 @@ class Sequence:
     # and the prompt position where it takes one while prefilling (0: none).
     snapshots: list[str] = field(default_factory=list)
     mark: int = 0
-    last_token: float = 0.0  # perf_counter() of its latest token
     # A follow-up that only computes KV for its agent (see canonical_reply): no decoding.
     prefill_only: bool = False
     parent: int | None = None  # a request's sample 1..n-1 (samples.py): its sample 0's id
@@ -105,17 +98,13 @@ def new_sequence(
     store: AgentCacheStore,
     prefill_only: bool = False,
 ) -> Sequence:
-    """A request as the engine runs it: its sampler, logits processors (bias, grammar), stop
-    matcher, working cache, agent and namespace; a guess at its new work for the scheduler."""
-    params = request.params
+    """A request as the engine runs it: its request side (generation.py), working cache, agent
+    and namespace; a guess at its new work for the scheduler."""
     seq = Sequence(
         id=seq_id,
         request=request,
-        output=Output(sink, Detokenizer(loaded.decoder, loaded.hidden_tokens), params.stop),
+        generation=new_generation(request, sink, loaded),
         submitted=submitted,
-        sampler=make_sampler(params.temperature, params.top_p, params.seed, params.top_k),
-        processors=logits_processors(request, loaded.vocab_size, loaded.tokenizer.eos_token_ids),
-        usage=Usage(prompt_tokens=len(request.prompt)),
         cache=layers.new_cache(working),
         agent=request.agent,
         root=store.names.root(namespace(request.tenant, request.cache_salt)),

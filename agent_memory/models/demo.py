@@ -48,7 +48,7 @@ PYPI_SIMPLE = "https://pypi.org/simple"
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 CHUNK = 1 << 16
 # The sampling SmolLM2's model card recommends: a request that sends no temperature gets these
-# (engine/loader.py), and the examples read well; at temperature 1 a 135M model rambles.
+# (engine/loading/loader.py), and the examples read well; at temperature 1 a 135M model rambles.
 DEMO_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 
 

@@ -34,7 +34,7 @@ class BenchServer:
         if self.code:
             serve = ["--model", self.model, "--port", str(port), "--cache-dir", str(self.cache_dir)]
             serve += shlex.split(self.code.args)
-            if self.trace:  # the server's own trace of its engine (engine/trace.py)
+            if self.trace:  # the server's own trace of its engine (engine/observability/trace.py)
                 path = self.log_dir / f"{self.cache_dir.name}-trace-start{self.process.starts}.jsonl"
                 self.traces.append(path)
                 serve += ["--trace-file", str(path)]

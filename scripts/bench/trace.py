@@ -1,5 +1,5 @@
 """--trace: where our server's time goes, from the trace it writes (serve --trace-file,
-engine/trace.py): each phase's TTFT split into queue, disk reads, prefill and first step, and
+engine/observability/trace.py): each phase's TTFT split into queue, disk reads, prefill and first step, and
 the warm tier's writer."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 json<|message|>{…}` (a call; `<|call|>` ends the turn). The grammar makes the model write
 exactly the layout its template writes back (one call per turn, as the template assumes), and
 the reader turns channels into reasoning, content and calls. The markers are special tokens:
-the engine shows them in the reply's text (engine/detokenizer.py) so that they can be read.
+the engine shows them in the reply's text (engine/tokens/detokenizer.py) so that they can be read.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from mlx_lm.generate import GenerationBatch, StopSequences
 from mlx_lm.sample_utils import greedy_sampler
 
 from agent_memory.engine.kinds import registry
-from agent_memory.engine.logprobs import token_logprobs
+from agent_memory.engine.tokens.logprobs import token_logprobs
 from agent_memory.engine.requests import TokenLogprob
 
 

@@ -80,7 +80,7 @@ class AgentCacheStore(AgentIndex):
     disk_budget_bytes = property(lambda self: self.evictor.disk_budget_bytes)
 
     def set_hot_budget(self, nbytes: int) -> None:
-        """A new share of the memory limit (engine/residency.py): over it, blocks cool now."""
+        """A new share of the memory limit (engine/loading/residency.py): over it, blocks cool now."""
         with self.lock:
             self.evictor.hot_budget_bytes = nbytes
             self.evictor.evict_hot()

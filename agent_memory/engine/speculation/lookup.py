@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent_memory.engine.verify_width import Acceptance
+from agent_memory.engine.speculation.verify_width import Acceptance
 
 NGRAMS = (3, 2)  # n-gram sizes matched, longest first
 FIRST = 4  # tokens proposed at first

@@ -147,16 +147,9 @@ class Metrics:
 
     def watch(self, store, count: Callable[[str], int], warm_on: bool) -> None:
         """Read the engine's and the store's state at scrape time rather than tracking every
-        change, from the store of the model as loaded now. `count`: sequences in a state."""
+        change, from the model's store (built at its first load, kept through unloads). `count`:
+        sequences in a state; the loads are counted by loading/weights.py."""
         self._store, self._count, self._warm_on = store, count, warm_on
-        self.loaded.set(1)
-        self.loads.inc()
-
-    def unwatch(self) -> None:
-        """The model is unloaded: its store's figures read as zero, and the store can go."""
-        self._store, self._count, self._warm_on = None, lambda state: 0, False
-        self.loaded.set(0)
-        self.unloads.inc()
 
     def _read_at_scrape(self) -> None:
         def of_store(read: Callable[[object], int]) -> Callable[[], int]:

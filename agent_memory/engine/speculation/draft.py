@@ -20,9 +20,9 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from agent_memory.engine.lookup import Backoff, Settled
+from agent_memory.engine.speculation.lookup import Backoff, Settled
 from agent_memory.engine.batch.ragged_kv import drop, join
-from agent_memory.engine.verify_width import Acceptance
+from agent_memory.engine.speculation.verify_width import Acceptance
 
 CHUNK = 512  # prompt tokens prefilled into the draft per step, for all joining sequences
 FIRST = 3  # tokens drafted at first (mlx-lm's default)

@@ -4,10 +4,9 @@ Scheduling never looks here; the commit reads back the text the client was sent.
 
 from __future__ import annotations
 
-from agent_memory.engine.detokenizer import Detokenizer
-from agent_memory.engine.requests import TokenLogprob
-from agent_memory.engine.requests import Failed, Finished, Sink, TextDelta, Usage
-from agent_memory.engine.stops import StopMatcher
+from agent_memory.engine.requests import Failed, Finished, Sink, TextDelta, TokenLogprob, Usage
+from agent_memory.engine.tokens.detokenizer import Detokenizer
+from agent_memory.engine.tokens.stops import StopMatcher
 
 
 class Output:

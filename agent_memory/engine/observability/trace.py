@@ -104,7 +104,7 @@ class Trace(NoTrace):
     def ended(self, seq: Sequence, reason: str) -> None:
         record = self._seq(seq)
         del self._seqs[seq.id]
-        u = seq.usage
+        u = seq.generation.usage
         record.update(kind="seq", end=clock(), reason=reason, hot=u.hot_tokens, warm=u.warm_tokens)
         record["completion"] = u.completion_tokens
         self._emit(**record)

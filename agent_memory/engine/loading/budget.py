@@ -1,4 +1,4 @@
-"""The memory limit as MLX sees it, and as the log says it is split (engine/residency.py
+"""The memory limit as MLX sees it, and as the log says it is split (engine/loading/residency.py
 shares it among the loaded models: weights, the hot tier's budget, what is left for running
 requests' working caches). MLX is told the limit and keeps no freed buffers for reuse:
 at its default (a tenth of the limit) four agents left ~1.4 GB of idle buffers in the
@@ -48,7 +48,7 @@ def tell_mlx(limit: int | None) -> None:
 
 
 def describe_split(name: str, limit: int | None, weights: int, hot: int, working: int | None) -> None:
-    """Say how the limit is spent, once a model has loaded (engine/residency.py shares it)."""
+    """Say how the limit is spent, once a model has loaded (engine/loading/residency.py shares it)."""
     if limit is None:
         return
     log.info(

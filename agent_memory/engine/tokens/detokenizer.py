@@ -5,7 +5,7 @@ decoding (mlx-lm's streaming detokenizer drops a reply's leading space, for one)
 would no longer match the cached ones. Each step decodes a short window of tokens with one
 token of context before it (for tokenizers whose decoding depends on a neighbour) and emits
 the new text once it does not end in an incomplete UTF-8 character. Special tokens are left
-out but for the markers of the model's reply format (engine/loader.hidden_tokens).
+out but for the markers of the model's reply format (engine/loading/loader.hidden_tokens).
 """
 
 from __future__ import annotations

@@ -24,16 +24,16 @@ from typing import Any
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
-from agent_memory.engine.constraint import GrammarProcessor
+from agent_memory.engine.tokens.constraint import GrammarProcessor
 from agent_memory.engine.batch.decode_batch import Token
-from agent_memory.engine.draft import Draft
-from agent_memory.engine.logprobs import token_logprobs
+from agent_memory.engine.speculation.draft import Draft
+from agent_memory.engine.tokens.logprobs import token_logprobs
 from agent_memory.engine.requests import TokenLogprob
-from agent_memory.engine.lookup import Lookups, Settled
-from agent_memory.engine.penalties import Penalties
+from agent_memory.engine.speculation.lookup import Lookups, Settled
+from agent_memory.engine.tokens.penalties import Penalties
 from agent_memory.engine.batch.ragged_kv import drop, join
-from agent_memory.engine.sampling import SeededSampler, accept_greedy, verify
-from agent_memory.engine.verify_width import VerifyWidth
+from agent_memory.engine.tokens.sampling import SeededSampler, accept_greedy, verify
+from agent_memory.engine.speculation.verify_width import VerifyWidth
 
 
 @dataclass(eq=False)
@@ -44,7 +44,7 @@ class Row:
     sampler: Any
     processors: list
     max_tokens: int
-    tops: int | None = None  # None: no logprobs; k: each token's and its k likeliest (logprobs.py)
+    tops: int | None = None  # None: no logprobs; k: each token's and its k likeliest (tokens/logprobs.py)
     emitted: int = 0
 
     @property

@@ -25,8 +25,8 @@ import numpy as np
 from mlx_lm.sample_utils import make_logits_processors
 
 from agent_memory.chat.finish import ConstrainedOutput
-from agent_memory.engine.penalties import penalties
 from agent_memory.engine.requests import GenerationRequest
+from agent_memory.engine.tokens.penalties import penalties
 
 log = logging.getLogger(__name__)
 

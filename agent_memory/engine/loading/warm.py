@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent_memory.engine.kinds.layers import ModelLayers
-from agent_memory.engine.loader import LoadedModel
+from agent_memory.engine.loading.loader import LoadedModel
 from agent_memory.memory.warm.backend import WarmBackend
 from agent_memory.memory.warm.folder.paths import Folder, folder_name
 from agent_memory.memory.warm.opening import Opened, open_tier
