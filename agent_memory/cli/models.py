@@ -155,7 +155,7 @@ def _list_archs() -> None:
 
 def _served(folder: Path) -> str:
     """"yes", or why this server refuses the model (the check `serve` makes at start)."""
-    from agent_memory.embeddings.layout import NotEmbeddingModel, embedding_layout, is_embedding_model
+    from agent_memory.models.embedding_layout import NotEmbeddingModel, embedding_layout, is_embedding_model
     from agent_memory.engine.loading.loader import served
 
     if is_embedding_model(folder):

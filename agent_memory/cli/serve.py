@@ -227,10 +227,10 @@ def _served_models(settings: Settings) -> dict:
 
 def _engine(settings: Settings, config, residency, draft: Path | None):
     """A served model's engine, with the settings every model shares (the draft model too); an
-    embedding model's folder (embeddings/layout.py) gets an EmbeddingEngine."""
+    embedding model's folder (models/embedding_layout.py) gets an EmbeddingEngine."""
     from dataclasses import replace
 
-    from agent_memory.embeddings.layout import is_embedding_model
+    from agent_memory.models.embedding_layout import is_embedding_model
     from agent_memory.engine.engine import BatchEngine
     from agent_memory.precision import Precisions
 

@@ -26,7 +26,7 @@ from mlx_lm.utils import load_tokenizer
 from prometheus_client import CollectorRegistry
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.embeddings.layout import EmbeddingLayout, NotEmbeddingModel, embedding_layout
+from agent_memory.models.embedding_layout import EmbeddingLayout, NotEmbeddingModel, embedding_layout
 from agent_memory.embeddings.metrics import EmbeddingMetrics
 from agent_memory.embeddings.model import PASS_INPUTS, EmbeddingModel, batches
 from agent_memory.engine.config import EngineConfig

@@ -24,7 +24,7 @@ import numpy as np
 from mlx_lm.utils import MODEL_REMAPPING
 from mlx_lm.utils import load_model as load_weights
 
-from agent_memory.embeddings.layout import EmbeddingLayout
+from agent_memory.models.embedding_layout import EmbeddingLayout
 
 BATCH_TOKENS = 8192  # padded tokens per forward pass: a batch's activations stay small
 PASS_INPUTS = 64  # sequences per forward pass

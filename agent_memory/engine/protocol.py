@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.embeddings.layout import EmbeddingLayout
+from agent_memory.models.embedding_layout import EmbeddingLayout
 from agent_memory.engine.requests import GenerationRequest, Sink
 from agent_memory.memory.index.store_records import AgentInfo
 
@@ -41,7 +41,7 @@ class ModelFacts:
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
     # The most tokens a request that sends no limit generates (--default-max-tokens); None: the room left.
     default_max_tokens: int | None = None
-    # An embedding model's pooling and size (embeddings/layout.py); None: a chat model.
+    # An embedding model's pooling and size (models/embedding_layout.py); None: a chat model.
     embedding: EmbeddingLayout | None = None
 
     @property

@@ -1,7 +1,7 @@
 """Tiny embedding models, built offline like the tiny chat models (models/tiny.py), in the layout
 their real counterparts are published in: a bare backbone's weights (no `model.` prefix, no output
 head) and sentence-transformers' files (`modules.json`, `1_Pooling/config.json`, Dense modules,
-`config_sentence_transformers.json`), which is what embeddings/layout.py reads."""
+`config_sentence_transformers.json`), which is what models/embedding_layout.py reads."""
 
 from __future__ import annotations
 
