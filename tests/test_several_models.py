@@ -175,7 +175,8 @@ def test_an_idle_model_unloads_for_another_and_its_agents_return_warm(tiny_model
 
 def test_a_pinned_model_keeps_its_place(tiny_model, small, tmp_path):
     limit = ("--memory-limit-mb", "256", "--hot-budget-mb", "240")
-    with InProcessServer(tiny_model, tmp_path / "cache", "--model", f"small={small}", "--keep-loaded", "small", *limit) as s:
+    args = ("--model", f"small={small}", "--keep-loaded", "small", *limit)
+    with InProcessServer(tiny_model, tmp_path / "cache", *args) as s:
         assert loaded(s) == {"tiny": False, "small": True}  # both load at start; the pinned one stays
         r = httpx.post(
             s.base_url + "/v1/chat/completions",
