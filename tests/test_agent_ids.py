@@ -22,9 +22,8 @@ from agent_memory.memory.warm.format.records import Manifest
 from agent_memory.memory.warm.redis.backend import RedisBackend
 from agent_memory.memory.warm.redis.keys import CAS_MANIFEST
 from tests.support.browser import browser, row, until, visible  # noqa: F401 - browser: the fixture
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 
 PROMPT = "You keep the ledger of the harbour. Every ship is written down with its cargo. " * 6
 SHARED_KEY = "key-shared"
@@ -135,14 +134,14 @@ def test_agents_paths_refuse_an_id_none_may_name_rather_than_a_bare_404(server, 
 # -- ids of older versions ------------------------------------------------------------------
 
 
-def ask(server: Server, key: str, agent: str) -> httpx.Response:
+def ask(server: InProcessServer, key: str, agent: str) -> httpx.Response:
     body = {"model": "tiny", "max_tokens": 2, "temperature": 0, "prompt_cache_key": agent}
     body["messages"] = [{"role": "system", "content": PROMPT}, {"role": "user", "content": "Next ship?"}]
     with server.http() as http:
         return http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
 
 
-def agents(server: Server, key: str) -> dict[str, str]:
+def agents(server: InProcessServer, key: str) -> dict[str, str]:
     """id -> display_id of the key's agents."""
     with server.http() as http:
         return {a["id"]: a["display_id"] for a in http.get("/v1/agents", headers={"x-api-key": key}).json()["data"]}
@@ -165,7 +164,7 @@ def test_an_older_versions_folder_is_migrated_read_and_its_odd_ids_shown_escaped
     keys = tmp_path / "keys"
     keys.write_text(f"alice {ALICE_KEY}\n")
     cache = tmp_path / "cache"
-    server = Server(tiny_model, cache, "--api-keys-file", str(keys), "--api-key", SHARED_KEY)
+    server = InProcessServer(tiny_model, cache, "--api-keys-file", str(keys), "--api-key", SHARED_KEY)
     with server:
         assert ask(server, ALICE_KEY, "victim").status_code == 200
         assert ask(server, SHARED_KEY, "plain").status_code == 200
@@ -244,7 +243,7 @@ def test_the_dashboard_shows_an_older_versions_odd_id_escaped_and_deletes_it(
     from selenium.webdriver.common.by import By
 
     rtl, shown = "\u202egnp.exe\u202c-rtl", LEGACY_IDS["\u202egnp.exe\u202c-rtl"]
-    server = Server(tiny_model, tmp_path / "cache")
+    server = InProcessServer(tiny_model, tmp_path / "cache")
     with server:
         assert ask(server, "unused", "plain").status_code == 200
     write_as_af1c16f(tmp_path / "cache")

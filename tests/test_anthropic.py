@@ -29,9 +29,8 @@ from agent_memory.chat.toolcalls import ToolCallParser
 from agent_memory.engine.requests import Failed, Finished, TextDelta, Usage
 from agent_memory.engine.tokens.stops import StopMatcher
 from tests.support.chat import WEATHER
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 
 TOOLS = [
     {"name": "get_weather", "description": "The forecast for a city.", "input_schema": WEATHER},
@@ -50,7 +49,7 @@ GREEDY = {"temperature": 0}  # SDK 2.x no longer types temperature/top_p/top_k: 
 SIGN = Sealer(bytes(32)).for_tenant("", THINKING).seal  # a thinking block's signature, for the replies built here
 
 
-def sdk(server: Server, **kw) -> anthropic.Anthropic:
+def sdk(server: InProcessServer, **kw) -> anthropic.Anthropic:
     return anthropic.Anthropic(
         base_url=server.base_url, api_key=kw.pop("api_key", "unused"), _strict_response_validation=True, max_retries=0, **kw
     )
@@ -74,7 +73,7 @@ def prompt_tokens(usage) -> int:
     return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
 
 
-def raw_events(server: Server, body: dict, path: str = "/v1/messages", headers: dict | None = None) -> list[tuple[str, dict]]:
+def raw_events(server: InProcessServer, body: dict, path: str = "/v1/messages", headers: dict | None = None) -> list[tuple[str, dict]]:
     """(event, data) of a streamed request, read off the wire."""
     with httpx.stream("POST", server.base_url + path, json={**body, "stream": True}, headers=headers, timeout=120) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -263,7 +262,7 @@ def test_other_errors_on_these_routes_and_the_openai_shape_elsewhere(server):
 
 def test_keys_and_back_pressure_answer_in_anthropics_shape(tiny_model, tmp_path):
     args = ("--api-key", "sk-right", "--max-batch", "1", "--max-waiting", "2")
-    with Server(tiny_model, tmp_path, *args) as s:
+    with InProcessServer(tiny_model, tmp_path, *args) as s:
         with pytest.raises(anthropic.AuthenticationError) as e:
             create(sdk(s, api_key="sk-wrong"), max_tokens=2)
         assert e.value.body["error"]["type"] == "authentication_error"

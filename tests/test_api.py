@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.support.chat import chat
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
 pytestmark = pytest.mark.process
 PROMPT = "Write a short story about a lighthouse keeper."
@@ -258,7 +258,7 @@ def test_body_over_limit_is_413(server):
 
 
 def test_api_key_is_required_when_set(tiny_model, tmp_path):
-    with Server(tiny_model, tmp_path, "--api-key", "s3cret") as s:
+    with InProcessServer(tiny_model, tmp_path, "--api-key", "s3cret") as s:
         assert httpx.get(s.base_url + "/health").status_code == 200
         status, error = _error(s, "GET", "/v1/models")
         assert status == 401 and error["code"] == "invalid_api_key"

@@ -10,9 +10,8 @@ import pytest
 
 from tests.support.browser import browser, row, until, visible  # noqa: F401 - browser: the fixture
 from tests.support.chat import ask
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 
 # Markup, a slash, a query and a fragment, a percent escape: shown as text, sent encoded.
 AGENT = 'dash <b>bold</b> & "a/b?c#d" %2F'
@@ -26,12 +25,12 @@ def shown_tokens(driver, agent: str) -> int | None:
     return int(re.sub(r"\D", "", tr.find_element(By.CSS_SELECTOR, "td.tokens").text)) if tr else None
 
 
-def agent_ids(server: Server, **headers) -> list[str]:
+def agent_ids(server: InProcessServer, **headers) -> list[str]:
     with server.http() as http:
         return [a["id"] for a in http.get("/v1/agents", headers=headers).json()["data"]]
 
 
-def api_tokens(server: Server, agent: str) -> int:
+def api_tokens(server: InProcessServer, agent: str) -> int:
     with server.http() as http:
         return http.get("/v1/agents/" + quote(agent, safe="")).json()["tokens"]
 
@@ -44,13 +43,13 @@ def no_page_errors(driver) -> list:
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
-    with Server(tiny_model, tmp_path_factory.mktemp("dash")) as s:
+    with InProcessServer(tiny_model, tmp_path_factory.mktemp("dash")) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
 def keyed(tiny_model, tmp_path_factory):
-    with Server(tiny_model, tmp_path_factory.mktemp("dash-key"), "--api-key", KEY) as s:
+    with InProcessServer(tiny_model, tmp_path_factory.mktemp("dash-key"), "--api-key", KEY) as s:
         yield s
 
 
@@ -171,11 +170,11 @@ def two_models(tiny_model, tmp_path_factory):
     from agent_memory.models.tiny import build_tiny
 
     root = tmp_path_factory.mktemp("dash-two")
-    with Server(build_tiny(root / "qwen3_5", arch="qwen3_5"), root / "cache", "--model", str(tiny_model)) as s:
+    with InProcessServer(build_tiny(root / "qwen3_5", arch="qwen3_5"), root / "cache", "--model", str(tiny_model)) as s:
         yield s
 
 
-def plan(server: Server, model: str, agent: str) -> None:
+def plan(server: InProcessServer, model: str, agent: str) -> None:
     messages = [{"role": "user", "content": "Plan a three day trip to the mountains."}]
     server.client().chat.completions.create(
         model=model, messages=messages, max_tokens=8, temperature=0, extra_body={"prompt_cache_key": agent}

@@ -7,15 +7,14 @@ import pytest
 
 from agent_memory.config import default_cache_dir
 from agent_memory.models.demo import DEMO_NAME
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 DEMO = default_cache_dir() / "models" / DEMO_NAME
 
 
 @pytest.mark.skipif(not (DEMO / "config.json").is_file(), reason="demo model not fetched (agent-memory models fetch demo)")
 def test_demo_model_knows_the_capital_of_france(tmp_path):
-    with Server(DEMO, tmp_path) as s:
+    with InProcessServer(DEMO, tmp_path) as s:
         client = s.client()
         messages = [{"role": "user", "content": "What is the capital of France?"}]
         first = client.chat.completions.create(

@@ -27,7 +27,8 @@ import pytest
 from agent_memory.memory.warm.folder.paths import Folder, model_folders
 from agent_memory.memory.warm.format.records import Manifest
 from tests.support.chat import ask, tiers
-from tests.support.server import REPO, Server
+from tests.support.inprocess import InProcessServer
+from tests.support.server import REPO
 
 pytestmark = pytest.mark.process
 MiB = 1 << 20
@@ -56,13 +57,13 @@ def wait_for(predicate, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-def health(server: Server) -> dict:
+def health(server: InProcessServer) -> dict:
     response = httpx.get(server.base_url + "/health", timeout=10)
     assert response.status_code == 200, response.text
     return response.json()
 
 
-def listed(server: Server) -> dict:
+def listed(server: InProcessServer) -> dict:
     return httpx.get(server.base_url + "/v1/agents", timeout=30).json()
 
 
@@ -121,7 +122,7 @@ SEEDED = ("alice", "bob")
 def seeded(tiny_model, tmp_path_factory):
     """(a cache folder holding alice and bob, each agent's answer): copied by the tests."""
     cache = tmp_path_factory.mktemp("seeded") / "cache"
-    with Server(tiny_model, cache) as s:
+    with InProcessServer(tiny_model, cache) as s:
         answers = {a: ask(s.client(), conversation(a), a).choices[0].message.content for a in SEEDED}
     for log in cache.glob("*.log"):
         log.unlink()
@@ -148,7 +149,7 @@ def test_a_full_or_read_only_disk_still_serves_and_says_why(tiny_model, tmp_path
         fill(disk)
 
         # A new cache folder on the full disk: no warm tier, and why; requests are served.
-        with Server(tiny_model, disk / "fresh", log=logs / "fresh.log") as s:
+        with InProcessServer(tiny_model, disk / "fresh", log=logs / "fresh.log") as s:
             warm = health(s)["warm_tier"]
             assert warm["status"] == "off" and "is full" in warm["reason"], warm
             assert str(disk) not in json.dumps(health(s))  # /health needs no key: it names no path
@@ -156,7 +157,7 @@ def test_a_full_or_read_only_disk_still_serves_and_says_why(tiny_model, tmp_path
             assert "serving without the warm tier" in s.log() and "is full" in s.log()
 
         # The earlier folder: model.json is not rewritten, the agents' blocks load from disk.
-        with Server(tiny_model, cache, log=logs / "full.log") as s:
+        with InProcessServer(tiny_model, cache, log=logs / "full.log") as s:
             warm = health(s)["warm_tier"]  # capped by its disk: a note, not a fault
             assert warm["status"] == "on" and "MiB free" in warm["note"], warm
             assert str(disk) not in json.dumps(health(s))
@@ -171,7 +172,7 @@ def test_a_full_or_read_only_disk_still_serves_and_says_why(tiny_model, tmp_path
 
         # A read-only disk: served from memory only, and said so.
         subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-        with Server(tiny_model, cache, log=logs / "ro.log") as s:
+        with InProcessServer(tiny_model, cache, log=logs / "ro.log") as s:
             warm = health(s)["warm_tier"]
             assert warm["status"] == "off" and "read-only file system" in warm["reason"], warm
             assert ask(s.client(), conversation("bob"), "bob").choices[0].message.content == answers["bob"]
@@ -197,7 +198,7 @@ def test_the_default_disk_budget_is_capped_to_what_a_small_disk_holds(tiny_model
         watcher.start()
         try:
             # The default budget, 10 GiB: more than the disk by far.
-            with Server(tiny_model, disk / "cache", log=tmp_path / "server.log") as s:
+            with InProcessServer(tiny_model, disk / "cache", log=tmp_path / "server.log") as s:
                 warm = health(s)["warm_tier"]
                 budget = warm["budget_bytes"]
                 assert warm["status"] == "on" and "capped" in warm["note"], warm  # a fact of the disk, not a fault
@@ -274,7 +275,7 @@ def test_links_and_fifos_in_the_cache_folder_never_lead_the_server_outside(tiny_
     folder.quarantine_dir.symlink_to(outside / "quarantine")
     before = snapshot(outside)
 
-    s = Server(tiny_model, cache, log=tmp_path / "server.log").start(timeout=60)  # no FIFO hangs the start
+    s = InProcessServer(tiny_model, cache, log=tmp_path / "server.log").start(timeout=60)  # no FIFO hangs the start
     try:
         client = s.client(timeout=60)
         for agent in SEEDED:  # reads, recomputes, writes again
@@ -327,7 +328,7 @@ def test_the_cache_folder_is_private_after_a_run_even_if_it_was_not(tiny_model, 
         p.chmod(0o755 if p.is_dir() else 0o644)
     assert len(modes(kv)) > 10
 
-    with Server(tiny_model, cache) as s:
+    with InProcessServer(tiny_model, cache) as s:
         wait_for(lambda: folder.server_json.exists())
         ask(s.client(), conversation("carol"), "carol")
         ask(s.client(), conversation("alice") + [{"role": "user", "content": "And then?"}], "alice")
@@ -350,14 +351,14 @@ def eos_ban(model: Path) -> dict[str, int]:
 def test_a_delete_wins_over_a_turn_in_flight(tiny_model, tmp_path):
     cache = tmp_path / "cache"
 
-    def delete_through_api(server: Server, agent: str) -> None:
+    def delete_through_api(server: InProcessServer, agent: str) -> None:
         assert httpx.delete(f"{server.base_url}/v1/agents/{agent}", timeout=30).status_code == 200
 
-    def delete_with_the_cli(server: Server, agent: str) -> None:
+    def delete_with_the_cli(server: InProcessServer, agent: str) -> None:
         done = cache_cli(cache, "rm", agent, "--yes")
         assert done.returncode == 0 and "through the server" in done.stdout, done.stdout + done.stderr
 
-    with Server(tiny_model, cache) as s:
+    with InProcessServer(tiny_model, cache) as s:
         folder = kv_folder(cache)
         wait_for(lambda: folder.read_server_json() is not None)
         for agent, delete in (("x", delete_through_api), ("y", delete_with_the_cli)):
@@ -385,7 +386,7 @@ def test_a_delete_wins_over_a_turn_in_flight(tiny_model, tmp_path):
         assert not folder.agent_path("x").exists() and not folder.agent_path("y").exists()
     # After the shutdown's flush too, and for the next server.
     assert not folder.agent_path("x").exists() and not folder.agent_path("y").exists()
-    with Server(tiny_model, cache) as s:
+    with InProcessServer(tiny_model, cache) as s:
         assert [a["id"] for a in listed(s)["data"]] == ["z"]
 
 
@@ -400,7 +401,7 @@ def test_the_writer_lives_through_a_file_it_cannot_write(tiny_model, tmp_path, s
     folder.block_path(stuck).mkdir()  # a folder where the block file goes: every write fails
     (folder.block_path(stuck) / "x").write_text("x")
 
-    with Server(tiny_model, cache) as s:
+    with InProcessServer(tiny_model, cache) as s:
         for turn in range(3):  # each turn asks for the block to be written again
             more = [{"role": "user", "content": f"And then, {i}?"} for i in range(turn)]
             ask(s.client(), conversation("alice") + more, "alice")

@@ -16,6 +16,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from agent_memory.models.tiny_embedding import build_tiny_embedding
+from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
 from tests.support.server import Server
 
@@ -34,7 +35,7 @@ def server(tiny_model, tiny_embedding, gemma_embedding, tmp_path_factory):
     # The hot budget leaves room for one model's weights at a time under the limit.
     limit = ("--memory-limit-mb", "256", "--hot-budget-mb", "240")
     models = ("--model", f"embed={tiny_embedding}", "--model", f"gemma={gemma_embedding}")
-    with Server(tiny_model, tmp_path_factory.mktemp("cache"), *models, *limit) as s:
+    with InProcessServer(tiny_model, tmp_path_factory.mktemp("cache"), *models, *limit) as s:
         yield s
 
 

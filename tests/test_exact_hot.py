@@ -10,9 +10,8 @@ import httpx
 import pytest
 
 from tests.support.chat import tiers
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 SYSTEM = "You keep the harbour's tide tables and answer the pilots' questions. " * 10
 QUESTIONS = [f"When is high water at pier {i}, and what should a pilot watch for?" for i in range(8)]
 
@@ -23,7 +22,7 @@ def conversation(question: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def q4(tiny_model, tmp_path_factory):
-    with Server(tiny_model, tmp_path_factory.mktemp("q4"), "--kv-bits", "4") as s:  # the defaults
+    with InProcessServer(tiny_model, tmp_path_factory.mktemp("q4"), "--kv-bits", "4") as s:  # the defaults
         yield s
 
 
@@ -83,7 +82,7 @@ def test_eight_repeats_in_a_batch_answer_like_their_first_runs(q4):
 
 def test_under_pressure_blocks_cool_to_q4_and_still_hit(tiny_model, tmp_path):
     # About 2 MB of exact KV per conversation against a 1 MiB hot budget: quantized, they fit.
-    with Server(tiny_model, tmp_path, "--kv-bits", "4", "--hot-budget-mb", "1", "--disk-budget-mb", "0") as s:
+    with InProcessServer(tiny_model, tmp_path, "--kv-bits", "4", "--hot-budget-mb", "1", "--disk-budget-mb", "0") as s:
         client = s.client()
         messages = conversation(QUESTIONS[2])
         r1 = client.chat.completions.create(

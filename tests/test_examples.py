@@ -180,8 +180,9 @@ def test_every_doc_has_its_examples_found():
 @pytest.fixture(scope="module")
 def docs_server(tiny_model, tiny_embedding, tmp_path_factory):
     """The tiny chat model, and beside it a tiny embedding model as `embed` (docs/usage.md, "Embeddings")."""
-    from tests.support.server import Server
-    with Server(tiny_model, tmp_path_factory.mktemp("examples-cache"), "--model", f"embed={tiny_embedding}") as s:
+    from tests.support.inprocess import InProcessServer
+    cache = tmp_path_factory.mktemp("examples-cache")
+    with InProcessServer(tiny_model, cache, "--model", f"embed={tiny_embedding}") as s:
         yield s
 
 

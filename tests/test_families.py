@@ -20,9 +20,8 @@ import pytest
 from agent_memory.models.tiny import build_tiny
 from agent_memory.models.tiny_archs import ARCHS, WINDOW
 from tests.support.chat import tiers
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 
 TOKENS = 8  # each reply
 SYSTEM = (
@@ -100,18 +99,18 @@ class Families:
     def __init__(self, models, archs, folder, *flags: str) -> None:
         self.args = [models(a) for a in archs]
         self.folder, self.flags = folder, flags
-        self.server = Server(self.args[0], folder, *self._more(), *flags).start()
+        self.server = InProcessServer(self.args[0], folder, *self._more(), *flags).start()
         self.restarted = False
         self.turns: dict[str, tuple[list[dict], object]] = {}  # arch -> its agent's messages and second reply
 
     def _more(self) -> list[str]:
         return [arg for model in self.args[1:] for arg in ("--model", str(model))]
 
-    def restart(self) -> Server:
+    def restart(self) -> InProcessServer:
         """Once: SIGTERM flushes every write; the new server has the agents on disk only."""
         if not self.restarted:
             self.server.stop()
-            self.server = Server(self.args[0], self.folder, *self._more(), *self.flags).start()
+            self.server = InProcessServer(self.args[0], self.folder, *self._more(), *self.flags).start()
             self.restarted = True
         return self.server
 

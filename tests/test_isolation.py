@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
 pytestmark = pytest.mark.process
 SECRET_PROMPT = "You guard the vault. The code is 4711. Never tell it. " * 8
@@ -57,7 +57,7 @@ def tenants(tiny_model, tmp_path_factory):
     keys = folder / "keys"
     keys.write_text("# name key\nalice key-alice\nbob key-bob\n\n")
     cache = folder / "cache"
-    return Server(tiny_model, cache, "--api-keys-file", str(keys)), cache
+    return InProcessServer(tiny_model, cache, "--api-keys-file", str(keys)), cache
 
 
 def test_tenants_have_their_own_agents_and_blocks_even_after_a_restart(tenants):

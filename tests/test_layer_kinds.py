@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from agent_memory.models.tiny import build_tiny
-from tests.support.server import REPO, Server, free_port
+from tests.support.inprocess import InProcessServer
+from tests.support.server import REPO, free_port
 
 pytestmark = pytest.mark.process
 PROMPTS = [
@@ -39,7 +40,7 @@ def models(tmp_path_factory):
 def test_sequences_of_every_layer_kind_batch_as_they_run_alone(models, tmp_path, arch):
     """Prompts of different lengths, so that the window and the recurrent states of the rows
     differ, and one request arriving while the others decode."""
-    with Server(models(arch), tmp_path / "cache") as server:
+    with InProcessServer(models(arch), tmp_path / "cache") as server:
         client = server.client()
 
         def request(prompt):
@@ -83,7 +84,7 @@ def test_a_hybrid_agents_snapshots_are_kept_on_disk_and_go_with_it(models, tmp_p
         {"role": "system", "content": "You keep the lighthouse records. " * 6},
         {"role": "user", "content": "What happened on the night of the storm?"},
     ]
-    with Server(models("qwen3_5"), tmp_path, "--disk-budget-mb", "64") as server:
+    with InProcessServer(models("qwen3_5"), tmp_path, "--disk-budget-mb", "64") as server:
         client = server.client()
         for agent in ("keeper", "visitor"):
             reply = client.chat.completions.create(
@@ -149,14 +150,14 @@ def test_a_hybrid_agent_moves_to_another_server_over_redis_with_its_snapshot(mod
         )
 
     with RedisServer(tmp_path / "redis") as redis:
-        with Server(model, tmp_path / "a", "--warm-store", redis.url) as first:
+        with InProcessServer(model, tmp_path / "a", "--warm-store", redis.url) as first:
             reply = turn(first, "keeper")
-        # SIGTERM flushed its writes: blocks, the snapshot at the turn's end, the manifest.
+        # Its graceful stop flushed its writes: blocks, the snapshot at the turn's end, the manifest.
         conversation += [
             {"role": "assistant", "content": reply.choices[0].message.content},
             {"role": "user", "content": "And the morning after?"},
         ]
-        with Server(model, tmp_path / "b", "--warm-store", redis.url) as second:
+        with InProcessServer(model, tmp_path / "b", "--warm-store", redis.url) as second:
             moved, alone = turn(second, "keeper"), turn(second, "stranger", salt="apart")
     hot, warm = (
         moved.usage.prompt_tokens_details.model_extra["hot_tokens"],
@@ -184,14 +185,14 @@ def test_the_default_q4_fits_each_models_head_sizes(models, tmp_path, arch, said
             model=arch, messages=conversation, max_tokens=8, temperature=0, extra_body={"prompt_cache_key": "keeper"}
         )
 
-    with Server(models(arch), tmp_path, "--kv-bits", "4") as first:
+    with InProcessServer(models(arch), tmp_path, "--kv-bits", "4") as first:
         reply = turn(first)
         assert said in first.log() and httpx.get(first.base_url + "/health").json()["kv"]["disk"] == tag
     conversation += [
         {"role": "assistant", "content": reply.choices[0].message.content},
         {"role": "user", "content": "And then?"},
     ]
-    with Server(models(arch), tmp_path, "--kv-bits", "4") as second:
+    with InProcessServer(models(arch), tmp_path, "--kv-bits", "4") as second:
         again = turn(second)
         assert "could not cache" not in second.log()
     assert again.usage.prompt_tokens_details.model_extra["warm_tokens"] >= reply.usage.prompt_tokens - 1

@@ -10,9 +10,8 @@ import httpx
 import openai
 import pytest
 
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 LONG = "Tell me everything about the history of lighthouses. " * 4
 
 
@@ -37,7 +36,7 @@ def test_a_huge_message_is_refused_before_tokenizing_while_others_are_served(ser
 
 
 def test_beyond_max_waiting_requests_get_503_with_retry_after(tiny_model, tmp_path):
-    with Server(tiny_model, tmp_path, "--max-batch", "1", "--max-waiting", "2") as s:
+    with InProcessServer(tiny_model, tmp_path, "--max-batch", "1", "--max-waiting", "2") as s:
 
         async def burst():
             client = s.async_client()
@@ -88,11 +87,11 @@ def test_the_memory_limit_bounds_the_running_requests(tiny_model, tmp_path):
         return [r.choices[0].message.content for r in rs]
 
     # The hot budget takes nearly all of 256 MiB: running requests get their turn one by one.
-    with Server(tiny_model, tmp_path / "tight", "--memory-limit-mb", "256", "--hot-budget-mb", "250") as s:
+    with InProcessServer(tiny_model, tmp_path / "tight", "--memory-limit-mb", "256", "--hot-budget-mb", "250") as s:
         tight = asyncio.run(four(s))
         assert largest_batch(s) == 1
         assert "running requests 0 MiB" in s.log() and "one at a time" in s.log()
-    with Server(tiny_model, tmp_path / "roomy", "--memory-limit-mb", "2048", "--hot-budget-mb", "64") as s:
+    with InProcessServer(tiny_model, tmp_path / "roomy", "--memory-limit-mb", "2048", "--hot-budget-mb", "64") as s:
         roomy = asyncio.run(four(s))
         assert largest_batch(s) > 1
     assert tight == roomy  # the same answers, only the schedule differs

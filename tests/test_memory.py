@@ -10,10 +10,8 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
+from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
-from tests.support.server import Server
-
-pytestmark = pytest.mark.process
 
 SYSTEM = (
     "You are the archivist of a coastal town. You answer questions about its lighthouse, its "
@@ -60,7 +58,7 @@ def fresh(tiny_model, tmp_path_factory):
     """Answers from a server that has never seen anything: the uncached reference."""
 
     def answer(messages, max_tokens=16):
-        with Server(tiny_model, tmp_path_factory.mktemp("fresh"), "--disk-budget-mb", "0") as s:
+        with InProcessServer(tiny_model, tmp_path_factory.mktemp("fresh"), "--disk-budget-mb", "0") as s:
             return ask(s.client(), messages, max_tokens=max_tokens).choices[0].message.content
 
     return answer
@@ -129,7 +127,7 @@ def test_regenerate_and_branch_reuse_up_to_the_first_changed_token(server):
 
 
 def test_shared_system_prompt_is_stored_once_and_reused_by_a_new_agent(tiny_model, tmp_path):
-    with Server(tiny_model, tmp_path, "--disk-budget-mb", "0") as s:
+    with InProcessServer(tiny_model, tmp_path, "--disk-budget-mb", "0") as s:
         client = s.client()
         ask(client, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}], "a0")
         one = agents(s)["hot_bytes"]
@@ -150,7 +148,7 @@ def test_an_agent_arriving_while_another_decodes_reuses_their_shared_prompt(tiny
     vocab = Tokenizer.from_file(str(tiny_model / "tokenizer.json")).get_vocab()
     no_end = {str(vocab[t]): -100 for t in ("<|im_end|>", "<|endoftext|>")}
     system = [{"role": "system", "content": SYSTEM * 2}]
-    with Server(tiny_model, tmp_path, "--disk-budget-mb", "0") as s:
+    with InProcessServer(tiny_model, tmp_path, "--disk-budget-mb", "0") as s:
         client = s.client()
         stream = client.chat.completions.create(
             model="tiny",
@@ -172,7 +170,7 @@ def test_an_agent_that_moves_on_frees_the_blocks_only_its_old_turn_used(tiny_mod
     freed at once, so memory holds one copy of the conversation, not one per attempt."""
     vocab = Tokenizer.from_file(str(tiny_model / "tokenizer.json")).get_vocab()
     no_end = {str(vocab[t]): -100 for t in ("<|im_end|>", "<|endoftext|>")}
-    with Server(tiny_model, tmp_path, "--disk-budget-mb", "0") as s:
+    with InProcessServer(tiny_model, tmp_path, "--disk-budget-mb", "0") as s:
         client = s.client()
         for i, question in enumerate(QUESTIONS):  # each time a different question, same length of reply
             client.chat.completions.create(
@@ -219,7 +217,7 @@ def test_concurrent_agents_get_exactly_their_own_answers(server, fresh):
 
 def test_evicted_agent_returns_with_identical_output(tiny_model, tmp_path):
     # ~1 MiB holds a few hundred tokens of the tiny model's KV: other agents push the first out.
-    with Server(tiny_model, tmp_path, "--hot-budget-mb", "1", "--disk-budget-mb", "0") as s:
+    with InProcessServer(tiny_model, tmp_path, "--hot-budget-mb", "1", "--disk-budget-mb", "0") as s:
         client = s.client()
         conv = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
         before = ask(client, conv, "returning")
@@ -234,7 +232,7 @@ def test_evicted_agent_returns_with_identical_output(tiny_model, tmp_path):
 
 
 def test_delete_agent_frees_its_own_blocks_and_keeps_shared_ones(tiny_model, tmp_path):
-    with Server(tiny_model, tmp_path, "--disk-budget-mb", "0") as s:
+    with InProcessServer(tiny_model, tmp_path, "--disk-budget-mb", "0") as s:
         client = s.client()
         ask(client, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}], "keep")
         ask(client, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[1] * 8}], "drop")

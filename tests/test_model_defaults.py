@@ -11,9 +11,8 @@ import shutil
 import anthropic
 import pytest
 
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 
 
@@ -36,7 +35,7 @@ def answers(client, n: int, **kw) -> list[str]:
 
 
 def test_a_request_without_temperature_follows_the_model_and_one_with_it_is_obeyed(greedy_model, tmp_path):
-    with Server(greedy_model, tmp_path / "cache") as server:
+    with InProcessServer(greedy_model, tmp_path / "cache") as server:
         client = server.client()
         listed = client.models.list().data[0]
         assert listed.sampling_defaults == {"temperature": 0.0, "top_k": 5}
@@ -55,7 +54,7 @@ def test_a_request_without_temperature_follows_the_model_and_one_with_it_is_obey
 
 
 def test_no_model_defaults_samples_as_the_api_says(greedy_model, tmp_path):
-    with Server(greedy_model, tmp_path / "cache", "--no-model-defaults") as server:
+    with InProcessServer(greedy_model, tmp_path / "cache", "--no-model-defaults") as server:
         client = server.client()
         assert client.models.list().data[0].sampling_defaults == {}
         assert len(set(answers(client, 4))) > 1  # temperature 1 by default: seeds differ

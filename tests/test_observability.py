@@ -9,6 +9,7 @@ import re
 import httpx
 import pytest
 
+from tests.support.inprocess import InProcessServer
 from tests.support.server import REPO, Server
 
 pytestmark = pytest.mark.process
@@ -77,7 +78,7 @@ def test_json_logs_and_agent_ids_on_request(tiny_model, tmp_path):
 
 def test_memory_metrics_move_with_the_workload(tiny_model, tmp_path):
     args = ("--kv-bits", "4", "--hot-budget-mb", "1")
-    with Server(tiny_model, tmp_path, *args) as s:
+    with InProcessServer(tiny_model, tmp_path, *args) as s:
         assert metric(s, "agent_memory_cache_budget_bytes", tier="hot") == 1 << 20
         assert metric(s, "process_resident_memory_bytes") > 0
         for i in range(3):  # ~2 MB of exact KV each, against 1 MiB: blocks must cool
@@ -93,7 +94,7 @@ def test_memory_metrics_move_with_the_workload(tiny_model, tmp_path):
         exported = set(re.findall(r"^([a-z_]+?)(?:_bucket|_count|_sum|_total)?[{ ]", httpx.get(s.base_url + "/metrics").text, re.M))
         drawn = set(re.findall(r"\b((?:agent_memory|process)_[a-z_]+?)(?:_bucket|_count|_sum|_total)?\b", (REPO / "docs/grafana.json").read_text()))
         assert drawn and drawn <= exported, drawn - exported
-    with Server(tiny_model, tmp_path, *args) as s:  # a restart: the agent comes back from disk
+    with InProcessServer(tiny_model, tmp_path, *args) as s:  # a restart: the agent comes back from disk
         r = chat(s, "agent-0", "Ship number 0?")
         assert r.json()["usage"]["prompt_tokens_details"]["warm_tokens"] > 0
         assert metric(s, "agent_memory_disk_load_seconds_count", outcome="ok") > 0

@@ -17,9 +17,8 @@ from agent_memory.engine.batch.quantized import BatchQuantizedKVCache
 from agent_memory.memory.warm.format import blockfile
 from agent_memory.precision import KVPrecision
 from tests.support.chat import ask, tiers
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 PROMPTS = [
     "The keeper of the lighthouse wrote in the log that night",
     "Seven ships left the harbour before dawn, and the first of them",
@@ -167,7 +166,7 @@ CONVERSATION = [
 def test_every_precision_end_to_end(tiny_model, tmp_path, args):
     """Two turns hot, a repeat, a batch of concurrent agents, then a restart that loads from
     disk."""
-    with Server(tiny_model, tmp_path, *args) as s:
+    with InProcessServer(tiny_model, tmp_path, *args) as s:
         client = s.client()
         first = ask(client, CONVERSATION, "keeper")
         assert first.usage.completion_tokens > 0 and first.choices[0].finish_reason in ("stop", "length")
@@ -183,7 +182,7 @@ def test_every_precision_end_to_end(tiny_model, tmp_path, args):
         assert from_hot == second.choices[0].message.content
         if "--decode-quantized" in args:
             check_batched_equals_solo(s)
-    with Server(tiny_model, tmp_path, *args) as s:
+    with InProcessServer(tiny_model, tmp_path, *args) as s:
         restored = ask(s.client(), turn2, "keeper")
         hot, warm = tiers(restored)
         assert warm >= first.usage.prompt_tokens - 4
@@ -193,7 +192,7 @@ def test_every_precision_end_to_end(tiny_model, tmp_path, args):
             assert restored.choices[0].message.content == from_hot
 
 
-def check_batched_equals_solo(s: Server) -> None:
+def check_batched_equals_solo(s: InProcessServer) -> None:
     """Quantized attention in a batch of four gives each request its solo answer. The solo runs
     go first; the batch then reads their prompts' quantized blocks, bit for bit."""
     client = s.client()

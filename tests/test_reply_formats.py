@@ -19,10 +19,9 @@ from agent_memory.api.openai.chat import conversation
 from agent_memory.api.openai.schemas import ChatCompletionRequest
 from agent_memory.chat.formats.reply import reply_format
 from agent_memory.chat.render import template_input
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 from tests.support.templates import TEMPLATES, templated_model
 
-pytestmark = pytest.mark.process
 
 WEATHER_SCHEMA = {
     "type": "object",
@@ -81,14 +80,14 @@ def every_format(tmp_path_factory):
     models = {f: templated_model(tmp_path_factory.getbasetemp() / "templated", f) for f in sorted(FAMILIES)}
     first, *rest = models.values()
     more = [arg for model in rest for arg in ("--model", str(model))]
-    with Server(first, tmp_path_factory.mktemp("cache-formats"), *more) as server:
+    with InProcessServer(first, tmp_path_factory.mktemp("cache-formats"), *more) as server:
         yield server, {f: (model.name, load_tokenizer(model)) for f, model in models.items()}
 
 
 class FamilyServer:
     """The shared server as one family's test sees it: its model's id and tokenizer."""
 
-    def __init__(self, server: Server, model_id: str, tokenizer) -> None:
+    def __init__(self, server: InProcessServer, model_id: str, tokenizer) -> None:
         self.server, self.model_id, self.tokenizer = server, model_id, tokenizer
 
     def __getattr__(self, name):
@@ -311,7 +310,7 @@ def test_constrained_output_ends_well_in_every_format(family_server, budget):
 def thinking_server(tmp_path_factory):
     """Qwen3.5's template: its prompt opens the reasoning, and `enable_thinking` closes it."""
     model = templated_model(tmp_path_factory.getbasetemp() / "templated", "qwen3_5")
-    with Server(model, tmp_path_factory.mktemp("cache-thinking")) as server:
+    with InProcessServer(model, tmp_path_factory.mktemp("cache-thinking")) as server:
         server.tokenizer = load_tokenizer(model)
         yield server
 
@@ -378,7 +377,7 @@ def test_a_format_parsed_but_not_constrained_says_so(tmp_path_factory):
     not constrain: `auto` works (calls are parsed where the model writes them), and a call the
     client requires is a 400 that says why, before anything runs."""
     model = templated_model(tmp_path_factory.getbasetemp() / "templated", "gemma4")
-    with Server(model, tmp_path_factory.mktemp("cache-gemma4")) as server:
+    with InProcessServer(model, tmp_path_factory.mktemp("cache-gemma4")) as server:
         client = server.client()
         ask = dict(model="m", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0)
         reply = client.chat.completions.create(**ask)

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
 pytestmark = pytest.mark.process
 CONTEXT = 1024
@@ -32,7 +32,7 @@ def tight(tmp_path_factory):
     root = tmp_path_factory.mktemp("tight")
     model = build_tiny(root / "tiny-1024", config={"max_position_embeddings": CONTEXT})
     args = ["--default-max-tokens", "8", "--default-max-tokens", f"tight={DEFAULT}"]
-    with Server(f"tight={model}", root / "cache", *args) as server:
+    with InProcessServer(f"tight={model}", root / "cache", *args) as server:
         yield server
 
 

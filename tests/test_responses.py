@@ -10,9 +10,8 @@ import openai
 import pytest
 
 from tests.support.chat import weather_agent
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 WEATHER = {
     "type": "object",
     "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]}},
@@ -23,7 +22,7 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "The forecas
 INSTRUCTIONS = "You are the harbour master's assistant. Answer briefly. " * 6
 
 
-def strict(server: Server) -> openai.OpenAI:
+def strict(server: InProcessServer) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=server.base_url + "/v1", api_key="unused", max_retries=0, _strict_response_validation=True
     )
@@ -34,7 +33,7 @@ def details(r) -> dict:
 
 
 def test_a_conversation_by_previous_response_id_survives_a_restart(tiny_model, tmp_path):
-    server = Server(tiny_model, tmp_path)
+    server = InProcessServer(tiny_model, tmp_path)
     with server:
         client = strict(server)
         r1 = client.responses.create(model="tiny", instructions=INSTRUCTIONS, input="When does the ferry leave?", max_output_tokens=12, temperature=0)

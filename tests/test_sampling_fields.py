@@ -10,11 +10,10 @@ import math
 
 import pytest
 
-from tests.support.server import Server
 # `models`: the tied tiny model, whose greedy output repeats itself.
+from tests.support.inprocess import InProcessServer
 from tests.support.tied import ANSWER, FEW, PROMPTS, models  # noqa: F401
 
-pytestmark = pytest.mark.process
 
 TOLERANCE = 1e-3  # a verify pass computes a position in a wider matmul than a one-token step
 
@@ -23,8 +22,8 @@ TOLERANCE = 1e-3  # a verify pass computes a position in a wider matmul than a o
 def pair(models, tmp_path_factory):  # noqa: F811
     """The model served without speculation, and with prompt lookup (the default)."""
     model, _ = models
-    with Server(model, tmp_path_factory.mktemp("off"), "--speculation", "off") as off:
-        with Server(model, tmp_path_factory.mktemp("lookup")) as lookup:
+    with InProcessServer(model, tmp_path_factory.mktemp("off"), "--speculation", "off") as off:
+        with InProcessServer(model, tmp_path_factory.mktemp("lookup")) as lookup:
             yield off, lookup
 
 

@@ -16,10 +16,10 @@ import anthropic
 import openai
 import pytest
 
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 from tests.support.templates import templated_model
-
 pytestmark = pytest.mark.process
+
 
 KEYS = {"alice": "key-alice", "bob": "key-bob"}
 TOOL = {
@@ -51,7 +51,7 @@ def keys_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model, keys_file, tmp_path_factory):
-    with Server(model, tmp_path_factory.mktemp("cache-sealed"), "--api-keys-file", str(keys_file)) as s:
+    with InProcessServer(model, tmp_path_factory.mktemp("cache-sealed"), "--api-keys-file", str(keys_file)) as s:
         yield s
 
 
@@ -186,7 +186,7 @@ def test_the_key_is_private_outlives_a_restart_and_can_be_shared(server, turn, m
     server.start()
     assert key_file.read_text() == key and send(server, items).usage.input_tokens == before
     shared = ("--api-keys-file", str(keys_file), "--seal-key-file", str(key_file))
-    with Server(model, tmp_path / "other", *shared) as other:
+    with InProcessServer(model, tmp_path / "other", *shared) as other:
         assert send(other, items).usage.input_tokens == before
         assert not (other.cache_dir / "seal.key").exists()
 

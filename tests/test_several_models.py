@@ -21,6 +21,7 @@ import openai
 import pytest
 
 from agent_memory.models.tiny import build_tiny
+from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
 from tests.support.server import Server
 
@@ -63,7 +64,7 @@ def loaded(server) -> dict[str, bool]:
 
 
 def test_two_models_each_with_its_own_agents(tiny_model, small, tmp_path):
-    with Server(tiny_model, tmp_path / "cache", "--model", f"small={small}") as s:
+    with InProcessServer(tiny_model, tmp_path / "cache", "--model", f"small={small}") as s:
         client = s.client()
         assert loaded(s) == {"tiny": True, "small": False}  # the second loads on its first request
         # Named `small=`: listed as small, its folder's name an alias of it (its warm folder keeps that name).
@@ -140,7 +141,7 @@ def test_two_models_each_with_its_own_agents(tiny_model, small, tmp_path):
 def test_an_idle_model_unloads_for_another_and_its_agents_return_warm(tiny_model, small, tmp_path):
     # 240 MiB of hot budget leaves room for one model's weights at a time under 256 MiB.
     limit = ("--memory-limit-mb", "256", "--hot-budget-mb", "240")
-    with Server(tiny_model, tmp_path / "cache", "--model", f"small={small}", *limit) as s:
+    with InProcessServer(tiny_model, tmp_path / "cache", "--model", f"small={small}", *limit) as s:
         client = s.client()
         first = turn(client, "tiny", "alice", "Where is Paris?")
         # A stream to a model not loaded yet: it waits for the load, then streams as any other.
@@ -175,7 +176,8 @@ def test_an_idle_model_unloads_for_another_and_its_agents_return_warm(tiny_model
 
 def test_a_pinned_model_keeps_its_place(tiny_model, small, tmp_path):
     limit = ("--memory-limit-mb", "256", "--hot-budget-mb", "240")
-    with Server(tiny_model, tmp_path / "cache", "--model", f"small={small}", "--keep-loaded", "small", *limit) as s:
+    args = ("--model", f"small={small}", "--keep-loaded", "small", *limit)
+    with InProcessServer(tiny_model, tmp_path / "cache", *args) as s:
         assert loaded(s) == {"tiny": False, "small": True}  # both load at start; the pinned one stays
         r = httpx.post(
             s.base_url + "/v1/chat/completions",
@@ -188,7 +190,7 @@ def test_a_pinned_model_keeps_its_place(tiny_model, small, tmp_path):
 
 
 def test_with_unload_idle_s_an_idle_model_unloads_and_its_agent_returns_warm(tiny_model, small, tmp_path):
-    with Server(tiny_model, tmp_path / "cache", "--model", f"small={small}", "--unload-idle-s", "1") as s:
+    with InProcessServer(tiny_model, tmp_path / "cache", "--model", f"small={small}", "--unload-idle-s", "1") as s:
         client = s.client()
         first = turn(client, "small", "alice", "Where is Paris?")
         deadline = time.monotonic() + 30
@@ -231,7 +233,7 @@ def test_a_model_that_cannot_load_fails_at_once_without_a_retry_and_says_why(tin
     """Weights that break after the start (read then; loaded on a first request): a 500 that the
     SDKs do not retry, before a stream starts, and /health degraded with why; the others serve."""
     cut, reshaped = (shutil.copytree(small, tmp_path / name) for name in ("cut", "reshaped"))
-    with Server(tiny_model, tmp_path / "cache", "--model", f"b={cut}", "--model", f"c={reshaped}") as s:
+    with InProcessServer(tiny_model, tmp_path / "cache", "--model", f"b={cut}", "--model", f"c={reshaped}") as s:
         cut_short(cut / "model.safetensors")
         reshape(reshaped / "model.safetensors")
         hi = [{"role": "user", "content": "hi"}]

@@ -13,11 +13,12 @@ import sys
 
 import pytest
 
+from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
-from tests.support.server import Server, free_port
+from tests.support.server import free_port
 from tests.support.tied import ANSWER, CODE, FEW, PROMPTS, models  # noqa: F401 - models: the fixture
-
 pytestmark = pytest.mark.process
+
 
 TOOLS = [
     {
@@ -35,9 +36,9 @@ TOOLS = [
 def three(models, tmp_path_factory):
     """The model served without speculation, with prompt lookup (the default) and with the draft."""
     model, draft = models
-    with Server(model, tmp_path_factory.mktemp("off"), "--speculation", "off") as off:
-        with Server(model, tmp_path_factory.mktemp("lookup")) as lookup:
-            with Server(
+    with InProcessServer(model, tmp_path_factory.mktemp("off"), "--speculation", "off") as off:
+        with InProcessServer(model, tmp_path_factory.mktemp("lookup")) as lookup:
+            with InProcessServer(
                 model, tmp_path_factory.mktemp("draft"), "--speculation", "draft", "--draft-model", str(draft)
             ) as d:
                 yield {"off": off, "lookup": lookup, "draft": d}

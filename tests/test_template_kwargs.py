@@ -13,9 +13,8 @@ import pytest
 from agent_memory.api.state import RENDER_SECONDS
 from agent_memory.chat.render import MAX_VARIABLE_DEPTH, MAX_VARIABLES_CHARS
 from agent_memory.models.tiny import CHAT_TEMPLATE, ChatTemplate, build_tiny
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 SPIN = "{% for i in range(spin | default(0)) %}{% for j in range(spin | default(0)) %}{% endfor %}{% endfor %}"
 FOREVER = 100_000  # the sandbox's largest range: 10^10 turns of the loop, hours
 
@@ -23,7 +22,7 @@ FOREVER = 100_000  # the sandbox's largest range: 10^10 turns of the loop, hours
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = build_tiny(tmp_path_factory.mktemp("models") / "spin", template=ChatTemplate(SPIN + CHAT_TEMPLATE))
-    with Server(folder, tmp_path_factory.mktemp("cache")) as s:
+    with InProcessServer(folder, tmp_path_factory.mktemp("cache")) as s:
         yield s
 
 

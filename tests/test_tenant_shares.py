@@ -21,9 +21,8 @@ from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.store import AgentCacheStore
 from tests.support.fake_kv import BYTES_PER_TOKEN, FakeKV, encode, make_store
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 
 ALICE, BOB = AgentKey("notes", "alice"), AgentKey("flood", "bob")
 
@@ -153,11 +152,11 @@ def shared(tiny_model, tmp_path_factory):
     keys = folder / "keys"
     keys.write_text("alice key-alice\nbob key-bob\n")
     args = ["--api-keys-file", str(keys), "--api-key", OPERATOR, "--responses-budget-mb", "1", "--hot-budget-mb", "2"]
-    with Server(tiny_model, folder / "cache", *args) as s:
+    with InProcessServer(tiny_model, folder / "cache", *args) as s:
         yield s
 
 
-def get(server: Server, path: str, key: str | None) -> httpx.Response:
+def get(server: InProcessServer, path: str, key: str | None) -> httpx.Response:
     return httpx.get(server.base_url + path, headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=60)
 
 

@@ -18,9 +18,8 @@ from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, Conte
 from agent_memory.chat.reader import ReplyReader
 from agent_memory.chat.toolcalls import ToolCallParser
 from tests.support.chat import WEATHER, weather_agent
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 ADD = {
     "type": "object",
     "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "integer", "minimum": 0, "maximum": 9}},
@@ -416,7 +415,7 @@ def test_a_model_whose_template_knows_tools_gets_them_natively(tiny_model, tmp_p
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     config_path.write_text(json.dumps(config))
-    with Server(native, tmp_path / "cache") as s:
+    with InProcessServer(native, tmp_path / "cache") as s:
         r = create(s.client(), tools=TOOLS, tool_choice="auto", max_tokens=4)
         plain = create(s.client(), max_tokens=4)
         # The template's own short tool list, not the built-in instructions, went into the prompt.

@@ -1,5 +1,6 @@
-"""The warm tier through real server processes: restarts, kills during writes, damaged and
-foreign files, and agent ids that try to become paths."""
+"""The warm tier through real servers: restarts, kills during writes, damaged and foreign files,
+and agent ids that try to become paths. A kill or a signal is a process's (`Server`); a graceful
+restart is an in-process server stopped and another started on the same folder."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from agent_memory.memory.warm.format import blockfile
 from agent_memory.memory.warm.format.records import Manifest
 from tests.support.chat import ask, tiers
+from tests.support.inprocess import InProcessServer
 from tests.support.server import Server
 
 pytestmark = pytest.mark.process
@@ -45,16 +47,16 @@ def check_folder(folder: Path) -> None:
 @pytest.fixture(scope="module")
 def fresh_answers(tiny_model, tmp_path_factory):
     """Each conversation's answer from a server that never saw it."""
-    with Server(tiny_model, tmp_path_factory.mktemp("fresh"), "--disk-budget-mb", "0") as s:
+    with InProcessServer(tiny_model, tmp_path_factory.mktemp("fresh"), "--disk-budget-mb", "0") as s:
         return {i: ask(s.client(), conversation(i), None).choices[0].message.content for i in range(6)}
 
 
 def test_restart_loads_agents_from_disk_with_unchanged_output(tiny_model, tmp_path, fresh_answers):
-    with Server(tiny_model, tmp_path) as s:
+    with InProcessServer(tiny_model, tmp_path) as s:
         for i in range(3):
             ask(s.client(), conversation(i), f"agent-{i}")
-    # SIGTERM: a graceful stop flushes every pending write first.
-    with Server(tiny_model, tmp_path) as s:
+    # A graceful stop flushes every pending write first.
+    with InProcessServer(tiny_model, tmp_path) as s:
         listed = httpx.get(s.base_url + "/v1/agents").json()
         assert sorted(a["id"] for a in listed["data"]) == ["agent-0", "agent-1", "agent-2"]
         assert all(a["blocks"]["cold"] == 0 and a["blocks"]["warm"] > 0 for a in listed["data"])
@@ -102,7 +104,7 @@ def test_kills_during_writes_leave_a_consistent_cache(tiny_model, tmp_path, fres
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "swap", "foreign"])
 def test_damaged_or_foreign_files_are_misses_and_quarantined(tiny_model, tmp_path, fresh_answers, damage):
-    with Server(tiny_model, tmp_path) as s:
+    with InProcessServer(tiny_model, tmp_path) as s:
         ask(s.client(), conversation(0), "victim")
         ask(s.client(), conversation(1), "other")
     folder = kv_folder(tmp_path)
@@ -123,7 +125,7 @@ def test_damaged_or_foreign_files_are_misses_and_quarantined(tiny_model, tmp_pat
         header_len = int.from_bytes(data[:8], "little")
         header = data[8 : 8 + header_len].decode().replace(victim.fingerprint, "0" * len(victim.fingerprint))
         target.write_bytes(bytes(data[:8]) + header.encode() + bytes(data[8 + header_len :]))
-    with Server(tiny_model, tmp_path) as s:
+    with InProcessServer(tiny_model, tmp_path) as s:
         r = ask(s.client(), conversation(0), "victim")  # a 200, recomputing what was lost
         assert r.choices[0].message.content == fresh_answers[0]
         hot, warm = tiers(r)
@@ -139,7 +141,7 @@ def test_damaged_or_foreign_files_are_misses_and_quarantined(tiny_model, tmp_pat
 def test_agent_ids_never_become_paths(tiny_model, tmp_path):
     cache = tmp_path / "cache"
     hostile = ["../../outside", "/etc/passwd", "a/../../b", "..", "con", "x" * 256, "名前 :*?<>|\\", "%2e%2e%2f"]
-    with Server(tiny_model, cache) as s:
+    with InProcessServer(tiny_model, cache) as s:
         for agent in hostile:  # as `user`: prompt_cache_key stops at 64 characters, as OpenAI's does
             s.client().chat.completions.create(
                 model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0, user=agent
@@ -168,9 +170,9 @@ def test_sigterm_flushes_pending_writes(tiny_model, tmp_path):
 
 
 def test_a_server_at_another_precision_says_the_cached_kv_is_not_used(tiny_model, tmp_path):
-    with Server(tiny_model, tmp_path, "--kv-bits", "16") as s:
+    with InProcessServer(tiny_model, tmp_path, "--kv-bits", "16") as s:
         ask(s.client(), conversation(0), "agent-0")
-    with Server(tiny_model, tmp_path, "--kv-bits", "4") as s:
+    with InProcessServer(tiny_model, tmp_path, "--kv-bits", "4") as s:
         r = ask(s.client(), conversation(0), "agent-0")
         assert tiers(r) == (0, 0)  # 16-bit blocks are not read as 4-bit ones
         assert "also cached at other precisions" in s.log() and "kv16" in s.log()

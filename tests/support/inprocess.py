@@ -24,10 +24,10 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # cli/serve.py's
 class InProcessServer:
     """`agent-memory serve MODEL --cache-dir CACHE_DIR ARGS` on a thread of this process."""
 
-    def __init__(self, model: Path | str, cache_dir: Path, *args: str) -> None:
+    def __init__(self, model: Path | str, cache_dir: Path, *args: str, log: Path | None = None) -> None:
         self.model, self.cache_dir, self.args = str(model), cache_dir, list(args)
         self.port = free_port()
-        self.log_path = cache_dir / f"server-{self.port}.log"
+        self.log_path = log or cache_dir / f"server-{self.port}.log"  # elsewhere where the folder is a full disk
         self._uvicorn = None
         self._thread: threading.Thread | None = None
         self._handler: logging.Handler | None = None
