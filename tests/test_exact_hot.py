@@ -108,7 +108,7 @@ def llama4_q4(tmp_path_factory):
     from agent_memory.models.tiny import build_tiny
 
     model = build_tiny(tmp_path_factory.mktemp("llama4-model") / "llama4", arch="llama4")
-    with Server(model, tmp_path_factory.mktemp("llama4-q4"), "--kv-bits", "4") as s:
+    with InProcessServer(model, tmp_path_factory.mktemp("llama4-q4"), "--kv-bits", "4") as s:
         yield s
 
 

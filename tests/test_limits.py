@@ -8,7 +8,6 @@ import json
 
 import httpx
 import openai
-import pytest
 
 from tests.support.inprocess import InProcessServer
 
