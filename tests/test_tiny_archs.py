@@ -107,8 +107,8 @@ def test_llama_weights_are_the_original_tiny_models(tiny_model):
 
 
 def test_unknown_arch_and_quantization_are_refused(tmp_path):
-    with pytest.raises(UnknownArchError, match="unknown arch 'llama4'.*gemma3_text.*qwen3_5"):
-        build_tiny(tmp_path / "m", arch="llama4")
+    with pytest.raises(UnknownArchError, match="unknown arch 'llama5'.*gemma3_text.*qwen3_5"):
+        build_tiny(tmp_path / "m", arch="llama5")
     with pytest.raises(ModelError, match="quantize must be one of 4, 8, mxfp4"):
         build_tiny(tmp_path / "m", arch="qwen3", quantize=3)
     assert list(tmp_path.iterdir()) == []

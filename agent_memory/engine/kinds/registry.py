@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import agent_memory.blas  # noqa: F401
 from mlx_lm.models.cache import CacheList
 
 from agent_memory.engine.batch.alone import AloneCache
