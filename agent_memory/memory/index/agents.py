@@ -43,14 +43,16 @@ class AgentIndex:
         root: str | None,
         snapshots: Sequence[Block] = (),
         extras: tuple[SpanKey, ...] = (),
+        roles: dict[str, str] | None = None,
     ) -> None:
-        """Make `blocks` (and `snapshots` along them) the agent's latest sequence, keeping its
-        manifest versions."""
+        """Make `blocks` (and `snapshots` along them, `roles` naming some: snapshots.py) the
+        agent's latest sequence, keeping its manifest versions."""
         for block in [*blocks, *snapshots]:
             block.refs += 1
         old = self.agents.get(agent)
         self.agents[agent] = AgentRecord(
-            tokens, [b.hash for b in blocks], root, snapshots=[s.hash for s in snapshots], extras=extras
+            tokens, [b.hash for b in blocks], root, snapshots=[s.hash for s in snapshots], roles=dict(roles or {}),
+            extras=extras,
         )
         if old is not None:
             self.agents[agent].etag, self.agents[agent].stored = old.etag, old.stored
