@@ -23,6 +23,7 @@ from safetensors.numpy import load_file
 from agent_memory import files
 from agent_memory.agent_key import AgentKey
 from agent_memory.memory.index.blocks import Tier
+from agent_memory.memory.index.snapshots import TURN_END, TURN_START
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.warm.format import blockfile
 from agent_memory.memory.warm.format.blockfile import BlockFileError
@@ -254,8 +255,13 @@ def write_manifest(root: Path, agent: str, **fields) -> Path:
         {"last_used": 10**400},
         {"last_used": True},
         {"raw": '{"version": 1, "agent": "x", "tokens": ' + "[" * 100_000 + "]" * 100_000 + "}"},
+        {"roles": ["turn_start"]},
+        {"roles": {"turn_start": "0" * 32}},  # a role naming no snapshot of its own
     ],
-    ids=["id_2_32", "negative", "float", "bool", "string", "nan_time", "huge_time", "bool_time", "deep_nesting"],
+    ids=[
+        "id_2_32", "negative", "float", "bool", "string", "nan_time", "huge_time", "bool_time", "deep_nesting",
+        "roles_list", "role_unnamed",
+    ],
 )
 def test_hostile_manifests_are_refused_with_a_value_error(tmp_path, fields):
     with pytest.raises(ValueError):
@@ -501,6 +507,32 @@ DiskStoreMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_disk_store_state_machine = DiskStoreMachine.TestCase
+
+
+def test_a_turns_start_snapshot_is_kept_by_role_through_a_follow_up_and_a_restart(tmp_path):
+    """A hybrid agent's turn: its prompt committed as it starts (`turn_start`), a snapshot taken
+    on its way (a follow-up's), its end. Kept by position (the earliest and latest two), the
+    prompt's would go; kept by role it stays, is written with its role, and after a restart the
+    same prompt sent again resumes at its last token."""
+    store, disk = make_store(tmp_path, state=True)
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    commit(store, "a", prompt[:3], snapshot=True)  # the first turn's end: the agent's earliest
+    commit(store, "a", prompt, snapshot=True, role=TURN_START)
+    on_the_way = commit(store, None, prompt + [2, 3], snapshot=True).snapshot
+    commit(store, "a", prompt + [2, 3, 1], snapshot=True, made=[on_the_way])
+    record = store.agents[AgentKey("a")]
+    positions = {r: store.pool.blocks[h].start for r, h in record.roles.items()}
+    assert positions == {TURN_START: len(prompt), TURN_END: len(prompt) + 3}
+    assert sorted(store.pool.blocks[h].start for h in record.snapshots) == [3, len(prompt), len(prompt) + 3]
+    disk.close()
+
+    store, disk = make_store(tmp_path, state=True)
+    restored = store.agents[AgentKey("a")]
+    assert restored.roles == record.roles and restored.snapshots == record.snapshots
+    lease = store.lookup(prompt)  # the same prompt again: it resumes where it ends
+    assert lease.end == len(prompt) and lease.snapshot.hash == record.roles[TURN_START]
+    store.release(lease)
+    disk.close()
 
 
 def test_snapshots_are_written_restored_resumed_from_and_deleted_with_their_agent(tmp_path):

@@ -5,7 +5,7 @@ snapshots and whose lookups resume only at one (memory/index/snapshots.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -15,7 +15,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.prefix import common_prefix
-from agent_memory.memory.index.snapshots import KEPT_PER_AGENT
+from agent_memory.memory.index.snapshots import KEPT_PER_AGENT, ROLES, TURN_END, TURN_START
 from agent_memory.memory.index.store import AgentCacheStore
 
 BYTES_PER_TOKEN = 10
@@ -45,6 +45,7 @@ class Running:
     hot_at_lookup: list
     agent: AgentKey | None  # a request looks up and commits in one namespace
     salt: str
+    snapshots: list[str] = field(default_factory=list)  # taken for no agent on its way: pinned until it ends
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -67,7 +68,10 @@ class StoreMachine(RuleBasedStateMachine):
     def _root(self, agent, salt: str = "") -> str | None:
         return self.store.names.root(namespace(agent.tenant if agent else "", salt))
 
-    def _commit(self, agent, tokens, salt="", snapshot=False):
+    def _commit(self, agent, tokens, salt="", snapshot=False, run: Running | None = None, role=TURN_END):
+        """As engine/commit.py does; a snapshot taken for no agent is pinned until its sequence
+        (`run`, else one that ends now) lets go of it."""
+
         def cut(start, end):  # computed KV is exact, at twice the bytes of its cooled form
             return FakeKV(tuple(tokens[start:end]), exact=True), 2 * (end - start) * BYTES_PER_TOKEN, True
 
@@ -76,12 +80,18 @@ class StoreMachine(RuleBasedStateMachine):
 
         root, tenant = self._root(agent, salt), agent.tenant if agent else ""
         taker = take if snapshot and self.store.state_layers else None
-        persist = self.store.commit(agent, tokens, cut, root, taker, tenant=tenant)
+        made, resumed = (run.snapshots, run.lease.snapshot) if run is not None else ((), None)
+        resumed = resumed.hash if resumed is not None and role == TURN_START else None
+        persist = self.store.commit(
+            agent, tokens, cut, root, taker, made, tenant=tenant, role=role, resumed=resumed
+        )
         self.namespace_of.update({h: root for h, *_ in self.store.names.chain(tokens, root)})
         self.tenant_of[root] = tenant
         if persist.snapshot is not None:
             self.namespace_of[persist.snapshot] = root
-            if agent is None:  # taken for no agent, it is pinned until its sequence ends: it has
+            if agent is None and run is not None:
+                run.snapshots.append(persist.snapshot)
+            elif agent is None:
                 self.store.let_go([persist.snapshot])
         self.seen.append(tokens)
         if agent is not None:
@@ -126,20 +136,34 @@ class StoreMachine(RuleBasedStateMachine):
         self.running.append(Running(tokens, lease, hot, agent, salt))
 
     @precondition(lambda self: self.running)
+    @rule(data=st.data(), cut=st.integers(0, 14))
+    def share_prompt(self, data, cut):
+        """A running sequence offers its prompt once prefilled (engine/core.py `_share_prompt`,
+        its turn's start for an agent) or a shared head on its way (a snapshot for no agent,
+        pinned until the sequence ends)."""
+        run = self.running[data.draw(st.integers(0, len(self.running) - 1))]
+        tokens = run.tokens[: max(1, len(run.tokens) - cut)]
+        if tokens:
+            self._commit(run.agent, tokens, run.salt if run.agent is None else "", True, run, TURN_START)
+
+    @precondition(lambda self: self.running)
     @rule(data=st.data(), extra=TOKENS, snapshot=st.booleans())
     def finish(self, data, extra, snapshot):
-        """A running sequence ends: its pins go, then its prompt and reply are committed."""
+        """A running sequence ends: its pins go, then its prompt and reply are committed, then
+        the snapshots it took for no agent (its last commit's too) are let go of."""
         run = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
         tokens = run.tokens + extra
         self.store.release(run.lease)  # as the engine does: release, then commit
         if tokens:
-            self._commit(run.agent, tokens, run.salt if run.agent is None else "", snapshot)
+            self._commit(run.agent, tokens, run.salt if run.agent is None else "", snapshot, run)
+        self.store.let_go(run.snapshots)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())
     def cancel(self, data):
         run = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
         self.store.release(run.lease)
+        self.store.let_go(run.snapshots)
 
     @rule(agent=AGENTS.filter(lambda a: a is not None))
     def end_agent(self, agent):
@@ -151,7 +175,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         self.ended.add(agent)
         others = {h for a, r in self.store.agents.items() for h in [*r.blocks, *r.snapshots]}
-        pinned = {b.hash for r in self.running for b in r.lease.blocks}
+        pinned = {h for r in self.running for h in [*(b.hash for b in r.lease.blocks), *r.snapshots]}
         for h in [*record.blocks, *record.snapshots]:
             if h not in others and h not in pinned:
                 assert h not in self.store.pool, "an ended agent's own block survived"
@@ -198,22 +222,27 @@ class StoreMachine(RuleBasedStateMachine):
         assert {s.parent: s for s in snapshots} == pool.snapshots
         assert all(s.hash == store.names.snapshot_name(s.parent) and not s.tokens for s in snapshots)
         assert all(b.hot_bytes == 0 for b in pool.blocks.values() if b.tier is not Tier.HOT)
-        assert pool.hot_bytes <= store.hot_budget_bytes
+        # Over the budget by at most the snapshots running sequences took for no agent (held, so
+        # pinned, until they end).
+        held = {h for run in self.running for h in run.snapshots}
+        assert pool.hot_bytes <= store.hot_budget_bytes + sum(pool.blocks[h].hot_bytes for h in held)
         assert pool.disk_bytes == sum(b.disk_bytes for b in pool.blocks.values()) == 0
         # 3: no orphans; references are exact.
         refs = {h: 0 for h in pool.blocks}
         for record in store.agents.values():
             assert len(set(record.blocks)) == len(record.blocks)
             assert len(set(record.snapshots)) == len(record.snapshots) <= KEPT_PER_AGENT
+            assert set(record.roles) <= set(ROLES) and set(record.roles.values()) <= set(record.snapshots)
             for h in [*record.blocks, *record.snapshots]:
                 refs[h] += 1
         pins = {h: 0 for h in pool.blocks}
-        for run in self.running:
-            for b in run.lease.blocks:
-                pins[b.hash] += 1
+        for run in self.running:  # its lease's, and the snapshots it took for no agent: none leaks
+            for h in [*(b.hash for b in run.lease.blocks), *run.snapshots]:
+                pins[h] += 1
         for h, b in pool.blocks.items():
             assert b.refs == refs[h] and b.pins == pins[h]
             assert b.refs or b.pins or b.tier is Tier.HOT, "an unreferenced block outside memory"
+            assert b.refs or b.pins or not b.orphan, "a block its last agent let go of outlived its pins"
             assert b.snapshot or h in pool.children[b.parent]
         assert sum(len(c) for c in pool.children.values()) == len(pool) - len(snapshots)
         # Every block counts for the tenant whose namespace named it, and the tenants' totals

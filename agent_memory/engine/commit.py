@@ -16,6 +16,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.engine.sequence import Sequence, canonical_reply
+from agent_memory.memory.index import snapshots
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.store_records import Persist
 from agent_memory.memory.warm.tier import WarmTier
@@ -55,19 +56,34 @@ class Committer:
         self.commit(seq, seq.agent, cache, tokens, snapshot=len(tokens) == held)
         return follow_up
 
+    def start_turn(self, seq: Sequence) -> None:
+        """Commit the prompt, now prefilled, for its agent before the reply is decoded (with a
+        snapshot where it ends, kept as its `turn_start`): its blocks, snapshot and manifest go
+        to the warm tier now, so that the same request sent again, after a disconnect or a
+        crash, resumes at its last token (memory/index/snapshots.py)."""
+        resumed = seq.lease.snapshot.hash if seq.lease is not None and seq.lease.snapshot is not None else None
+        prompt = seq.prompt[: seq.prefill_end]
+        self.commit(seq, seq.agent, seq.cache, prompt, snapshot=True, role=snapshots.TURN_START, resumed=resumed)
+
     def share(self, seq: Sequence, end: int) -> None:
         """Offer the first `end` prompt tokens, which the cache holds now, for reuse by requests
         that arrive meanwhile (with a snapshot there, for a model with state layers)."""
-        persist = self.commit(seq, None, seq.cache, seq.prompt[:end], snapshot=True)
-        if persist is not None and persist.snapshot is not None:  # pinned until core._end lets go
-            seq.snapshots.append(persist.snapshot)
+        self.commit(seq, None, seq.cache, seq.prompt[:end], snapshot=True)
 
     def commit(
-        self, seq: Sequence, agent: AgentKey | None, cache: list, tokens: list[int], snapshot: bool = False
+        self,
+        seq: Sequence,
+        agent: AgentKey | None,
+        cache: list,
+        tokens: list[int],
+        snapshot: bool = False,
+        role: str = snapshots.TURN_END,
+        resumed: str | None = None,
     ) -> Persist | None:
         """Store tokens' KV (for `agent`, or anonymously), and where they end a snapshot if the
-        model has state layers and `snapshot` says the cache ends there too; a failure costs
-        only reuse."""
+        model has state layers and `snapshot` says the cache ends there too (its agent keeps it
+        as `role`); a failure costs only reuse. A snapshot taken for no agent is the sequence's
+        to let go of when it ends (core._end), mid-turn or at its end alike."""
         p = self.precisions
         payloads = []
 
@@ -84,8 +100,11 @@ class Committer:
             t0 = time.perf_counter()
             take_snapshot = take if snapshot and self.layers.has_state else None
             persist = self.store.commit(
-                agent, tokens, cut, seq.root, take_snapshot, seq.snapshots, seq.request.tenant, seq.request.extra_keys
+                agent, tokens, cut, seq.root, take_snapshot, seq.snapshots, seq.request.tenant, seq.request.extra_keys,
+                role, resumed,
             )
+            if agent is None and persist.snapshot is not None:  # pinned until core._end lets go
+                seq.snapshots.append(persist.snapshot)
             mx.eval(payloads)
             if self.warm is not None:
                 persist.write(self.warm, lambda payload: payload.tensors(p.disk))

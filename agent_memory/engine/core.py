@@ -202,16 +202,16 @@ class EngineCore:
         seq.cache = None
 
     def _share_prompt(self, seq: Sequence) -> None:
-        """Offer the prompt's new whole blocks for reuse now, not when the request ends, so
-        that requests arriving while this one decodes skip the prefix they share with it. With
-        state layers, all of the prompt in the cache and a snapshot where it ends: its agent
-        resumes there if the reply is not what the next turn sends."""
-        if self.parts.layers.has_state:
+        """Offer the prompt for reuse now, not when the request ends, so that requests arriving
+        while this one decodes skip the prefix they share with it: an agent's whole prompt, its
+        turn's start (commit.py `start_turn`); else its new whole blocks, and with state layers
+        all of it and a snapshot where it ends."""
+        if seq.agent is not None and seq.prefill_end:
+            self.parts.committer.start_turn(seq)
+        elif self.parts.layers.has_state:
             if seq.prefill_end > seq.lease.end:
                 self.parts.committer.share(seq, seq.prefill_end)
-            return
-        whole = (len(seq.prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
-        if whole > seq.lease.end:
+        elif (whole := (len(seq.prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS) > seq.lease.end:
             self.parts.committer.commit(seq, None, seq.cache, seq.prompt[:whole])
 
     def _end(

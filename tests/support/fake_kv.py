@@ -11,6 +11,7 @@ import numpy as np
 
 from agent_memory.agent_key import AgentKey
 from agent_memory.memory.hashing import namespace
+from agent_memory.memory.index.snapshots import TURN_END
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.tier_events import StoreEvents
 from agent_memory.memory.index.write_back import WriteBack
@@ -79,20 +80,23 @@ def make_store(
     return store, disk
 
 
-def commit(store, agent, tokens, snapshot=False):
+def commit(store, agent, tokens, snapshot=False, role=TURN_END, made=()):
     """What the engine does at the end of a request: commit (with a snapshot where the tokens
-    end, for a store of a model with state layers), then write what the store asks.
+    end, for a store of a model with state layers, kept as `role`; `made`: those its sequence
+    took on its way), then write what the store asks; returns what it asked.
     `agent`: an id in the shared namespace, an AgentKey, or None."""
     key = AgentKey(agent) if isinstance(agent, str) else agent
     root = store.names.root(namespace(key.tenant, "")) if key else None
     take = (lambda: (FakeSnapshot(len(tokens)), SNAPSHOT_BYTES)) if snapshot and store.state_layers else None
     persist = store.commit(
-        key, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN, False), root, take
+        key, tokens, lambda s, e: (FakeKV(tuple(tokens[s:e])), (e - s) * BYTES_PER_TOKEN, False), root, take, made,
+        role=role,
     )
     if store.warm is not None:
         persist.write(store.warm, encode)
     if key is None and persist.snapshot is not None:  # pinned for its sequence, which has ended
         store.let_go([persist.snapshot])
+    return persist
 
 
 def shared_disk(url: str, ns: str) -> WarmTier:

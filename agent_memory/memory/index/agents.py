@@ -43,14 +43,17 @@ class AgentIndex:
         root: str | None,
         snapshots: Sequence[Block] = (),
         extras: tuple[SpanKey, ...] = (),
+        roles: dict[str, str] | None = None,
     ) -> None:
-        """Make `blocks` (and `snapshots` along them) the agent's latest sequence, keeping its
-        manifest versions."""
+        """Make `blocks` (and `snapshots` along them, `roles` naming some: snapshots.py) the
+        agent's latest sequence, keeping its manifest versions."""
         for block in [*blocks, *snapshots]:
             block.refs += 1
+            block.orphan = False
         old = self.agents.get(agent)
         self.agents[agent] = AgentRecord(
-            tokens, [b.hash for b in blocks], root, snapshots=[s.hash for s in snapshots], extras=extras
+            tokens, [b.hash for b in blocks], root, snapshots=[s.hash for s in snapshots], roles=dict(roles or {}),
+            extras=extras,
         )
         if old is not None:
             self.agents[agent].etag, self.agents[agent].stored = old.etag, old.stored
@@ -70,17 +73,19 @@ class AgentIndex:
         for h in hashes:
             block = self.pool.blocks[h]
             block.refs -= 1
+            block.orphan = not block.refs  # pinned meanwhile, it goes with its last pin
             self.drop_if_unused(block, forget=True)
 
     def drop_if_unused(self, block: Block, forget: bool = False) -> None:
-        """A block no agent refers to lives on only in memory, for anonymous reuse."""
+        """A block no agent refers to lives on only in memory, for anonymous reuse (unless its
+        last agent let go of it while it was pinned: `Block.orphan`)."""
         if block.refs or block.pins:
             return
         if block.disk_bytes:
             if not self.shared:  # other servers' agents may name it: manifests count them there
                 self.warm.delete_block(block.hash)
             self.pool.drop_disk(block)
-        if forget or block.tier is not Tier.HOT:
+        if forget or block.orphan or block.tier is not Tier.HOT:
             self.pool.remove(block)
 
     # -- what the API shows ----------------------------------------------------------------

@@ -177,7 +177,8 @@ class SharedTierSync:
                 kept.append(snapshots.get_or_add(index.pool, index.names, prefix, position))
                 if kept[-1].tier is Tier.COLD:
                     index.pool.set_disk(kept[-1], self.tier.file_bytes(self.tier.layout(kept[-1])))
-        index.point_agent(d.agent, list(manifest.tokens), blocks, manifest.root, kept, manifest.extras)
+        roles = {r: h for r, h in manifest.roles.items() if h in {s.hash for s in kept}}
+        index.point_agent(d.agent, list(manifest.tokens), blocks, manifest.root, kept, manifest.extras, roles)
         record = index.agents[d.agent]
         record.etag = record.stored = etag
         record.last_used = manifest.last_used

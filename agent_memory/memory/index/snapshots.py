@@ -4,11 +4,14 @@ A model with window or recurrent layers can resume a prompt only where a snapsho
 layers was taken, after exactly the prompt's first tokens. They are taken where agents come
 back: the end of each turn (prompt and reply), the end of a prompt, and where a prompt stops
 matching what another sequence cached (the head agents share: system prompt and tools). An
-agent keeps its earliest (that shared head) and its latest two, its last turn's end and its
-last prompt's: a returning agent resumes at the first of those its prompt still follows (its
-reply sent back otherwise than it was written, or edited, falls back to the prompt's), a new
-agent with the same head at the head. A snapshot is a fixed size, often the KV of thousands of
-tokens: kept more densely, they would cost more memory than the blocks they save recomputing.
+agent keeps them by role, not by position: its earliest (that shared head), the one its latest
+turn resumed from (`resumed`), the end of its latest client turn's prompt (`turn_start`: what
+a resend or a retry after a disconnect or a crash resumes at, which no follow-up replaces) and
+the end of its latest sequence (`turn_end`: where its next turn resumes). A returning agent
+resumes at the latest of those its prompt still follows (its reply sent back otherwise than it
+was written, or edited, falls back to the prompt's), a new agent with the same head at the
+head. A snapshot is a fixed size, often the KV of thousands of tokens: kept more densely, they
+would cost more memory than the blocks they save recomputing.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from collections.abc import Iterable, Sequence
 from agent_memory.memory.hashing import BlockNames, SpanKey
 from agent_memory.memory.index.blocks import Block, BlockPool, Tier
 
-KEPT_PER_AGENT = 3  # the earliest and the latest two
+RESUMED, TURN_START, TURN_END = "resumed", "turn_start", "turn_end"
+ROLES = (RESUMED, TURN_START, TURN_END)  # besides the head, which is the earliest
+KEPT_PER_AGENT = 1 + len(ROLES)
 
 
 def find(
@@ -56,9 +61,19 @@ def along(
     return list(out.values())
 
 
-def choose(snapshots: list[Block]) -> list[Block]:
-    """The ones an agent keeps, by position: its earliest and its latest."""
-    ordered = sorted(snapshots, key=lambda s: s.start)
-    if len(ordered) <= KEPT_PER_AGENT:
-        return ordered
-    return [ordered[0], *ordered[len(ordered) - (KEPT_PER_AGENT - 1) :]]
+def assign(roles: dict[str, str], resumed: str | None, role: str, taken: str | None) -> dict[str, str]:
+    """An agent's roles after a commit: the snapshot `taken` where it ends plays `role`, the one
+    its turn resumed from `RESUMED`, the others as before (a follow-up, which names no resumed
+    snapshot and ends at `TURN_END`, never replaces its client turn's `TURN_START`)."""
+    return {**roles, **({RESUMED: resumed} if resumed else {}), **({role: taken} if taken else {})}
+
+
+def choose(snapshots: list[Block], roles: dict[str, str]) -> tuple[list[Block], dict[str, str]]:
+    """The ones an agent keeps, by role: its earliest (the head it shares) and those `roles`
+    (role -> snapshot name) names among `snapshots`; returned by position, with the roles kept."""
+    held = {s.hash: s for s in snapshots}
+    kept = {role: h for role, h in roles.items() if role in ROLES and h in held}
+    names = set(kept.values())
+    if held:
+        names.add(min(held.values(), key=lambda s: s.start).hash)
+    return sorted((held[h] for h in names), key=lambda s: s.start), kept

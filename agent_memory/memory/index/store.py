@@ -165,11 +165,14 @@ class AgentCacheStore(AgentIndex):
         made: Sequence[str] = (),
         tenant: str = "",
         extras: Sequence[SpanKey] = (),
+        role: str = snapshots.TURN_END,
+        resumed: str | None = None,
     ) -> Persist:
         """Store a sequence's tokens (a finished one after releasing its lease): its blocks become
         hot and the agent points at it. `snapshot`: take one where the tokens end (taken for no
-        agent, it stays pinned for the running sequence's own commit until `let_go`); `made`: the
-        snapshots the sequence took on its way, for the agent to keep; `tenant`: whose request
+        agent, it stays pinned for the running sequence's own commit until `let_go`), kept by the
+        agent as `role` (snapshots.py); `made`: the snapshots the sequence took on its way, for
+        the agent to keep; `resumed`: the snapshot its turn resumed from; `tenant`: whose request
         it is (its blocks count against that tenant's share of the budgets: eviction.py);
         `extras`: what fixes their KV beyond their ids (memory/hashing.py).
         Returns what the caller should write to the warm tier."""
@@ -197,9 +200,11 @@ class AgentCacheStore(AgentIndex):
                 persist.snapshot = taken.hash
             if agent is not None:
                 old = self.agents.get(agent)
-                named = [*(old.snapshots if old is not None else ()), *made, *filter(None, [persist.snapshot])]
-                kept = snapshots.choose(snapshots.along(self.pool, self.names, chain, tokens, named, extras))
-                self.point_agent(agent, list(tokens), blocks, root, kept, extras)
+                roles = snapshots.assign(old.roles if old is not None else {}, resumed, role, persist.snapshot)
+                named = [*(old.snapshots if old is not None else ()), *made, *filter(None, [resumed, persist.snapshot])]
+                along = snapshots.along(self.pool, self.names, chain, tokens, named, extras)
+                kept, roles = snapshots.choose(along, roles)
+                self.point_agent(agent, list(tokens), blocks, root, kept, extras, roles)
                 if self.warm is not None:
                     persist.blocks = [
                         (BlockRecord(b.hash, b.parent, b.start, b.tokens, b.snapshot, b.extras), b.payload)
@@ -209,7 +214,7 @@ class AgentCacheStore(AgentIndex):
                     record = self.agents[agent]
                     persist.manifest = Manifest(
                         agent, self.warm.fingerprint, record.tokens, record.blocks, record.last_used, root=root,
-                        snapshots=[(s.start, s.hash) for s in kept], extras=extras,
+                        snapshots=[(s.start, s.hash) for s in kept], extras=extras, roles=roles,
                     )
                     if self.shared:
                         persist.base, record.etag = record.etag, secrets.token_hex(8)
@@ -270,7 +275,8 @@ class AgentCacheStore(AgentIndex):
                         kept[-1].tenant = manifest.key.tenant
                         if not kept[-1].disk_bytes:
                             self.pool.set_disk(kept[-1], scan.blocks[h].size)
-                self.point_agent(manifest.key, manifest.tokens, blocks, manifest.root, kept, manifest.extras)
+                roles = {r: h for r, h in manifest.roles.items() if h in {s.hash for s in kept}}
+                self.point_agent(manifest.key, manifest.tokens, blocks, manifest.root, kept, manifest.extras, roles)
                 self.agents[manifest.key].last_used = manifest.last_used
             for h in scan.blocks:
                 if h not in self.pool:

@@ -27,6 +27,7 @@ class AgentRecord:
     etag: str | None = None
     stored: str | None = None
     snapshots: list[str] = field(default_factory=list)  # the snapshots it keeps, by position
+    roles: dict[str, str] = field(default_factory=dict)  # role -> one of them (snapshots.py)
     extras: tuple[SpanKey, ...] = ()  # what fixes its KV beyond its tokens (memory/hashing.py)
 
 

@@ -125,6 +125,9 @@ class Manifest:
     root: str | None = None  # where its hash chain starts: its namespace (memory/hashing.py)
     snapshots: list[tuple[int, str]] = field(default_factory=list)
     extras: tuple[SpanKey, ...] = ()  # what fixes its KV beyond its tokens (memory/hashing.py)
+    # Role -> snapshot name: why it keeps each (memory/index/snapshots.py); written only when it
+    # has some, a field older versions pass over, and read as none from their manifests.
+    roles: dict[str, str] = field(default_factory=dict)
 
     def extends(self, theirs: Manifest) -> bool:
         """Whether this sequence contains theirs: the same namespace, their tokens a prefix of ours."""
@@ -157,6 +160,8 @@ class Manifest:
             data["snapshots"] = [list(s) for s in self.snapshots]
         if self.extras:  # written only when there are some: a manifest without is as before
             data["extras"] = [[s.start, s.end, s.key.hex()] for s in self.extras]
+        if self.roles:
+            data["roles"] = self.roles
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
@@ -201,13 +206,19 @@ class Manifest:
         ):
             raise ValueError("snapshots must be a list of [position, hash] within its tokens")
         extras = parse_extras(data.get("extras", []), len(tokens))
+        roles = data.get("roles", {})
+        if not isinstance(roles, dict) or not all(
+            isinstance(r, str) and isinstance(h, str) and h in {s[1] for s in snapshots} for r, h in roles.items()
+        ):
+            raise ValueError("roles must name its snapshots")
         last_used = data.get("last_used")
         if type(last_used) not in (int, float) or not isinstance(data.get("fingerprint"), str):
             raise ValueError("missing fingerprint or last_used")
         if not abs(last_used) < 1e15:  # also false for NaN and inf; float(10**400) would overflow
             raise ValueError("last_used is not a time")
         return cls(
-            key, data["fingerprint"], tokens, blocks, float(last_used), path, root, [(p, h) for p, h in snapshots], extras
+            key, data["fingerprint"], tokens, blocks, float(last_used), path, root, [(p, h) for p, h in snapshots],
+            extras, roles,
         )
 
 
