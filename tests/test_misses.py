@@ -211,3 +211,32 @@ def test_an_agent_another_models_folder_holds(tiny_model, tmp_path):
         expected = {"reason": "another_model", "at": cached(elsewhere), "lost": 0, "detail": {"folder": folder}}
         assert miss(elsewhere) == expected
         assert miss(turn(s.client(), conversation, "stranger"))["reason"] == "new_conversation"
+
+
+def test_evicted_by_a_tiny_disk_budget(tiny_model, tmp_path):
+    args = ("--hot-budget-mb", "1", "--disk-budget-mb", "1")
+    conversation = at_clock("15:00:00", SYSTEM * 2)
+    with InProcessServer(tiny_model, tmp_path, *args) as s:
+        turn(s.client(), conversation, "returning")
+        for i in range(6):  # several MiB of files against 1 MiB: the oldest agent's go first
+            turn(s.client(), at_clock("15:00:00", f"Persona {i}. " + SYSTEM * 4), f"other{i}")
+    with InProcessServer(tiny_model, tmp_path, *args) as s:  # a restart: its manifest names blocks with no file
+        back = turn(s.client(), conversation, "returning")
+        m = miss(back)
+        assert m["reason"] == "evicted_disk" and m["at"] <= cached(back)
+        assert m["lost"] == back.usage.prompt_tokens - 1 - cached(back) > 0
+
+
+def test_a_block_file_that_cannot_be_read_back(tiny_model, tmp_path):
+    conversation = at_clock("16:00:00", SYSTEM * 2)
+    with InProcessServer(tiny_model, tmp_path) as s:
+        turn(s.client(), conversation, "returning")
+    for path in (tmp_path / "kv").rglob("*.safetensors"):  # damage every block file
+        data = bytearray(path.read_bytes())
+        data[-8:] = bytes(255 - b for b in data[-8:])
+        path.write_bytes(bytes(data))
+    with InProcessServer(tiny_model, tmp_path) as s:
+        back = turn(s.client(), conversation, "returning")
+        assert cached(back) == 0
+        assert miss(back) == {"reason": "unreadable", "at": 0, "lost": back.usage.prompt_tokens - 1}
+        assert metric(s, "agent_memory_cache_misses_total", reason="unreadable") == 1

@@ -101,7 +101,8 @@ class Prefiller:
             log.info("block %s unreadable (%s): recomputing it", block.hash[:12], read.exception())
             self.store.warm_lost(block)
             usage = seq.generation.usage
-            at, n = (0, seq.lease.end) if self.layers.has_state else (block.start, len(block.tokens))
+            at = 0 if self.layers.has_state else block.start  # state layers: the whole prompt again
+            n = (seq.lease.end if self.layers.has_state else min(block.end, seq.lease.end)) - at
             usage.miss = unreadable(usage.miss, at, n)
             return None
         if block.snapshot:
