@@ -115,6 +115,7 @@ def test_codex_exec_completes_a_task_with_a_tool_call(models, tmp_path, model):
     first, second = requests
     assert first["agent"] == second["agent"] and int(first["prompt_tokens"]) > 10_000
     assert int(second["cached_tokens"]) >= int(first["prompt_tokens"]) - 64
+    assert first["miss"] == f"new_conversation@{first['cached_tokens']}" and second["miss"].startswith("none@"), requests
 
 
 def claude_env(server: Server, home: Path, context: int) -> dict[str, str]:
@@ -150,6 +151,7 @@ def test_claude_code_turns_reuse_the_previous_one(models, tmp_path, release):
     assert one["agent"] == two["agent"] and int(one["prompt_tokens"]) > 10_000
     # The second turn is the first turn plus a few tokens: all of the first from memory.
     assert int(two["cached_tokens"]) >= int(one["prompt_tokens"]) - 64
+    assert one["miss"].startswith("new_conversation@") and two["miss"].startswith("none@"), requests
     if release == "2.1.197":  # its task tools describe `metadata` with propertyNames: constrained without it
         assert "tool 'TaskCreate': its calls are constrained without propertyNames" in log
 
@@ -232,6 +234,7 @@ def test_claude_code_sub_agents_each_reuse_their_own_turns(tmp_path):
         assert len(turns) >= 2
         for before, after in zip(turns, turns[1:]):
             assert int(after["cached_tokens"]) >= int(before["prompt_tokens"]) - 64, turns
+            assert after["miss"].startswith("none@"), turns  # with its billing line (stripped): nothing missed
 
 
 def test_opencode_turns_reuse_the_previous_one(models, tmp_path):
@@ -275,6 +278,8 @@ def test_opencode_turns_reuse_the_previous_one(models, tmp_path):
     turn, next_turn = (max(rs, key=lambda r: int(r["prompt_tokens"])) for rs in (launched, continued))
     assert "agent" in turn and turn["agent"] == next_turn["agent"], launched  # the session (setCacheKey)
     assert int(next_turn["cached_tokens"]) >= int(turn["prompt_tokens"]) - 64
+    # Why: named, its next turn missed nothing; unnamed (by hand), nothing tells its history from a new one.
+    assert next_turn["miss"].startswith("none@") and next_main["miss"].startswith("new_conversation@"), requests
 
 
 def test_qwen_code_answers_through_launch(models, tmp_path):
@@ -349,6 +354,9 @@ def test_aider_answers_and_its_next_turn_reuses_its_head(models, tmp_path):
     assert [r["status"] for r in requests] == ["200", "200"], requests
     one, two = requests
     assert int(one["prompt_tokens"]) > 500 and int(two["cached_tokens"]) > int(one["prompt_tokens"]) // 2
+    # It names no agent: with no history to compare, its prompt past the head it reuses is new to
+    # the memory (docs/usage.md, "Why a request missed").
+    assert two["miss"] == f"new_conversation@{two['cached_tokens']}", requests
 
 
 def test_launch_llm_writes_its_model_once_then_starts_and_stops_a_server(models, tmp_path):

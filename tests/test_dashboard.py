@@ -83,6 +83,9 @@ def test_dashboard_shows_updates_and_deletes_an_agent(browser, server):
     assert row(browser, AGENT).find_element(By.CSS_SELECTOR, "th").text == AGENT
     # What the API says, once the page has caught up (a turn's reply is committed just after it).
     until(browser, lambda d: shown_tokens(d, AGENT) == api_tokens(server, AGENT), message="tokens differ from the API")
+    # Its first request's miss (docs/usage.md, "Why a request missed"): a new conversation.
+    miss = lambda d: row(d, AGENT).find_element(By.CSS_SELECTOR, "td.miss").text  # noqa: E731
+    until(browser, lambda d: miss(d).startswith("new conversation at "), message="no last miss shown")
     assert "MiB" in browser.find_element("id", "hot-text").text or "KiB" in browser.find_element("id", "hot-text").text
     assert not visible(browser, "keyform")
 

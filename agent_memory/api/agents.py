@@ -13,6 +13,7 @@ from agent_memory.api.agent_ids import refusal
 from agent_memory.api.errors import APIError
 from agent_memory.api.serving.speaker import tenant
 from agent_memory.api.state import ServedModel, ServerState, ready_state
+from agent_memory.cache_miss import Miss
 from agent_memory.engine.protocol import AgentInfo
 
 router = APIRouter()
@@ -29,6 +30,8 @@ register_url_convertor("agent_id", AgentIdConvertor())
 
 
 def agent_dict(info: AgentInfo, model: str) -> dict:
+    """An agent as listed: its memory, and its latest miss (reason, position, tokens lost, when)."""
+    last = info.misses[-1] if info.misses else None
     return {
         "id": info.id,
         "display_id": shown_id(info.id),  # what people see: escaped where it would hide a character
@@ -45,7 +48,12 @@ def agent_dict(info: AgentInfo, model: str) -> dict:
             "disk": info.disk_bytes,
         },
         "last_used": round(info.last_used, 3),
+        "last_miss": _miss(last, with_detail=False) if last is not None else None,
     }
+
+
+def _miss(miss: Miss, with_detail: bool = True) -> dict:
+    return {**miss.as_dict(with_detail), "time": round(miss.time, 3)}
 
 
 @router.get("/v1/agents")
@@ -69,12 +77,13 @@ async def list_agents(request: Request, state: ServerState = Depends(ready_state
 async def get_agent(
     agent_id: str, request: Request, model: str | None = None, state: ServerState = Depends(ready_state)
 ) -> dict:
-    """`?model=`: the agent of that model (an agent of two models is two); else the first found."""
+    """`?model=`: the agent of that model (an agent of two models is two); else the first found.
+    With its latest misses, oldest first (docs/usage.md, "Why a request missed")."""
     key = AgentKey(agent_id, tenant(request))
     for model in _models(state, model):
         info = await asyncio.to_thread(model.engine.agent, key)
-        if info is not None:
-            return agent_dict(info, model.id)
+        if info is not None:  # the caller's tenant's own agent: its misses' text too
+            return {**agent_dict(info, model.id), "misses": [_miss(m) for m in info.misses]}
     raise _not_found(agent_id)
 
 

@@ -72,7 +72,7 @@ class EngineCore:
         self._post = post  # queue a call for the engine thread (it wakes the loop)
         self._ids = ids  # sequence ids, shared with the requests' (BatchEngine.submit)
         self.seqs: dict[int, Sequence] = {}  # in arrival order
-        self.planner = Planner(parts.store, parts.warm, metrics, trace, post)
+        self.planner = Planner(parts.store, parts.warm, metrics, trace, post, parts.loaded.decoder)
         # What a shared tier loses or misses is written back from memory.
         shared, disk = parts.store.sync is not None, parts.precisions.disk
         self.write_back = WriteBack(parts.store, parts.warm, post, lambda p: p.tensors(disk)) if shared else None
@@ -248,6 +248,7 @@ class EngineCore:
             return
         self.metrics.cached_tokens.labels("hot").inc(usage.hot_tokens)
         self.metrics.cached_tokens.labels("warm").inc(usage.warm_tokens)
+        self.planner.report_miss(seq)
         output.finish(reason, usage)
 
     def _follow_up(self, seq: Sequence, tokens: list[int]) -> None:

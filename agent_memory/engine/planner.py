@@ -1,7 +1,8 @@
 """Planning a sequence: the store's lookup, when the sequence's turn to prefill comes (not on
 arrival, so that agents arriving together reuse the shared prefix the first of them computed),
 turned into its plan (cached segments, the snapshot, what to compute, where to stop for a
-snapshot of a shared head) and the warm-tier reads it needs started."""
+snapshot of a shared head) and the warm-tier reads it needs started; and why the prompt was not
+reused further (memory/index/misses.py), for its usage."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from tokenizers import Tokenizer
+
+from agent_memory.cache_miss import NONE
 from agent_memory.engine.observability.metrics import Metrics
 from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.engine.sequence import Sequence, Status
+from agent_memory.memory.index import misses
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.store_records import Segment
@@ -26,8 +31,11 @@ class Planner:
         metrics: Metrics,
         trace: NoTrace,
         post: Callable[[Callable[[], None]], None],
+        decoder: Tokenizer,
     ) -> None:
+        """decoder: the engine thread's tokenizer, for a rewritten history's excerpt."""
         self.store = store
+        self.decoder = decoder
         self.warm = warm
         self.metrics = metrics
         self.trace = trace
@@ -38,7 +46,13 @@ class Planner:
         t0 = time.perf_counter()
         if not seq.prefill_only:
             self.metrics.queue_time.observe(t0 - seq.submitted)
-        seq.lease = lease = self.store.lookup(seq.prompt[: seq.prefill_end], seq.root, seq.request.extra_keys)
+        looked_up, extras = seq.prompt[: seq.prefill_end], seq.request.extra_keys
+        seq.lease = lease = self.store.lookup(looked_up, seq.root, extras)
+        if not seq.prefill_only:  # a follow-up's miss is nobody's to read
+            with self.store.lock:
+                seq.generation.usage.miss = misses.explain(
+                    self.store, seq.agent, looked_up, seq.root, extras, lease, self._text, self.store.state_layers
+                )
         seq.plan.extend(lease.segments)
         if lease.end < seq.prefill_end:
             seq.plan.append(Segment(lease.end, seq.prefill_end, None))
@@ -52,6 +66,19 @@ class Planner:
                 seq.reads[block.hash] = future
         seq.status = Status.PREFILLING
         self.trace.planned(seq, t0)
+
+    def report_miss(self, seq: Sequence) -> None:
+        """A request that ended: its miss counted by reason, and kept with its agent unless
+        nothing was missed."""
+        miss = seq.generation.usage.miss
+        if miss is None or seq.parent is not None:  # a request's other samples: counted once, by sample 0
+            return
+        self.metrics.missed(miss)
+        if seq.agent is not None and miss.reason != NONE:
+            self.store.note_miss(seq.agent, miss)
+
+    def _text(self, ids: list[int]) -> str:
+        return self.decoder.decode(list(ids), skip_special_tokens=False)
 
     def _read_done(self, seq_id: int, started: float) -> Callable[[Future], None]:
         """On the reader thread when a warm block is read: count it, wake the loop."""

@@ -13,6 +13,7 @@ from collections import deque
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
+from agent_memory.cache_miss import unreadable
 from agent_memory.engine.commit import Committer
 from agent_memory.engine.kinds import attention
 from agent_memory.engine.kinds.layers import ModelLayers, Snapshot
@@ -99,6 +100,10 @@ class Prefiller:
         if read.exception() is not None:
             log.info("block %s unreadable (%s): recomputing it", block.hash[:12], read.exception())
             self.store.warm_lost(block)
+            usage = seq.generation.usage
+            at = 0 if self.layers.has_state else block.start  # state layers: the whole prompt again
+            n = (seq.lease.end if self.layers.has_state else min(block.end, seq.lease.end)) - at
+            usage.miss = unreadable(usage.miss, at, n)
             return None
         if block.snapshot:
             return self.layers.snapshot_from_numpy(read.result(), block.start)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from agent_memory.agent_key import AgentKey
+from agent_memory.cache_miss import Miss
 from agent_memory.memory.hashing import SpanKey
 
 TOP_LOGPROBS = 20  # the most alternatives a request may ask for (OpenAI's limit)
@@ -85,6 +86,7 @@ class Usage:
     # Speculative decoding: proposed tokens the model accepted (each a decode step saved), and refused.
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    miss: Miss | None = None  # why the prompt was not reused further (cache_miss.py), once planned
 
     @property
     def cached_tokens(self) -> int:

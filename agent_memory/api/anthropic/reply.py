@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections.abc import Callable
 
+from agent_memory.cache_miss import usage_field
 from agent_memory.chat.events import CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
@@ -25,7 +26,8 @@ def usage_dict(usage: Usage, output_tokens: int) -> dict:
     Read: the KV that came from the cache (hot: memory, warm: disk, also given apart). Created:
     every other prompt token, computed now and committed to the cache when the request ends (an
     agent's turn as its memory, an anonymous request's blocks for prefix sharing), kept as
-    long as the memory and disk budgets allow. None is left out of the cache: input_tokens 0."""
+    long as the memory and disk budgets allow. None is left out of the cache: input_tokens 0.
+    `cache_miss`: why the rest was not reused (docs/usage.md, "Why a request missed")."""
     read = usage.cached_tokens
     return {
         "input_tokens": 0,
@@ -34,6 +36,7 @@ def usage_dict(usage: Usage, output_tokens: int) -> dict:
         "output_tokens": output_tokens,
         "cache_read_hot_input_tokens": usage.hot_tokens,
         "cache_read_warm_input_tokens": usage.warm_tokens,
+        **usage_field(usage.miss),
     }
 
 

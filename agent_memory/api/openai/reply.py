@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from agent_memory.api.logprobs import LogprobWriter
+from agent_memory.cache_miss import usage_field
 from agent_memory.chat.conversation import ToolCall
 from agent_memory.chat.events import CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
 from agent_memory.engine.protocol import ModelFacts
@@ -19,7 +20,8 @@ from agent_memory.engine.requests import Finished, TextDelta, Usage
 def usage_dict(usage: Usage, reasoning_tokens: int | None = None) -> dict:
     """OpenAI's usage; `reasoning_tokens` (chat): how many of the completion's tokens were
     reasoning (its text as the tokenizer writes it, at most the completion's). Speculative
-    decoding's proposed tokens, accepted and rejected, as OpenAI and vLLM report predictions."""
+    decoding's proposed tokens, accepted and rejected, as OpenAI and vLLM report predictions;
+    `cache_miss`: why the prompt was not reused further (docs/usage.md, "Why a request missed")."""
     out = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -28,6 +30,7 @@ def usage_dict(usage: Usage, reasoning_tokens: int | None = None) -> dict:
             "cached_tokens": usage.cached_tokens,
             "hot_tokens": usage.hot_tokens,
             "warm_tokens": usage.warm_tokens,
+            **usage_field(usage.miss),
         },
     }
     details = {

@@ -10,6 +10,7 @@ import secrets
 from collections.abc import Callable
 
 from agent_memory.api.logprobs import LogprobWriter
+from agent_memory.cache_miss import usage_field
 from agent_memory.chat.conversation import ToolCall
 from agent_memory.chat.freeform import freeform_input
 from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
@@ -17,6 +18,8 @@ from agent_memory.engine.requests import Finished, TextDelta, Usage
 
 
 def usage_dict(usage: Usage, reasoning_tokens: int = 0) -> dict:
+    """Responses' usage; beside the cached tokens, where they came from (hot, warm) and why the
+    rest was not reused (`cache_miss`: docs/usage.md, "Why a request missed")."""
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {
@@ -24,6 +27,7 @@ def usage_dict(usage: Usage, reasoning_tokens: int = 0) -> dict:
             "cache_write_tokens": 0,
             "hot_tokens": usage.hot_tokens,
             "warm_tokens": usage.warm_tokens,
+            **usage_field(usage.miss),
         },
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},

@@ -46,6 +46,8 @@ async def events(state: ServerState, model: ServedModel, generation: GenerationR
                 u = event.usage
                 trace.update(cached_tokens=u.cached_tokens, hot_tokens=u.hot_tokens, warm_tokens=u.warm_tokens)
                 trace.update(completion_tokens=u.completion_tokens, finish=event.reason)
+                if u.miss is not None:
+                    trace["miss"] = u.miss.logged()
                 if u.accepted_prediction_tokens or u.rejected_prediction_tokens:
                     trace["accepted"] = (
                         f"{u.accepted_prediction_tokens}/{u.accepted_prediction_tokens + u.rejected_prediction_tokens}"

@@ -369,6 +369,9 @@
       cells[k].className = `num ${k}`;
       tr.appendChild(cells[k]);
     }
+    cells.miss = document.createElement("td");
+    cells.miss.className = "miss";
+    tr.appendChild(cells.miss);
     const last = document.createElement("td");
     cells.last = document.createElement("time");
     last.appendChild(cells.last);
@@ -405,6 +408,9 @@
     setText(c.exact, b.hot_exact ? fmtBytes(b.hot_exact) : "—");
     setText(c.quantized, b.hot_quantized ? fmtBytes(b.hot_quantized) : "—");
     setText(c.disk, b.disk ? fmtBytes(b.disk) : "—");
+    const m = a.last_miss;
+    setText(c.miss, m ? `${m.reason.replaceAll("_", " ")} at ${fmtInt(m.at)}` : "—");
+    c.miss.title = m ? `${fmtInt(m.lost)} tokens the memory held not reused, ${fmtAgo(now - m.time)}` : "";
     const when = new Date(a.last_used * 1000);
     setText(c.last, fmtAgo(now - a.last_used));
     c.last.dateTime = when.toISOString();

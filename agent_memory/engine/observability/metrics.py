@@ -14,6 +14,8 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from agent_memory.cache_miss import NONE, REASONS, Miss
+
 SECONDS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -122,6 +124,21 @@ class Metrics:
         )
         for outcome in ("ok", "refused"):  # exported from the start, at zero
             self.disk_loads.labels(outcome)
+        self.cache_misses = Counter(
+            "agent_memory_cache_misses",
+            "Requests whose prompt was not reused further, by why (docs/usage.md, 'Why a request missed')",
+            ["reason"],
+            registry=r,
+        )
+        self.cache_miss_tokens = Counter(
+            "agent_memory_cache_miss_lost_tokens",
+            "Prompt tokens the memory held but a request did not reuse, by why",
+            ["reason"],
+            registry=r,
+        )
+        for reason in [r for r in REASONS if r != NONE]:  # exported from the start, at zero; NONE is no miss
+            self.cache_misses.labels(reason)
+            self.cache_miss_tokens.labels(reason)
         self.sequences = Gauge("agent_memory_sequences", "Sequences in the engine, by state", ["state"], registry=r)
         self.cache_bytes = Gauge("agent_memory_cache_bytes", "Bytes of cached KV, by tier", ["tier"], registry=r)
         self.budget_bytes = Gauge(
@@ -144,6 +161,12 @@ class Metrics:
         self.proposed_tokens.inc(proposed)
         self.accepted_tokens.inc(accepted)
         self.accepted_per_step.observe(accepted)
+
+    def missed(self, miss: Miss) -> None:
+        """A finished request's miss (cache_miss.py); NONE is not one."""
+        if miss.reason != NONE:
+            self.cache_misses.labels(miss.reason).inc()
+            self.cache_miss_tokens.labels(miss.reason).inc(miss.lost)
 
     def watch(self, store, count: Callable[[str], int], warm_on: bool) -> None:
         """Read the engine's and the store's state at scrape time rather than tracking every

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Sequence
 
 from agent_memory.agent_key import AGENT, RESPONSE, AgentKey
+from agent_memory.cache_miss import Miss
 from agent_memory.memory.hashing import BlockNames, SpanKey
 from agent_memory.memory.index.blocks import Block, BlockPool, Tier
 from agent_memory.memory.index.prefix import common_prefix
@@ -57,7 +58,14 @@ class AgentIndex:
         )
         if old is not None:
             self.agents[agent].etag, self.agents[agent].stored = old.etag, old.stored
+            self.agents[agent].misses = old.misses
             self._unref([*old.blocks, *old.snapshots])
+
+    def note_miss(self, agent: AgentKey, miss: Miss) -> None:
+        """Keep a request's miss with its agent's record (none once the agent was ended)."""
+        with self.lock:
+            if (record := self.agents.get(agent)) is not None:
+                record.misses.append(miss)
 
     def forget(self, agent: AgentKey) -> bool:
         """Drop an agent here only (the shared tier no longer has it); whether it was here."""
@@ -111,6 +119,7 @@ class AgentIndex:
                 last_used=record.last_used,
                 snapshots=len(snapshots),
                 snapshot_bytes=sum(s.hot_bytes for s in snapshots),
+                misses=list(record.misses),
             )
 
     def counts(self, tenant: str | None = None) -> dict[str, int]:

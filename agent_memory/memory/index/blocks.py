@@ -44,6 +44,7 @@ class Block:
     snapshot: bool = False  # the state after its parent's prefix, at position `start`
     tenant: str = ""  # whose namespace named it: no block is shared across tenants (memory/hashing.py)
     extras: Extras = ()  # what fixes its KV beyond its tokens, relative to `start` (memory/hashing.py)
+    cooled_by: str = ""  # once COLD, why its KV went (cache_miss.py: evicted_hot, evicted_disk, unreadable)
 
     @property
     def tier(self) -> Tier:

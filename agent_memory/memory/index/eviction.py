@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agent_memory.cache_miss import EVICTED_DISK, EVICTED_HOT
 from agent_memory.fair_share import fair_order
 from agent_memory.memory.index.blocks import Block, BlockPool, Tier
 from agent_memory.memory.warm.tier import WarmTier
@@ -89,6 +90,8 @@ class Evictor:
                 self.moves["hot_exact", "hot_quantized", "hot_budget"] += 1
                 continue
             self.pool.drop_payload(block)
+            if block.tier is Tier.COLD:
+                block.cooled_by = EVICTED_HOT
             self.drop_if_unused(block)
             self.moves["hot", block.tier.value if block.hash in self.pool else "gone", "hot_budget"] += 1
 
@@ -104,6 +107,8 @@ class Evictor:
                 break
             self.warm.delete_block(block.hash)
             self.pool.drop_disk(block)  # agents still refer to it: it becomes COLD, not gone
+            if block.tier is Tier.COLD:
+                block.cooled_by = EVICTED_DISK
             self.moves["warm", block.tier.value, "disk_budget"] += 1
 
     # -- what the API shows ----------------------------------------------------------------

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from agent_memory.agent_key import AgentKey
+from agent_memory.cache_miss import UNREADABLE
 from agent_memory.memory.hashing import SpanKey, covering
 from agent_memory.memory.index import snapshots
 from agent_memory.memory.index.agents import AgentIndex
@@ -240,6 +241,7 @@ class AgentCacheStore(AgentIndex):
         """A block's warm copy could not be read back: it is recomputed from now on."""
         with self.lock:
             self.pool.drop_disk(block)
+            block.cooled_by = UNREADABLE
             self.drop_if_unused(block)
             self.moves["warm", "cold", "unreadable"] += 1
 

@@ -5,15 +5,19 @@ asks to be written (`Persist`), and what the API shows of an agent (`AgentInfo`)
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_memory.cache_miss import Miss
 from agent_memory.memory.hashing import SpanKey
 from agent_memory.memory.index.blocks import Block
 from agent_memory.memory.warm.format.blockfile import Tensors
 from agent_memory.memory.warm.format.records import BlockRecord, Manifest
 from agent_memory.memory.warm.tier import WarmTier
+
+MISSES_KEPT = 8  # an agent's latest misses kept for /v1/agents/ID
 
 
 @dataclass
@@ -29,6 +33,8 @@ class AgentRecord:
     snapshots: list[str] = field(default_factory=list)  # the snapshots it keeps, by position
     roles: dict[str, str] = field(default_factory=dict)  # role -> one of them (snapshots.py)
     extras: tuple[SpanKey, ...] = ()  # what fixes its KV beyond its tokens (memory/hashing.py)
+    # Its requests' latest misses (cache_miss.py), in memory only: what /v1/agents/ID shows.
+    misses: deque[Miss] = field(default_factory=lambda: deque(maxlen=MISSES_KEPT))
 
 
 @dataclass
@@ -86,3 +92,4 @@ class AgentInfo:
     last_used: float
     snapshots: int = 0  # of its state layers (window, recurrent), kept at positions it returns to
     snapshot_bytes: int = 0  # the hot ones' part of hot_bytes
+    misses: list[Miss] = field(default_factory=list)  # its requests' latest misses, oldest first

@@ -20,6 +20,7 @@ those it finds readable by others private again (`FolderScan.loose`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -88,6 +89,17 @@ class Folder:
 
     def agent_path(self, key: AgentKey | str) -> Path:
         return self.agents / f"{agent_file_stem(key)}.json"
+
+    def holding_elsewhere(self, key: AgentKey) -> str | None:
+        """The sibling folder (another model, or this one at another precision) holding the
+        agent's manifest, if one does: why a named agent is new here (memory/index/misses.py)."""
+        stem = f"{agent_file_stem(key)}.json"
+        for sibling, st in entries(self.root.parent):
+            if sibling.name != self.root.name and stat.S_ISDIR(st.st_mode):
+                with contextlib.suppress(OSError):
+                    if stat.S_ISREG(os.lstat(Path(sibling.path) / "agents" / stem).st_mode):
+                        return sibling.name
+        return None
 
     def make(self) -> None:
         """Create the folders, private to this user (existing ones are made private too). The
