@@ -10,23 +10,12 @@ import httpx
 import pytest
 
 from tests.support.inprocess import InProcessServer
+from tests.support.metrics import metric
 from tests.support.server import REPO, Server
 
 pytestmark = pytest.mark.process
 SYSTEM = "You log every ship that enters the harbour, with its cargo and its berth. " * 12
 
-
-def metric(server, name: str, **labels) -> float:
-    """A sample of /metrics (0 when absent)."""
-    for line in httpx.get(server.base_url + "/metrics").text.splitlines():
-        if not line.startswith(name):
-            continue
-        head, _, value = line.rpartition(" ")
-        if head.split("{")[0] != name:
-            continue
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            return float(value)
-    return 0.0
 
 
 def chat(server, agent: str, content: str, **headers):

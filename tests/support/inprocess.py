@@ -13,15 +13,14 @@ import time
 from pathlib import Path
 
 import httpx
-import openai
 import typer
 
-from tests.support.server import free_port
+from tests.support.server import Serving, free_port
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # cli/serve.py's text format
 
 
-class InProcessServer:
+class InProcessServer(Serving):
     """`agent-memory serve MODEL --cache-dir CACHE_DIR ARGS` on a thread of this process."""
 
     def __init__(self, model: Path | str, cache_dir: Path, *args: str, log: Path | None = None) -> None:
@@ -31,10 +30,6 @@ class InProcessServer:
         self._uvicorn = None
         self._thread: threading.Thread | None = None
         self._handler: logging.Handler | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def _settings(self):
         from agent_memory.cli import app
@@ -102,17 +97,6 @@ class InProcessServer:
                 logging.getLogger(name).removeHandler(self._handler)
             self._handler.close()
             self._handler = None
-
-    def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
-
-    def async_client(self, **kw) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
-            base_url=self.base_url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw
-        )
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=120)
 
     def __enter__(self) -> "InProcessServer":
         return self.start()

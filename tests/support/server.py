@@ -23,7 +23,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
+class Serving:
+    """What a test reaches any running server by, a process or in-process: its loopback URL and
+    clients (`port` is set by the server)."""
+
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
+
+    def async_client(self, **kw) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=self.base_url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw
+        )
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=120)
+
+
+class Server(Serving):
     """`agent-memory serve` as a child process on a free loopback port."""
 
     def __init__(
@@ -33,10 +55,6 @@ class Server:
         self.port = free_port()
         self.log_path = log or cache_dir / f"server-{self.port}.log"
         self.proc: subprocess.Popen | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 180) -> "Server":
         self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -80,17 +98,6 @@ class Server:
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
-
-    def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
-
-    def async_client(self, **kw) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
-            base_url=self.base_url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw
-        )
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=120)
 
     def __enter__(self) -> "Server":
         return self.start()
