@@ -1,11 +1,8 @@
 """EngineCore: the engine thread's work, and only that thread's (it touches MLX).
 
-Each `step()` reads as nano-vllm's: the scheduler's decision (`_schedule`: does the batch
-decode, which planned sequence prefills a chunk), then running and applying each part: one
-decode step of the whole batch (`_decode`) whose tokens go to their requests at once
-(`_apply_decoded`: sequences that finished leave), then one prefill chunk (`_prefill`; a
-prefilled sequence joins the batch). A sequence ends through one path, `_end`, that releases,
-commits and reports once.
+Each `step()` reads as nano-vllm's: `_schedule` (does the batch decode, which sequence
+prefills), `_decode` of the whole batch, whose tokens `_apply_decoded` sends at once, then one
+`_prefill` chunk. A sequence ends through one path, `_end`: release, commit, report once.
 """
 
 from __future__ import annotations

@@ -2,16 +2,13 @@
 
 The engine thread calls `lookup` before a prefill and `commit` when a prefill ends (the prompt,
 offered for reuse) and when the sequence ends (prompt and reply); HTTP handlers read
-`agents()` under the same lock. What leaves memory first is eviction.py's; which agent uses
-which block is agents.py's (`AgentIndex`, the store's base); the store calls its `Evictor`
-(eviction.py) after each change. With a warm tier (see `warm`), an
-agent's block gains a copy there once it is durable, and is WARM when it leaves memory.
+`agents()` under the same lock. Which agent uses which block is agents.py's (`AgentIndex`, the
+store's base); after each change the store calls its `Evictor` (eviction.py). With a warm tier,
+an agent's block gains a copy there once durable, and is WARM when it leaves memory.
 
-With a shared warm tier (several servers on one Redis: `warm.shared`), the store holds what
-this server has seen: agents are not restored at start but probed when a request arrives
-(shared_sync.py), the store evicts nothing from the shared tier (Redis does, under its
-maxmemory), and a block this server stops using is forgotten here, not deleted there (manifests
-count the references: memory/warm/redis/backend.py).
+With a shared warm tier (several servers on one Redis: `warm.shared`), agents are probed when
+a request arrives (shared_sync.py), not restored at start; Redis evicts under its maxmemory, and
+a block this server stops using is forgotten here, not deleted there (memory/warm/redis/).
 """
 
 from __future__ import annotations
