@@ -1,8 +1,7 @@
 """AgentCacheStore: each agent's latest sequence, the blocks behind it, and the hot budget.
 
-The engine thread calls `lookup` before a prefill and `commit` when a prefill ends (the prompt,
-offered for reuse) and when the sequence ends (prompt and reply); HTTP handlers read
-`agents()` under the same lock. Which agent uses which block is agents.py's (`AgentIndex`, the
+The engine thread calls `lookup` before a prefill, `commit` when a prefill ends (the prompt) and
+when the sequence ends (prompt and reply); HTTP handlers read `agents()` under the same lock. Which agent uses which block is agents.py's (`AgentIndex`, the
 store's base); after each change the store calls its `Evictor` (eviction.py). With a warm tier,
 an agent's block gains a copy there once durable, and is WARM when it leaves memory.
 
