@@ -117,12 +117,13 @@ def _health_response(health: Health) -> JSONResponse:
 
 
 async def _watch_load(engine: EngineClient, on_load_failure: Callable[[], None], url: str, auth: str) -> None:
+    # Announced before the load ends, so server.json is on disk once /health says ok.
+    await asyncio.to_thread(engine.announce, url)
     error = await asyncio.to_thread(engine.wait_loaded)
     if error:
         log.error("the model could not be loaded: %s", error)
         on_load_failure()
         return
-    await asyncio.to_thread(engine.announce, url)
     log.info("ready at %s/v1 — %s; %s", url, engine.summary(), auth)
 
 
