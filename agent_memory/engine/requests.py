@@ -87,6 +87,7 @@ class Usage:
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
     miss: Miss | None = None  # why the prompt was not reused further (cache_miss.py), once planned
+    agent: AgentKey | None = None  # whose memory the turn joined (the API's settle names it so)
 
     @property
     def cached_tokens(self) -> int:

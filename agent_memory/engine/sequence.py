@@ -110,6 +110,7 @@ def new_sequence(
         root=store.names.root(namespace(request.tenant, request.cache_salt)),
         prefill_only=prefill_only,
     )
+    seq.generation.usage.agent = seq.agent
     seq.new_tokens = len(request.prompt) - store.known_prefix(seq.agent, request.prompt)
     if store.sync is not None and not prefill_only:  # a follow-up continues this server's own latest turn
         seq.discovery = store.sync.discover(seq.agent, request.prompt, seq.root, request.extra_keys)
