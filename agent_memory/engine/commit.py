@@ -15,10 +15,12 @@ import mlx.core as mx
 from agent_memory.agent_key import AgentKey
 from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.observability.trace import NoTrace
+from agent_memory.engine.requests import Retention
 from agent_memory.engine.sequence import Sequence, canonical_reply
-from agent_memory.memory.index import snapshots
+from agent_memory.memory.index import keep, snapshots
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.store_records import Persist
+from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import Precisions
 
@@ -55,6 +57,24 @@ class Committer:
         # A state layer's cache cannot be cut back: its snapshot is taken only where it ends.
         self.commit(seq, seq.agent, cache, tokens, snapshot=len(tokens) == held)
         return follow_up
+
+    def share_prompt(self, seq: Sequence) -> None:
+        """Offer the prompt, now prefilled, for reuse at once, not when the request ends, so that
+        requests arriving while this one decodes skip the prefix they share with it: an agent's
+        whole prompt, its turn's start (`start_turn`); else its new whole blocks, and with state
+        layers all of it and a snapshot where it ends. Then the client's breakpoints, all
+        computed now, are kept with priority (memory/index/keep.py)."""
+        if seq.agent is not None and seq.prefill_end:
+            self.start_turn(seq)
+        elif self.layers.has_state:
+            if seq.prefill_end > seq.lease.end:
+                self.share(seq, seq.prefill_end)
+        elif (whole := (len(seq.prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS) > seq.lease.end:
+            self.commit(seq, None, seq.cache, seq.prompt[:whole])
+        now = time.time()
+        for point in seq.request.breakpoints:
+            tokens = seq.prompt[: min(point.position, seq.prefill_end)]
+            keep.keep_prefix(self.store, tokens, seq.root, seq.request.extra_keys, now + point.ttl_s)
 
     def start_turn(self, seq: Sequence) -> None:
         """Commit the prompt, now prefilled, for its agent before the reply is decoded (with a
@@ -105,6 +125,11 @@ class Committer:
             )
             if agent is None and persist.snapshot is not None:  # pinned until core._end lets go
                 seq.snapshots.append(persist.snapshot)
+            if agent is not None:  # its retention (asked now or before) over its blocks, and in its manifest
+                asked = seq.request.retention or Retention(0.0, False)
+                until = keep.keep_agent(self.store, agent, time.time(), asked.seconds, asked.disk)
+                if until and persist.manifest is not None:
+                    persist.manifest.keep_until = until
             mx.eval(payloads)
             if self.warm is not None:
                 persist.write(self.warm, lambda payload: payload.tensors(p.disk))

@@ -28,7 +28,6 @@ from agent_memory.engine.speculation.speculative_batch import Verified
 from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.memory.index.tier_events import StoreEvents
 from agent_memory.memory.index.write_back import WriteBack
-from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -189,7 +188,8 @@ class EngineCore:
         if seq.prefill_only:
             self._end(seq, "follow-up", seq.cache, seq.prompt)
             return
-        self._share_prompt(seq)
+        if seq.request.remember:  # offered for reuse now (commit.py `share_prompt`)
+            self.parts.committer.share_prompt(seq)
         params = seq.request.params
         for sample in [seq, *samples(seq, self._ids, self.parts.loaded)]:  # n > 1: all from one prefill
             self.seqs[sample.id] = sample
@@ -197,19 +197,6 @@ class EngineCore:
             self.parts.batch.add(sample.id, seq.prompt, seq.cache, *args)
             sample.status = Status.DECODING
         seq.cache = None
-
-    def _share_prompt(self, seq: Sequence) -> None:
-        """Offer the prompt for reuse now, not when the request ends, so that requests arriving
-        while this one decodes skip the prefix they share with it: an agent's whole prompt, its
-        turn's start (commit.py `start_turn`); else its new whole blocks, and with state layers
-        all of it and a snapshot where it ends."""
-        if seq.agent is not None and seq.prefill_end:
-            self.parts.committer.start_turn(seq)
-        elif self.parts.layers.has_state:
-            if seq.prefill_end > seq.lease.end:
-                self.parts.committer.share(seq, seq.prefill_end)
-        elif (whole := (len(seq.prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS) > seq.lease.end:
-            self.parts.committer.commit(seq, None, seq.cache, seq.prompt[:whole])
 
     def _end(
         self,
@@ -219,7 +206,8 @@ class EngineCore:
         tokens: list[int] | None = None,
         error: Failed | None = None,
     ) -> None:
-        """Every sequence ends here, once: release its pins, commit its KV, report."""
+        """Every sequence ends here, once: release its pins, commit its KV (unless its request
+        must not be remembered), report."""
         if seq.status is Status.FINISHED:
             return
         seq.status = Status.FINISHED
@@ -227,7 +215,7 @@ class EngineCore:
         if seq.lease is not None:  # first, so the blocks it read from disk can become hot
             self.store.release(seq.lease)
             seq.lease = None
-        if cache is not None and tokens:
+        if cache is not None and tokens and seq.request.remember:
             follow_up = self.parts.committer.commit_turn(seq, reason, cache, tokens)
             if follow_up is not None:
                 self._follow_up(seq, follow_up)
@@ -266,7 +254,7 @@ class EngineCore:
             sink(Failed(f"the request could not be started: {e}"))
             return
         self.metrics.prompt_tokens.inc(len(request.prompt))
-        for queued in self.scheduler.superseded(self.seqs.values(), seq.agent):
+        for queued in self.scheduler.superseded(self.seqs.values(), seq.agent if request.remember else None):
             self._end(queued, "superseded")
         self.seqs[seq_id] = seq
         if seq.discovery is not None:  # the shared warm tier's answer: adopt it, then plan the request

@@ -19,6 +19,7 @@ from agent_memory.engine.loading.warm import open_warm_tier
 from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.engine.prefill import Prefiller
 from agent_memory.engine.speculation.speculative_batch import SpeculativeBatch
+from agent_memory.memory.index import keep
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 from agent_memory.memory.warm.tier import WarmTier
@@ -122,6 +123,7 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
     )
     if scan is not None and not warm.shared:
         store.restore(scan)
+        keep.restored(store, scan.manifests)
         log.info(
             "warm tier %s: %d agents, %d stored responses, %d block files (%.1f MiB)",
             warm.location,

@@ -1,7 +1,7 @@
 """Planning a sequence: the store's lookup, when the sequence's turn to prefill comes (not on
 arrival, so that agents arriving together reuse the shared prefix the first of them computed),
-turned into its plan (cached segments, the snapshot, what to compute, where to stop for a
-snapshot of a shared head) and the warm-tier reads it needs started; and why the prompt was not
+turned into its plan (cached segments, the snapshot, what to compute, where to stop to offer
+a shared head or a client's breakpoint) and the warm-tier reads it needs started; and why the prompt was not
 reused further (memory/index/misses.py), for its usage."""
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ class Planner:
         seq.plan.extend(lease.segments)
         if lease.end < seq.prefill_end:
             seq.plan.append(Segment(lease.end, seq.prefill_end, None))
-        if lease.end < lease.matched < seq.prefill_end:  # state layers: a head others share ends there
-            seq.mark = lease.matched
+        if seq.request.remember:  # state layers: a head others share ends at `matched`; a client's breakpoints
+            marks = {lease.matched, *(b.position for b in seq.request.breakpoints)}
+            seq.marks = sorted(m for m in marks if lease.end < m < seq.prefill_end)
         planned = [segment.block for segment in lease.segments if segment.block is not None]
         for block in [*planned, *filter(None, [lease.snapshot])]:
             if block.tier is Tier.WARM:
@@ -74,7 +75,7 @@ class Planner:
         if miss is None or seq.parent is not None:  # a request's other samples: counted once, by sample 0
             return
         self.metrics.missed(miss)
-        if seq.agent is not None and miss.reason != NONE:
+        if seq.agent is not None and miss.reason != NONE and seq.request.remember:
             self.store.note_miss(seq.agent, miss)
 
     def _text(self, ids: list[int]) -> str:

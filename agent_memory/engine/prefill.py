@@ -3,7 +3,8 @@ its working cache's attention layers as KV (from memory, or read from disk and b
 hot precision, then converted to the working precision), and at the plan's snapshot its window
 and recurrent layers take the state kept there (engine/kinds/layers.py); gaps and the new
 suffix are computed by the model. Where the prompt stops matching what others cached (a head
-agents share), a model with state layers stops to offer a snapshot for the next agent."""
+agents share), and at a client's breakpoints, it stops to offer what it computed (with a
+snapshot, on a model with state layers) for the next agent."""
 
 from __future__ import annotations
 
@@ -45,13 +46,13 @@ class Prefiller:
                 continue
             segment = seq.plan[0]
             n = min(budget, segment.end - seq.pos)
-            if seq.mark > seq.pos:
-                n = min(n, seq.mark - seq.pos)
+            if (mark := next((m for m in seq.marks if m > seq.pos), None)) is not None:
+                n = min(n, mark - seq.pos)
             self.model(mx.array(seq.prompt[seq.pos : seq.pos + n])[None], cache=seq.cache)
             mx.eval([c.state for c in seq.cache])
             seq.pos += n
             budget -= n
-            if seq.pos == seq.mark:
+            if seq.pos == mark:
                 self.committer.share(seq, seq.pos)
             if seq.pos == segment.end:
                 seq.plan.popleft()

@@ -62,6 +62,25 @@ class Sampling:
         return SamplingParams(max_tokens=max_tokens, **{**defaults, **asked})
 
 
+@dataclass(frozen=True)
+class Breakpoint:
+    """A point of the prompt its client expects to come back to (Anthropic's `cache_control`):
+    the prefill stops there to offer it (with a snapshot on state layers), and the blocks up to
+    it are kept with priority for `ttl_s` seconds (memory/index/keep.py)."""
+
+    position: int  # prompt tokens before it
+    ttl_s: float
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long an agent's memory is kept with priority (OpenAI's `prompt_cache_retention`):
+    its hot blocks, and with `disk` its warm copies too (persisted in its manifest)."""
+
+    seconds: float
+    disk: bool
+
+
 @dataclass(eq=False)  # by identity: the API counts requests in flight in a weak set
 class GenerationRequest:
     prompt: list[int]
@@ -75,6 +94,11 @@ class GenerationRequest:
     extra_keys: tuple[SpanKey, ...] = ()
     # An llguidance matcher the output must follow (constrained decoding), made by the API.
     grammar: Any = None
+    # False: a request that must not be remembered (`remember: false`, `Cache-Control: no-store`):
+    # it reuses the cache, but nothing of it is committed, followed up, snapshotted or recorded.
+    remember: bool = True
+    breakpoints: tuple[Breakpoint, ...] = ()  # ascending positions
+    retention: Retention | None = None  # None: its agent's memory at the usual value
 
 
 @dataclass

@@ -49,9 +49,10 @@ class Sequence:
     # reuses them rather than quantizing dequantized KV again (which is not exact).
     stored: list[StoredRun] = field(default_factory=list)
     # Snapshots of its state layers it took on the way (their names), for its agent to keep,
-    # and the prompt position where it takes one while prefilling (0: none).
+    # and the prompt positions where it stops while prefilling to offer what it computed (a
+    # head others share, a client's breakpoints: engine/planner.py), ascending.
     snapshots: list[str] = field(default_factory=list)
-    mark: int = 0
+    marks: list[int] = field(default_factory=list)
     # A follow-up that only computes KV for its agent (see canonical_reply): no decoding.
     prefill_only: bool = False
     parent: int | None = None  # a request's sample 1..n-1 (samples.py): its sample 0's id

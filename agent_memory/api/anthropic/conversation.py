@@ -103,6 +103,11 @@ def conversation(body: PromptFields, seal: TenantSeal) -> Conversation:
             "the last message is the assistant's: continuing it (prefill) is not supported; end with a user message",
             param=f"messages.{body.messages.index(last)}",
         )
+    return as_conversation(body, seal)
+
+
+def as_conversation(body: PromptFields, seal: TenantSeal) -> Conversation:
+    """The body as a Conversation, whichever message is last (a breakpoint's part of it too)."""
     system = system_text(body.system)
     messages = [Message("system", system)] if system else []
     for i, m in enumerate(body.messages):

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
+from agent_memory.api.anthropic.breakpoints import positions
 from agent_memory.api.anthropic.conversation import agent, conversation, prepare
 from agent_memory.api.anthropic.reply import Reply, error_shape, sse
 from agent_memory.api.anthropic.schemas import MessagesRequest
@@ -39,10 +40,16 @@ class CreateMessage(WireFormat):
         # every API: serving/output_limit.py), and a reply that fills it ends with stop_reason
         # model_context_window_exceeded. 0 computes the prompt: one token, not returned.
         limit = max(1, body.max_tokens)
-        self.asked = Asked(body.model, agent(body, request), limit, sampling, stream=body.stream, too_long=too_long)
+        speaker = agent(body, request)
+        self.asked = Asked(
+            body.model, speaker, limit, sampling, stream=body.stream, too_long=too_long, remember=body.remember
+        )
 
     async def prompt(self, model: ServedModel) -> Prepared:
-        return await prepare(model, conversation(self.body, self.seal))
+        prepared = await prepare(model, conversation(self.body, self.seal))
+        if self.body.remember:  # cache_control breakpoints: where the engine stops and keeps (breakpoints.py)
+            prepared.breakpoints = await positions(model, self.body, self.seal, prepared)
+        return prepared
 
     def answer(self, model: ServedModel, prepared: Prepared, admitted: Admitted) -> MessageAnswer:
         clamped = admitted.output.clamped is not None

@@ -18,8 +18,21 @@ if TYPE_CHECKING:
     from agent_memory.api.sealing import TenantSeal
 
 
+MAX_BREAKPOINTS = 4  # Anthropic's most blocks with cache_control in one request
+
+
+class CacheControl(BaseModel):
+    """A cache breakpoint: the prompt up to and including its block is where the client will
+    come back (api/anthropic/breakpoints.py), kept with priority for `ttl`."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] = "5m"
+
+
 class Block(BaseModel):
     model_config = ConfigDict(extra="allow")
+    cache_control: CacheControl | None = None
 
 
 class TextBlock(Block):
@@ -129,6 +142,7 @@ class ToolParam(BaseModel):
     description: str = ""
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None  # server tools (bash_…, web_search_…) are not run here
+    cache_control: CacheControl | None = None
 
 
 class ToolChoiceParam(BaseModel):
@@ -213,6 +227,10 @@ class MessagesRequest(PromptFields):
     top_k: int | None = Field(default=None, ge=0, strict=True)  # 0: no top-k cut
     metadata: Metadata | None = None
     stream: bool = Field(default=False, strict=True)
+    # The last cacheable block's breakpoint ("automatic" caching); `remember` false: reuse, write
+    # nothing new (api/serving/controls.py).
+    cache_control: CacheControl | None = None
+    remember: bool = Field(default=True, strict=True)
 
     @model_validator(mode="after")
     def budget_under_max_tokens(self):
@@ -220,6 +238,30 @@ class MessagesRequest(PromptFields):
         if budget is not None and self.max_tokens and budget >= self.max_tokens:
             why = f"budget_tokens ({budget}) must be less than max_tokens ({self.max_tokens})"
             raise field_error("thinking.budget_tokens", why)
+        return self
+
+    @model_validator(mode="after")
+    def breakpoints_as_anthropic_takes_them(self):
+        """At most four, longer ttls first (in the order tools, system, messages); and a
+        request that writes nothing new cannot be a prewarm, which only writes."""
+        marks = [
+            *(t.cache_control for t in self.tools or []),
+            *(b.cache_control for b in self.system or []),
+            *(b.cache_control for m in self.messages for b in m.content),
+            self.cache_control,
+        ]
+        ttls = [c.ttl for c in marks if c is not None]
+        if len(ttls) > MAX_BREAKPOINTS:
+            why = "A maximum of {most} blocks with cache_control may be provided. Found {found}."
+            raise PydanticCustomError("too_many_breakpoints", why, {"most": MAX_BREAKPOINTS, "found": len(ttls)})
+        if "5m" in ttls and "1h" in ttls[ttls.index("5m") :]:
+            why = (
+                "a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block. Note that "
+                "blocks are processed in the following order: `tools`, `system`, `messages`."
+            )
+            raise PydanticCustomError("breakpoint_order", why, {})
+        if not self.remember and self.max_tokens == 0:
+            raise field_error("remember", "remember false writes nothing, and max_tokens 0 (a prewarm) only writes")
         return self
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from agent_memory.api.bodies import PROMPT_CACHE_KEY, TOOL_NAME, RequestBody, field_error
+from agent_memory.api.serving.controls import RetentionName
 from agent_memory.engine.requests import TOP_LOGPROBS, Sampling
 
 MAX_SAMPLES = 16  # n: samples of one prompt, decoding side by side in the batch
@@ -93,6 +94,10 @@ class SamplingFields(RequestBody):
     user: str | None = None
     prompt_cache_key: str | None = Field(default=None, max_length=PROMPT_CACHE_KEY)
     cache_salt: str | None = None  # vLLM's field: requests with different salts share no cached block
+    # Memory controls (api/serving/controls.py): false, reuse the cache but write nothing new; the
+    # agent's memory kept with priority for an hour (in memory) or a day (on disk too).
+    remember: bool = Field(default=True, strict=True)
+    prompt_cache_retention: RetentionName | None = None
     metadata: dict[str, Any] | None = None
     logit_bias: dict[int, float] | None = None
 

@@ -12,6 +12,7 @@ from fastapi import Request
 
 from agent_memory.api.errors import error_body
 from agent_memory.api.openai.schemas import SamplingFields
+from agent_memory.api.serving.controls import retention
 from agent_memory.api.serving.speaker import openai_agent
 from agent_memory.api.serving.wire import Asked
 from agent_memory.engine.requests import Event, Failed, Finished, TextDelta
@@ -19,7 +20,10 @@ from agent_memory.engine.requests import Event, Failed, Finished, TextDelta
 
 def openai_asked(body: SamplingFields, request: Request) -> Asked:
     agent = openai_agent(body, request)
-    return Asked(body.model, agent, body.token_limit(), body.sampling(), body.cache_salt, body.stream)
+    return Asked(
+        body.model, agent, body.token_limit(), body.sampling(), body.cache_salt, body.stream,
+        remember=body.remember, retention=retention(body.prompt_cache_retention),
+    )
 
 
 def finished_samples(events: list[Event]) -> list[Finished]:

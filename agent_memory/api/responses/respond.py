@@ -20,6 +20,7 @@ from agent_memory.api.responses.reply import Reply, new_id
 from agent_memory.api.responses.schemas import ResponsesRequest
 from agent_memory.api.responses.store import ResponseStore, StoredResponse
 from agent_memory.api.sealing import REASONING, Sealer
+from agent_memory.api.serving.controls import retention
 from agent_memory.api.serving.events import merged
 from agent_memory.api.serving.prompt import Prepared, prepare_chat, reply_reader, token_counter
 from agent_memory.api.serving.speaker import openai_agent, tenant
@@ -41,7 +42,10 @@ class CreateResponse(WireFormat):
         self.id = new_id("resp")
         agent = AgentKey(self.id, self.tenant, RESPONSE) if body.store else openai_agent(body, request)
         sampling = Sampling(temperature=body.temperature, top_p=body.top_p, logprobs=body.top_logprobs_asked())
-        self.asked = Asked(body.model, agent, body.max_output_tokens, sampling, body.cache_salt, body.stream)
+        self.asked = Asked(
+            body.model, agent, body.max_output_tokens, sampling, body.cache_salt, body.stream,
+            remember=body.remember, retention=retention(body.prompt_cache_retention),
+        )
         self.context: list[Message] = []  # the chain and the input, once read
 
     async def prompt(self, model: ServedModel) -> Prepared:

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent_memory.api.bodies import PROMPT_CACHE_KEY, TOOL_NAME, RequestBody
 from agent_memory.api.errors import APIError
+from agent_memory.api.serving.controls import RetentionName
 from agent_memory.chat.conversation import OutputFormat, Thinking, Tool, ToolChoice, effort_thinking
 from agent_memory.chat.freeform import freeform_tool
 from agent_memory.engine.requests import TOP_LOGPROBS
@@ -133,6 +134,8 @@ class ResponsesRequest(RequestBody):
     prompt_cache_key: str | None = Field(default=None, max_length=PROMPT_CACHE_KEY)
     user: str | None = None
     cache_salt: str | None = None
+    remember: bool = Field(default=True, strict=True)  # api/serving/controls.py
+    prompt_cache_retention: RetentionName | None = None
     reasoning: ReasoningOptions | None = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS, strict=True)

@@ -8,6 +8,7 @@ from fastapi import Request
 
 from agent_memory.api.access_log import shown_agent
 from agent_memory.api.errors import APIError, failure
+from agent_memory.api.serving.controls import no_store
 from agent_memory.api.serving.output_limit import output_limit
 from agent_memory.api.serving.prompt import Prepared
 from agent_memory.api.serving.speaker import tenant
@@ -51,6 +52,9 @@ def admit(state: ServerState, model: ServedModel, request: Request, prepared: Pr
         grammar=prepared.grammar,
         tenant=tenant(request),
         cache_salt=asked.cache_salt or "",
+        remember=asked.remember and not no_store(request),
+        breakpoints=prepared.breakpoints,
+        retention=asked.retention,
     )
     state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
     trace = {"agent": shown_agent(asked.agent, state.log_agent_ids), "prompt_tokens": len(prepared.prompt)}

@@ -13,6 +13,7 @@ from agent_memory.chat.conversation import Conversation
 from agent_memory.chat.finish import ConstrainedOutput
 from agent_memory.chat.grammar import GrammarError
 from agent_memory.chat.render import RenderError, render_prompt
+from agent_memory.engine.requests import Breakpoint
 
 CHAT_PARAMS = ("messages", "tools", "response_format")  # chat completions' names for them
 
@@ -26,6 +27,8 @@ class Prepared:
     started: bool | None = None  # the prompt opened the reply's reasoning, closed it (False), or neither
     conversation: Conversation | None = None  # None: a raw prompt (text completions)
     param: str = "messages"  # where the prompt is in the body, for errors
+    text: str = ""  # the rendered prompt the tokens encode (a chat's)
+    breakpoints: tuple[Breakpoint, ...] = ()  # a client's cache breakpoints (api/anthropic/breakpoints.py)
 
 
 async def prepare_chat(
@@ -53,7 +56,7 @@ async def prepare_chat(
         started = fmt.started_by(text)
         grammar = output_grammar(model, conversation, tools_param, format_param, started) if constrained else None
         tokens = tokenizer.encode(text, add_special_tokens=False)
-        return Prepared(tokens, grammar, started, conversation, messages_param)
+        return Prepared(tokens, grammar, started, conversation, messages_param, text)
 
     return await model.tokenize(prepare)
 

@@ -14,7 +14,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.api.serving.output_limit import OutputLimit, no_room
 from agent_memory.api.serving.prompt import Prepared
 from agent_memory.api.state import ServedModel
-from agent_memory.engine.requests import Event, GenerationRequest, Sampling
+from agent_memory.engine.requests import Event, GenerationRequest, Retention, Sampling
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ class Asked:
     stream: bool = False
     # A prompt that leaves no room to generate, in the wire format's words: (prompt tokens, context) -> message.
     too_long: Callable[[int, int], str] = no_room
+    remember: bool = True  # the body's `remember` (serving/controls.py: Cache-Control: no-store too)
+    retention: Retention | None = None  # OpenAI's prompt_cache_retention
 
 
 @dataclass(frozen=True)

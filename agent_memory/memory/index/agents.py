@@ -59,6 +59,8 @@ class AgentIndex:
         if old is not None:
             self.agents[agent].etag, self.agents[agent].stored = old.etag, old.stored
             self.agents[agent].misses = old.misses
+            record = self.agents[agent]
+            record.keep_until, record.keep_on_disk_until = old.keep_until, old.keep_on_disk_until
             self._unref([*old.blocks, *old.snapshots])
 
     def note_miss(self, agent: AgentKey, miss: Miss) -> None:

@@ -45,6 +45,10 @@ class Block:
     tenant: str = ""  # whose namespace named it: no block is shared across tenants (memory/hashing.py)
     extras: Extras = ()  # what fixes its KV beyond its tokens, relative to `start` (memory/hashing.py)
     cooled_by: str = ""  # once COLD, why its KV went (cache_miss.py: evicted_hot, evicted_disk, unreadable)
+    # Wall-clock times until which it leaves memory, and its warm copy the disk, after the blocks
+    # not so kept (keep.py: a client's breakpoint ttl or prompt_cache_retention).
+    keep_until: float = 0.0
+    keep_on_disk_until: float = 0.0
 
     @property
     def tier(self) -> Tier:

@@ -7,7 +7,8 @@ disk budget a block's warm copy goes (it becomes COLD: its tokens are kept, its 
 Tenants share both budgets fairly: each next block to cool is the least valuable of the tenant
 holding the most bytes of that tier (`fair_order`), so eviction levels the largest holders down,
 and a tenant holding no more than its fair share (the budget over the tenants holding any) loses
-nothing while another tenant holds more than it and has anything evictable."""
+nothing while another tenant holds more than it and has anything evictable. A block a client
+asked to keep (keep.py) goes after every block not so kept, until its keep-until passes."""
 
 from __future__ import annotations
 
@@ -75,12 +76,12 @@ class Evictor:
         memory (WARM with a file, else COLD)."""
         if self.pool.hot_bytes <= self.hot_budget_bytes:
             return
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         held = self.pool.in_tier(Tier.HOT)
         for block in fair_order(
             held,
             lambda b: b.hot_bytes,
-            lambda b: self.retention_value(b, now, b.hot_bytes, bool(b.disk_bytes)),
+            lambda b: (b.keep_until > wall, self.retention_value(b, now, b.hot_bytes, bool(b.disk_bytes))),
             unpinned,
         ):
             if self.pool.hot_bytes <= self.hot_budget_bytes:
@@ -98,11 +99,10 @@ class Evictor:
     def evict_disk(self) -> None:
         if self.shared or self.pool.disk_bytes <= self.disk_budget_bytes:
             return  # a shared tier is bounded by its own maxmemory (warm/redis/backend.py)
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         held = [b for b in self.pool.blocks.values() if b.disk_bytes]
-        for block in fair_order(
-            held, lambda b: b.disk_bytes, lambda b: self.retention_value(b, now, b.disk_bytes, False), unpinned
-        ):
+        value = lambda b: (b.keep_on_disk_until > wall, self.retention_value(b, now, b.disk_bytes, False))  # noqa: E731
+        for block in fair_order(held, lambda b: b.disk_bytes, value, unpinned):
             if self.pool.disk_bytes <= self.disk_budget_bytes:
                 break
             self.warm.delete_block(block.hash)

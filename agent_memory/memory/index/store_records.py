@@ -35,6 +35,9 @@ class AgentRecord:
     extras: tuple[SpanKey, ...] = ()  # what fixes its KV beyond its tokens (memory/hashing.py)
     # Its requests' latest misses (cache_miss.py), in memory only: what /v1/agents/ID shows.
     misses: deque[Miss] = field(default_factory=lambda: deque(maxlen=MISSES_KEPT))
+    # Until when its memory is kept with priority, hot and on disk (keep.py: prompt_cache_retention).
+    keep_until: float = 0.0
+    keep_on_disk_until: float = 0.0
 
 
 @dataclass

@@ -128,6 +128,9 @@ class Manifest:
     # Role -> snapshot name: why it keeps each (memory/index/snapshots.py); written only when it
     # has some, a field older versions pass over, and read as none from their manifests.
     roles: dict[str, str] = field(default_factory=dict)
+    # Wall clock until which its memory is kept with priority, on disk too (prompt_cache_retention
+    # 24h: memory/index/keep.py); 0: not asked. A field older versions pass over.
+    keep_until: float = 0.0
 
     def extends(self, theirs: Manifest) -> bool:
         """Whether this sequence contains theirs: the same namespace, their tokens a prefix of ours."""
@@ -162,6 +165,8 @@ class Manifest:
             data["extras"] = [[s.start, s.end, s.key.hex()] for s in self.extras]
         if self.roles:
             data["roles"] = self.roles
+        if self.keep_until:
+            data["keep_until"] = self.keep_until
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
@@ -216,9 +221,12 @@ class Manifest:
             raise ValueError("missing fingerprint or last_used")
         if not abs(last_used) < 1e15:  # also false for NaN and inf; float(10**400) would overflow
             raise ValueError("last_used is not a time")
+        keep_until = data.get("keep_until", 0.0)
+        if type(keep_until) not in (int, float) or not 0 <= keep_until < 1e15:
+            raise ValueError("keep_until is not a time")
         return cls(
             key, data["fingerprint"], tokens, blocks, float(last_used), path, root, [(p, h) for p, h in snapshots],
-            extras, roles,
+            extras, roles, float(keep_until),
         )
 
 
