@@ -12,6 +12,8 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
+from agent_memory.agent_key import AgentKey, agent_file_stem
+from agent_memory.memory.warm.format.records import Manifest
 from agent_memory.models.tiny import build_tiny
 from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
@@ -40,13 +42,10 @@ def cached(response) -> int:
     return response.usage.prompt_tokens_details.cached_tokens
 
 
-def hot(response) -> int:
-    return response.usage.prompt_tokens_details.model_extra["hot_tokens"]
-
-
 def warm_files(server) -> dict[str, int]:
     """Every file of the warm folder, with its modification time."""
-    return {str(p): p.stat().st_mtime_ns for p in (server.cache_dir / "kv").rglob("*") if p.is_file() and p.name != "server.json"}
+    files = [p for p in (server.cache_dir / "kv").rglob("*") if p.is_file() and p.name != "server.json"]
+    return {str(p): p.stat().st_mtime_ns for p in files}
 
 
 def memory(server) -> dict:
@@ -158,8 +157,22 @@ def test_prompt_cache_retention_outlives_an_equal_flood(tight, retention):
         assert "keep_until" not in mine
 
 
+def test_a_manifests_keep_until_is_written_only_when_asked_and_checked():
+    key = AgentKey("kept")
+    stem = agent_file_stem(key)
+    plain = Manifest(key, "f" * 16, [1, 2, 3], [], 1.0)
+    assert b"keep_until" not in plain.to_bytes()  # as older versions wrote it, and read as 0
+    assert Manifest.parse(plain.to_bytes(), stem).keep_until == 0.0
+    kept = Manifest(key, "f" * 16, [1, 2, 3], [], 1.0, keep_until=1.8e9)
+    assert Manifest.parse(kept.to_bytes(), stem).keep_until == 1.8e9
+    bad = kept.to_bytes().replace(b"1800000000.0", b'"tomorrow"')
+    with pytest.raises(ValueError, match="keep_until"):
+        Manifest.parse(bad, stem)
+
+
 def test_a_bad_prompt_cache_retention_is_refused_in_each_apis_shape(tight):
-    r = tight.http().post("/v1/chat/completions", json={"model": "tiny", "messages": short(0, "x"), "prompt_cache_retention": "7d"})
+    body = {"model": "tiny", "messages": short(0, "x"), "prompt_cache_retention": "7d"}
+    r = tight.http().post("/v1/chat/completions", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_cache_retention"
     r = tight.http().post("/v1/responses", json={"model": "tiny", "input": "hi", "prompt_cache_retention": "forever"})
     assert r.status_code == 400 and "prompt_cache_retention" in r.json()["error"]["message"]
@@ -208,7 +221,8 @@ def test_a_breakpoint_takes_a_snapshot_where_the_next_agent_resumes(hybrid):
     other = SYSTEM.replace("clerk", "keeper")
     anthropic_turn(server, other, QUESTION, "qwen3_5", agent="plain-1")
     settle(server)
-    assert anthropic_turn(server, other, "Who signed page two?", "qwen3_5", agent="plain-2")["cache_read_input_tokens"] == 0
+    unmarked = anthropic_turn(server, other, "Who signed page two?", "qwen3_5", agent="plain-2")
+    assert unmarked["cache_read_input_tokens"] == 0
     anthropic_turn(server, SYSTEM, QUESTION, "qwen3_5", ttl="5m", agent="marked-1")
     settle(server)
     usage = anthropic_turn(server, SYSTEM, "Who signed page two?", "qwen3_5", ttl="5m", agent="marked-2")
@@ -226,5 +240,6 @@ def test_five_breakpoints_are_refused_as_anthropic_refuses_them(hybrid):
     late = [*system[:2], {**system[2], "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
     r = httpx.post(server.base_url + "/v1/messages", json={**body, "system": late})
     assert r.status_code == 400 and "ttl='1h'" in r.json()["error"]["message"]
-    r = httpx.post(server.base_url + "/v1/messages", json={**body, "system": system[:1], "cache_control": {"type": "ephemeral", "ttl": "2h"}})
+    two_hours = {**body, "system": system[:1], "cache_control": {"type": "ephemeral", "ttl": "2h"}}
+    r = httpx.post(server.base_url + "/v1/messages", json=two_hours)
     assert r.status_code == 400 and "cache_control.ttl" in r.json()["error"]["message"]

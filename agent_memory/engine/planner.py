@@ -1,8 +1,8 @@
 """Planning a sequence: the store's lookup, when the sequence's turn to prefill comes (not on
 arrival, so that agents arriving together reuse the shared prefix the first of them computed),
 turned into its plan (cached segments, the snapshot, what to compute, where to stop to offer
-a shared head or a client's breakpoint) and the warm-tier reads it needs started; and why the prompt was not
-reused further (memory/index/misses.py), for its usage."""
+a shared head or a client's breakpoint) and the warm-tier reads it needs started; and why the
+prompt was not reused further (memory/index/misses.py), for its usage."""
 
 from __future__ import annotations
 
