@@ -21,8 +21,10 @@ from agent_memory.api.anthropic.conversation import conversation as anthropic_co
 from agent_memory.api.anthropic.schemas import MessagesRequest
 from agent_memory.api.openai.chat import conversation as chat_conversation
 from agent_memory.api.openai.schemas import ChatCompletionRequest
+from agent_memory.agent_key import AgentKey
 from agent_memory.api.responses.conversation import input_messages
-from agent_memory.chat.conversation import Conversation
+from agent_memory.api.responses.store import ResponseStore, StoredResponse, response_file
+from agent_memory.chat.conversation import Conversation, Message, with_parts
 from agent_memory.chat.images import ChatImage, ImageError, ImageLimits, ImageSource, decode, load
 from agent_memory.chat.render import template_input
 from tests.support.images import b64, data_url, encoded, picture, png_bomb
@@ -45,6 +47,10 @@ def chat_body(*parts: dict, stream: bool = False) -> dict:
     content = [{"type": "text", "text": "What is this?"}, *parts]
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}]
     return {"model": "tiny", "messages": messages, "max_tokens": 4, "stream": stream}
+
+
+def text(t: str) -> dict:
+    return {"type": "text", "text": t}
 
 
 def image_url(url: str) -> dict:
@@ -106,7 +112,10 @@ BAD = {
     "cut short": (PNG[: len(PNG) // 2], "cannot be decoded"),
     "decompression bomb": (png_bomb(), "over 33554432 pixels (the operator's --max-image-pixels)"),
     "over the pixel limit": (png_bomb(8000, 6000), "is 8000×6000, over 33554432 pixels"),
-    "animated": (encoded(picture(), "GIF", save_all=True, append_images=[picture(seed=9)]), "animated image (2 frames)"),
+    "animated": (
+        encoded(picture(), "GIF", save_all=True, append_images=[picture(seed=9)]),
+        "animated image (2 frames)",
+    ),
 }
 
 
@@ -130,9 +139,10 @@ def test_too_large_and_too_many_images_are_refused(served):
     for path, body, where in on_every_api(data_url(large, "image/bmp"), large, "image/bmp"):
         refused(served, path, body, where, "not one this server takes")  # BMP's media type: refused as named
     too_large = data_url(large)  # declared PNG: refused for its size before its format is looked at
-    refused(served, "/v1/chat/completions", chat_body(image_url(too_large)), "messages.1.content.1", "at most 1048576 bytes")
+    chat = "/v1/chat/completions"
+    refused(served, chat, chat_body(image_url(too_large)), "messages.1.content.1", "at most 1048576 bytes")
     three = [image_url(data_url(encoded(picture(seed=i)))) for i in range(MAX_IMAGES + 1)]
-    refused(served, "/v1/chat/completions", chat_body(*three), "messages.1.content.3", "at most 2 images, this one has 3")
+    refused(served, chat, chat_body(*three), "messages.1.content.3", "at most 2 images, this one has 3")
     blocks = [anthropic_image(encoded(picture(seed=i))) for i in range(MAX_IMAGES + 1)]
     refused(served, "/v1/messages", anthropic_body(*blocks), "messages.0.content.3", "at most 2 images")
 
@@ -161,7 +171,8 @@ def test_urls_local_paths_and_file_ids_are_refused(served):
 
 def test_images_in_tool_results_are_read_and_checked(served):
     call = {"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}
-    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "shot:"}, anthropic_image(b"junk")]}
+    shot = [text("shot:"), anthropic_image(b"junk")]
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": shot}
     body = {
         "model": "tiny",
         "max_tokens": 4,
@@ -204,9 +215,8 @@ def test_models_say_a_text_only_model_takes_text(served):
 
 def test_every_api_reads_image_parts_into_the_conversation_in_order():
     png, other = encoded(picture()), encoded(picture(seed=5))
-    body = ChatCompletionRequest.model_validate(
-        {"messages": [{"role": "user", "content": [image_url(data_url(png)), {"type": "text", "text": "and"}, image_url(data_url(other))]}]}
-    )
+    parts = [image_url(data_url(png)), text("and"), image_url(data_url(other))]
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": parts}]})
     [message] = chat_conversation(body).messages
     assert message.content == "and"
     assert [p if isinstance(p, str) else (p.where, p.data) for p in message.parts] == [
@@ -215,13 +225,14 @@ def test_every_api_reads_image_parts_into_the_conversation_in_order():
         ("messages.0.content.2", other),
     ]
     call = {"type": "tool_use", "id": "t1", "name": "shot", "input": {}}
-    result = {"type": "tool_result", "tool_use_id": "t1", "is_error": True, "content": [anthropic_image(png), {"type": "text", "text": "blurred"}]}
+    blurred = [anthropic_image(png), text("blurred")]
+    result = {"type": "tool_result", "tool_use_id": "t1", "is_error": True, "content": blurred}
     body = MessagesRequest.model_validate(
         {
             "model": "m",
             "max_tokens": 1,
             "messages": [
-                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}, anthropic_image(png)]},
+                {"role": "user", "content": [text("a"), text("b"), anthropic_image(png)]},
                 {"role": "assistant", "content": [call]},
                 {"role": "user", "content": [result, {"type": "text", "text": "now?"}]},
             ],
@@ -230,7 +241,8 @@ def test_every_api_reads_image_parts_into_the_conversation_in_order():
     user, _, tool, last = anthropic_conversation(body, seal=None).messages
     assert user.content == "a\nb" and user.parts[0] == "a\nb" and user.parts[1].where == "messages.0.content.2"
     assert tool.role == "tool" and tool.content == "Error: \nblurred"
-    assert tool.parts[0] == "Error: " and tool.parts[1].where == "messages.2.content.0.content.0" and tool.parts[2] == "blurred"
+    assert tool.parts[0] == "Error: " and tool.parts[2] == "blurred"
+    assert tool.parts[1].where == "messages.2.content.0.content.0"
     assert last.content == "now?" and last.parts == []  # text alone: no parts
     items = [
         {"type": "function_call", "call_id": "c", "name": "view_image", "arguments": "{}"},
@@ -273,7 +285,7 @@ def test_vision_templates_write_a_placeholder_where_each_image_is(file, placehol
         {
             "messages": [
                 {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": [{"type": "text", "text": "FIRST"}, image_url(data_url(PNG)), {"type": "text", "text": "SECOND"}]},
+                {"role": "user", "content": [text("FIRST"), image_url(data_url(PNG)), text("SECOND")]},
                 {"role": "assistant", "content": "ANSWER"},
                 {"role": "user", "content": [image_url(data_url(PNG)), {"type": "text", "text": "THIRD"}]},
             ]
@@ -283,9 +295,10 @@ def test_vision_templates_write_a_placeholder_where_each_image_is(file, placehol
     conversation.put_images([one, two])
     assert conversation.images() == [one, two]
     messages, tools = template_input(conversation, native=True, describe=None, history_key="reasoning_content")
-    assert messages[1]["content"] == [{"type": "text", "text": "FIRST"}, {"type": "image"}, {"type": "text", "text": "SECOND"}]
+    assert messages[1]["content"] == [text("FIRST"), {"type": "image"}, text("SECOND")]
+    template = (DATA / file).read_text()
     rendered = render_jinja_template(
-        [messages], chat_template=(DATA / file).read_text(), add_generation_prompt=True, bos_token="<bos>", eos_token="</s>"
+        [messages], chat_template=template, add_generation_prompt=True, bos_token="<bos>", eos_token="</s>"
     )[0][0]
     assert rendered.count(placeholder) == 2
     order = [rendered.index(s) for s in ("FIRST", placeholder, "SECOND", "ANSWER")]
@@ -294,7 +307,7 @@ def test_vision_templates_write_a_placeholder_where_each_image_is(file, placehol
 
 
 def test_a_tool_result_image_renders_inside_the_tool_response():
-    shot = ChatImage.of(picture(), "w")
+    shot, shot_block = ChatImage.of(picture(), "w"), anthropic_image(PNG)
     body = MessagesRequest.model_validate(
         {
             "model": "m",
@@ -302,7 +315,7 @@ def test_a_tool_result_image_renders_inside_the_tool_response():
             "messages": [
                 {"role": "user", "content": "Take one."},
                 {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [anthropic_image(PNG)]}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [shot_block]}]},
             ],
         }
     )
@@ -364,3 +377,15 @@ def test_urls_are_fetched_only_where_allowed_within_size_and_time():
     finally:
         _Images.stop.set()
         httpd.shutdown()
+
+
+def test_a_stored_response_with_an_image_is_kept_in_memory_only(tmp_path):
+    """No image is written to disk: a stored Responses conversation that holds one has no file."""
+    shot = ChatImage.of(picture((40, 30)), "input.0.content.1")
+    with_image = [with_parts("user", ["Look:", shot], ""), Message("assistant", "A gradient.")]
+    store = ResponseStore(tmp_path, 1 << 30, end_kv=lambda key: None)
+    store.put(StoredResponse("resp_image", "", with_image, {"id": "resp_image"}))
+    store.put(StoredResponse("resp_text", "", [Message("user", "Hi")], {"id": "resp_text"}))
+    store.close()
+    assert [p.name for p in tmp_path.iterdir()] == [response_file(tmp_path, AgentKey("resp_text", "", "response")).name]
+    assert store.get("", "resp_image").context[0].parts[1] is shot  # in memory, for a continuation
