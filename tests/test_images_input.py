@@ -252,6 +252,16 @@ def test_every_api_reads_image_parts_into_the_conversation_in_order():
     assert output.role == "tool" and output.content == "" and output.parts[0].where == "input.1.output.0"
 
 
+def test_images_already_loaded_count_and_pass_through():
+    """A Responses chain's earlier images are loaded already: counted against the limit, kept as they are."""
+    earlier = ChatImage.of(picture(), "input.0.content.1")
+    new = ImageSource("input.0.content.1", data=encoded(picture(seed=3)))
+    loaded = asyncio.run(load([earlier, new], ImageLimits()))
+    assert loaded[0] is earlier and loaded[1].digest == ChatImage.of(picture(seed=3), "x").digest
+    with pytest.raises(ImageError, match="at most 1 images, this one has 2"):
+        asyncio.run(load([earlier, new], ImageLimits(max_images=1)))
+
+
 def test_the_digest_names_the_pixels_not_the_bytes():
     limits = ImageLimits()
     image = picture()

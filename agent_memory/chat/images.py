@@ -116,13 +116,17 @@ def source_of_base64(media_type: object, data: object, where: str) -> ImageSourc
     return ImageSource(where, data=raw)
 
 
-async def load(sources: list[ImageSource], limits: ImageLimits) -> list[ChatImage]:
-    """Every image of a request, fetched where allowed and decoded off the event loop, in order."""
+async def load(sources: list[ImageSource | ChatImage], limits: ImageLimits) -> list[ChatImage]:
+    """Every image of a request, fetched where allowed and decoded off the event loop, in order;
+    one already loaded (in the stored chain a Responses request continues) as it is."""
     if len(sources) > limits.max_images:
         where = sources[limits.max_images].where
         raise ImageError(f"a request takes at most {limits.max_images} images, this one has {len(sources)}", where)
     out = []
     for source in sources:
+        if isinstance(source, ChatImage):
+            out.append(source)
+            continue
         data = source.data if source.url is None else await fetch(source, limits)
         out.append(await asyncio.to_thread(decode, data, source.where, limits))
     return out
