@@ -135,6 +135,17 @@ class Settings(BaseSettings):
     max_waiting: int = Field(
         128, ge=1, description="Most requests waiting for their first token; more are answered 503 with Retry-After."
     )
+    max_images: int = Field(16, ge=1, description="Most images in one request's conversation (more are a 400).")
+    max_image_mb: int = Field(10, ge=1, description="Most MiB of one image as sent (base64 decoded, or fetched).")
+    # At most 2^27: below Pillow's own refusal (2 × 89,478,485 pixels), which chat/images.py words the same.
+    max_image_pixels: int = Field(1 << 25, ge=1, le=1 << 27, description="Most pixels (width x height) of one "
+                                  "image, read from its header: more (a decompression bomb) is refused undecoded.")
+    image_urls: bool = Field(
+        False,
+        description="Fetch http(s) image URLs a request sends (off: only data: URLs and base64; a server that "
+        "fetches URLs can be made to reach the operator's network).",
+    )
+    image_url_timeout_s: int = Field(10, ge=1, description="Most seconds to fetch one image URL (--image-urls).")
     memory_limit_mb: int | None = Field(
         None,
         ge=256,

@@ -189,13 +189,14 @@ def test_bad_chat_requests_are_400_with_a_reason(server, body, param_part):
     assert param_part in (error["param"] or "") + error["message"]
 
 
-def test_non_text_content_part_is_400(client):
+def test_an_image_url_is_400_unless_the_operator_allows_fetching(client):
+    """tests/test_images_input.py: images in every API, and every way one is refused."""
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model="tiny",
             messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
         )
-    assert "image_url" in e.value.message
+    assert e.value.body["param"] == "messages.0.content.0" and "--image-urls" in e.value.message
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from agent_memory.api.responses.store import ResponseStore
 from agent_memory.api.sealing import Sealer
 from agent_memory.api.serving.speaker import tenant
 from agent_memory.api.state import ServedModel, ServerState
+from agent_memory.chat.images import ImageLimits
 from agent_memory.engine.protocol import EngineClient, Health
 
 log = logging.getLogger(__name__)
@@ -45,12 +46,13 @@ def create_app(
     responses: ResponseStore,
     sealer: Sealer,
     log_agent_ids: bool = False,
+    images: ImageLimits = ImageLimits(),
     on_load_failure: Callable[[], None],
 ) -> FastAPI:
     """`engines`: the served models' engines by the model id each is served under; the first
     answers requests naming a model no engine answers to."""
     state = ServerState(
-        models={model_id: ServedModel(model_id, engine) for model_id, engine in engines.items()},
+        models={model_id: ServedModel(model_id, engine, images) for model_id, engine in engines.items()},
         max_waiting=max_waiting,
         log_agent_ids=log_agent_ids,
     )

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from agent_memory.api.bodies import escape_surrogates
+from agent_memory.chat.images import ImageError
 from agent_memory.engine.requests import MODEL_UNAVAILABLE, Failed
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,12 @@ def install(app: FastAPI, shapes: ErrorShapes) -> None:
         response = shapes.response(request.scope["path"], exc.status, exc.message, exc.param, exc.code)
         response.headers.update(exc.headers)
         return response
+
+    @app.exception_handler(ImageError)
+    async def image_error(request: Request, exc: ImageError):
+        """An image the server cannot take (chat/images.py), wherever it was read: its part named."""
+        _note(request, str(exc))
+        return shapes.response(request.scope["path"], 400, str(exc), exc.where, "invalid_image")
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):

@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 
 from agent_memory.api.errors import APIError
 from agent_memory.chat.grammar import GrammarCompiler
+from agent_memory.chat.images import ImageLimits
 from agent_memory.chat.render import RenderError
 from agent_memory.engine.protocol import EngineClient, ModelFacts
 
@@ -80,6 +81,7 @@ class ServedModel:
 
     id: str  # the id it is served under: known before it loads, answered when a name is unknown
     engine: EngineClient
+    images: ImageLimits = field(default_factory=ImageLimits)  # the operator's limits on a request's images
     # Tokenizing a long prompt is CPU work: one worker keeps it off the event loop and
     # never runs the model's tokenizer from two threads at once.
     tokenizer_pool: ThreadPoolExecutor = field(

@@ -26,6 +26,22 @@ class Message:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None  # role "tool": the call this result answers
     reasoning: str = ""  # role "assistant": its thinking, as the reply returned it
+    # With images (roles "user" and "tool"): the content in order, text (str) and images
+    # (chat/images.py: an ImageSource as read, its ChatImage once loaded); empty: `content` is all.
+    parts: list = field(default_factory=list)
+
+
+def with_parts(role: str, parts: list, joiner: str, **fields) -> Message:
+    """A message of text and images: `content` its text, texts joined by `joiner`; `parts`,
+    adjacent texts so joined, kept only where an image is among them."""
+    merged: list = []
+    for p in parts:
+        if isinstance(p, str) and merged and isinstance(merged[-1], str):
+            merged[-1] = merged[-1] + joiner + p
+        else:
+            merged.append(p)
+    texts = [p for p in parts if isinstance(p, str)]
+    return Message(role, joiner.join(texts), parts=merged if len(texts) < len(parts) else [], **fields)
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,16 @@ class Conversation:
     parallel_tool_calls: bool = True
     output: OutputFormat = OutputFormat()
     thinking: Thinking = Thinking()
+
+    def images(self) -> list:
+        """Every image part, in the order the prompt holds them."""
+        return [p for m in self.messages for p in m.parts if not isinstance(p, str)]
+
+    def put_images(self, images: list) -> None:
+        """The image parts replaced, in order, by `images` (their ChatImages, once loaded)."""
+        loaded = iter(images)
+        for m in self.messages:
+            m.parts = [p if isinstance(p, str) else next(loaded) for p in m.parts]
 
     @property
     def calls_tools(self) -> bool:

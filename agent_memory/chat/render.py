@@ -165,8 +165,18 @@ def described_tools(tools: list[Tool]) -> str:
     return BUILTIN_INSTRUCTIONS.format(tools="\n".join(json.dumps(tool_json(t), ensure_ascii=False) for t in tools))
 
 
+def template_content(m: Message, before: str = "", after: str = "") -> str | list[dict]:
+    """A message's content as the template reads it: its text, or, with images, a list of
+    parts — `{"type": "text", "text": …}` and `{"type": "image"}` in order, as Hugging Face
+    processors' chat templates take them and write the model's image placeholder for."""
+    if not m.parts:
+        return before + m.content + after
+    parts = [p for p in (before, *m.parts, after) if not isinstance(p, str) or p]
+    return [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in parts]
+
+
 def native_message(m: Message, history_key: str = "reasoning_content") -> dict:
-    out: dict = {"role": m.role, "content": m.content}
+    out: dict = {"role": m.role, "content": template_content(m)}
     if m.reasoning:
         out[history_key] = m.reasoning
     if m.tool_calls:
@@ -193,7 +203,7 @@ def builtin_messages(conversation: Conversation) -> list[dict]:
             calls = CALL_SEPARATOR.join(call_text(c) for c in m.tool_calls)
             out.append({"role": "assistant", "content": m.content + calls})
         elif m.role == "tool":
-            out.append({"role": "user", "content": f"<tool_response>\n{m.content}\n</tool_response>"})
+            out.append({"role": "user", "content": template_content(m, "<tool_response>\n", "\n</tool_response>")})
         else:
-            out.append({"role": m.role, "content": m.content})
+            out.append({"role": m.role, "content": template_content(m)})
     return _with_system(out, described_tools(conversation.tools)) if conversation.tools else out

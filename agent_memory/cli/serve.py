@@ -26,6 +26,7 @@ HELP_GROUPS = {
     "Model": ("model", "keep_loaded", "unload_idle_s", "model_defaults", "default_max_tokens"),
     "Network": ("host", "port", "api_key", "api_keys_file", "seal_key_file"),
     "Requests": ("max_batch", "max_waiting", "speculation", "draft_model"),
+    "Images": ("max_images", "max_image_mb", "max_image_pixels", "image_urls", "image_url_timeout_s"),
     "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized"),
     "Warm tier": ("cache_dir", "disk_budget_mb", "disk_kv_bits", "warm_store", "responses_budget_mb"),
     "Logging": ("log_level", "log_format", "log_agent_ids", "trace_file"),
@@ -153,6 +154,7 @@ def build_app(settings: Settings, on_load_failure: Callable[[], None]):
     from agent_memory.api.app import create_app
     from agent_memory.api.responses.store import ResponseStore
     from agent_memory.api.sealing import Sealer
+    from agent_memory.chat.images import ImageLimits
     from agent_memory.engine.loading.residency import Residency
 
     # The operator's file must exist (servers behind a router share it); the default is made.
@@ -179,6 +181,13 @@ def build_app(settings: Settings, on_load_failure: Callable[[], None]):
             end_agent,
         ),
         sealer=sealer,
+        images=ImageLimits(
+            settings.max_images,
+            settings.max_image_mb << 20,
+            settings.max_image_pixels,
+            settings.image_urls,
+            settings.image_url_timeout_s,
+        ),
         on_load_failure=on_load_failure,
     )
 

@@ -43,6 +43,8 @@ class ModelFacts:
     default_max_tokens: int | None = None
     # An embedding model's pooling and size (models/embedding_layout.py); None: a chat model.
     embedding: EmbeddingLayout | None = None
+    # Whether its prompts may hold images (a vision model); a text-only model's are a 400.
+    takes_images: bool = False
 
     @property
     def kind(self) -> str:

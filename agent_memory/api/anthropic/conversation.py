@@ -22,6 +22,7 @@ from fastapi import Request
 from agent_memory.agent_key import AgentKey
 from agent_memory.api.agent_ids import check_agent_id
 from agent_memory.api.anthropic.schemas import (
+    ImageBlock,
     MessageParam,
     MessagesRequest,
     PromptFields,
@@ -36,7 +37,16 @@ from agent_memory.api.sealing import TenantSeal
 from agent_memory.api.serving.prompt import Prepared, prepare_chat
 from agent_memory.api.serving.speaker import agent_key, utf8_header
 from agent_memory.api.state import ServedModel
-from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Thinking, Tool, ToolCall, ToolChoice
+from agent_memory.chat.conversation import (
+    Conversation,
+    Message,
+    OutputFormat,
+    Thinking,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    with_parts,
+)
 
 BILLING_PREFIX = "x-anthropic-billing-header:"
 TOTAL_TOKENS = re.compile(r"<total_tokens>[^<]*</total_tokens>")
@@ -61,23 +71,26 @@ def system_text(blocks: list[TextBlock] | None) -> str:
 
 def _messages(i: int, m: MessageParam, seal: TenantSeal) -> list[Message]:
     """One Anthropic message as conversation messages: tool results are messages of their own
-    (role "tool"), in place among the user's text; thinking blocks are the turn's reasoning
-    (their signatures opened by `seal`)."""
+    (role "tool"), in place among the user's text and images; thinking blocks are the turn's
+    reasoning (their signatures opened by `seal`)."""
+    for j, block in enumerate(m.content):
+        wrong = (m.role == "user" and isinstance(block, ToolUseBlock)) or (
+            m.role != "user" and isinstance(block, (ToolResultBlock, ImageBlock))
+        )
+        if wrong:
+            raise APIError(400, f"a {block.type} block cannot be in a {m.role} message", param=f"messages.{i}.content.{j}")
     if m.role == "system":  # in place, never hoisted: moving it would change the prompt's prefix
         text = TOTAL_TOKENS.sub("", joined(m.content))
         return [Message("system", text)] if text.strip() else []
     out: list[Message] = []
-    texts: list[str] = []
+    texts: list = []  # text, and images' sources
     calls: list[ToolCall] = []
     reasoning: list[str] = []
     for j, block in enumerate(m.content):
-        wrong = (m.role == "user" and isinstance(block, ToolUseBlock)) or (
-            m.role == "assistant" and isinstance(block, ToolResultBlock)
-        )
-        if wrong:
-            raise APIError(400, f"a {block.type} block cannot be in a {m.role} message", param=f"messages.{i}.content.{j}")
         if isinstance(block, TextBlock):
             texts.append(block.text)
+        elif isinstance(block, ImageBlock):
+            texts.append(block.image_source(f"messages.{i}.content.{j}"))
         elif isinstance(block, ThinkingBlock):
             reasoning.append(block.reasoning(seal, f"messages.{i}.content.{j}"))
         elif isinstance(block, ToolUseBlock):
@@ -86,13 +99,25 @@ def _messages(i: int, m: MessageParam, seal: TenantSeal) -> list[Message]:
             calls.append(ToolCall(block.id, block.name, json.dumps(block.input, ensure_ascii=False)))
         elif isinstance(block, ToolResultBlock):
             if texts:
-                out.append(Message("user", "\n".join(texts)))
+                out.append(with_parts("user", texts, "\n"))
                 texts = []
-            result = joined(block.content)
-            out.append(Message("tool", f"Error: {result}" if block.is_error else result, tool_call_id=block.tool_use_id))
+            out.append(_result(block, f"messages.{i}.content.{j}"))
     if texts or calls or not out:
-        out.append(Message(m.role, "\n".join(texts), calls, reasoning="".join(reasoning) if m.role == "assistant" else ""))
+        reasoned = "".join(reasoning) if m.role == "assistant" else ""
+        out.append(with_parts(m.role, texts or [""], "\n", tool_calls=calls, reasoning=reasoned))
     return out
+
+
+def _result(block: ToolResultBlock, where: str) -> Message:
+    """A tool_result as a tool message: its text blocks joined by a line break, its images in
+    place (Claude Code's screenshots), "Error: " first where it is one."""
+    parts = [
+        b.text if isinstance(b, TextBlock) else b.image_source(f"{where}.content.{k}")
+        for k, b in enumerate(block.content)
+    ]
+    if block.is_error:
+        parts = ["Error: " + parts[0], *parts[1:]] if parts and isinstance(parts[0], str) else ["Error: ", *parts]
+    return with_parts("tool", parts or [""], "\n", tool_call_id=block.tool_use_id)
 
 
 def conversation(body: PromptFields, seal: TenantSeal) -> Conversation:

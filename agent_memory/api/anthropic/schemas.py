@@ -1,8 +1,8 @@
 """Anthropic Messages request bodies (`POST /v1/messages`, `/v1/messages/count_tokens`).
 
 Unknown fields are accepted and ignored everywhere (Claude Code adds some with every release),
-`cache_control` and `citations` included; content blocks the server cannot honour (images,
-documents) are refused with a message naming the block."""
+`cache_control` and `citations` included; content blocks the server cannot honour (documents)
+are refused with a message naming the block."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pydantic_core import PydanticCustomError
 
 from agent_memory.api.bodies import TOOL_NAME, RequestBody, field_error
 from agent_memory.api.errors import APIError
+from agent_memory.chat.images import NO_FILES, ImageError, ImageSource, source_of_base64, source_of_url
 
 if TYPE_CHECKING:
     from agent_memory.api.sealing import TenantSeal
@@ -38,6 +39,24 @@ class Block(BaseModel):
 class TextBlock(Block):
     type: Literal["text"]
     text: str
+
+
+class ImageBlock(Block):
+    """An image: `source` base64 (always), a URL (chat/images.py: http(s) where the operator
+    allows it), or a file (refused: there is no files API)."""
+
+    type: Literal["image"]
+    source: dict[str, Any]
+
+    def image_source(self, where: str) -> ImageSource:
+        kind = self.source.get("type")
+        if kind == "base64":
+            return source_of_base64(self.source.get("media_type"), self.source.get("data"), where)
+        if kind == "url":
+            return source_of_url(self.source.get("url"), where)
+        if kind == "file":
+            raise ImageError(NO_FILES, where)
+        raise ImageError(f"an image source has type base64 or url, not {kind!r}", f"{where}.source.type")
 
 
 class ToolUseBlock(Block):
@@ -89,17 +108,19 @@ class ThinkingParam(BaseModel):
 class ToolResultBlock(Block):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: list[TextBlock] = Field(default_factory=list)
+    content: list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] = Field(default_factory=list)
     is_error: bool = Field(default=False, strict=True)
 
     @field_validator("content", mode="before")
     @classmethod
     def text_blocks(cls, v):
-        return _blocks(v, ("text",))
+        return _blocks(v, ("text", "image"))
 
 
-ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")]
-BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+ContentBlock = Annotated[
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")
+]
+BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
 def _blocks(v: Any, kinds: tuple[str, ...]) -> Any:

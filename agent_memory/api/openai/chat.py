@@ -18,21 +18,30 @@ from agent_memory.api.openai.shared import CompletionStream, finished_samples, o
 from agent_memory.api.serving.prompt import Prepared, prepare_chat, reply_reader, token_counter
 from agent_memory.api.serving.wire import Admitted, WireFormat
 from agent_memory.api.state import ServedModel
-from agent_memory.chat.conversation import Conversation, Message, OutputFormat, Tool, ToolCall, ToolChoice, effort_thinking
+from agent_memory.chat.conversation import (
+    Conversation,
+    OutputFormat,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    effort_thinking,
+    with_parts,
+)
 from agent_memory.chat.render import TemplateVariableError, check_variables
 from agent_memory.engine.requests import Event, Finished
 
 
 def conversation(body: ChatCompletionRequest) -> Conversation:
     messages = [
-        Message(
-            role=m.template_role(),
-            content=m.text(),
+        with_parts(
+            m.template_role(),
+            m.parts(f"messages.{i}.content"),
+            "",
             tool_calls=[ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or []],
             tool_call_id=m.tool_call_id,
             reasoning=(m.reasoning_content or m.reasoning or "") if m.role == "assistant" else "",
         )
-        for m in body.messages
+        for i, m in enumerate(body.messages)
     ]
     tools = [Tool(t.function.name, t.function.description, t.function.parameters or {}) for t in body.tools or []]
     choice = body.tool_choice or ("auto" if tools else "none")

@@ -13,6 +13,7 @@ from agent_memory.api.logprobs import LogprobWriter
 from agent_memory.cache_miss import usage_field
 from agent_memory.chat.conversation import ToolCall
 from agent_memory.chat.events import CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
+from agent_memory.chat.images import ImageLimits
 from agent_memory.engine.protocol import ModelFacts
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
@@ -53,12 +54,15 @@ def total_usage(finished: list[Finished]) -> Usage:
     )
 
 
-def model_object(model_id: str, root: str, created: int, facts: ModelFacts | None) -> dict:
+def model_object(
+    model_id: str, root: str, created: int, facts: ModelFacts | None, images: ImageLimits | None = None
+) -> dict:
     """A model object; `root` names the served model an alias stands for, `max_model_len` its
     context (as vLLM's do); once loaded, its `kind` ("chat" or "embedding"), a chat model's
     `sampling_defaults` (what a request that leaves out temperature, top_p or top_k samples with:
     its generation_config.json; `max_tokens` where --default-max-tokens bounds a request that
-    sends no limit), an embedding model's `dimensions`."""
+    sends no limit), what it takes as `input` (text, and images for a vision model, with the
+    operator's `image_limits`), an embedding model's `dimensions`."""
     obj = {"id": model_id, "object": "model", "created": created, "owned_by": "agent-memory", "root": root}
     if facts is not None and facts.embedding is not None:
         obj.update(kind="embedding", max_model_len=facts.context_length, dimensions=facts.embedding.dimensions)
@@ -67,6 +71,9 @@ def model_object(model_id: str, root: str, created: int, facts: ModelFacts | Non
         if facts.default_max_tokens is not None:
             defaults["max_tokens"] = facts.default_max_tokens
         obj.update(kind="chat", max_model_len=facts.context_length, sampling_defaults=defaults)
+        obj["input"] = ["text", "image"] if facts.takes_images else ["text"]
+        if facts.takes_images and images is not None:
+            obj["image_limits"] = images.described()
     return obj
 
 

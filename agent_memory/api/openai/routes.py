@@ -25,7 +25,9 @@ async def list_models(request: Request) -> dict:
     (examples written for `--model demo` name a listed id). `root`: the id each stands for."""
     state: ServerState = request.app.state.server
     data = [
-        model_object(i, model.id, state.started, model.engine.model) for model in state.models.values() for i in model.ids
+        model_object(i, model.id, state.started, model.engine.model, model.images)
+        for model in state.models.values()
+        for i in model.ids
     ]
     return {"object": "list", "data": data}
 
@@ -36,7 +38,7 @@ async def retrieve_model(model_id: str, request: Request):
     state: ServerState = request.app.state.server
     for model in state.models.values():
         if model_id in model.ids:
-            return model_object(model_id, model.id, state.started, model.engine.model)
+            return model_object(model_id, model.id, state.started, model.engine.model, model.images)
     body = error_body(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
     body["error"]["type"] = "invalid_request_error"  # OpenAI's own type for this 404
     return JSONResponse(body, status_code=404)

@@ -9,66 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from agent_memory.api.bodies import PROMPT_CACHE_KEY, TOOL_NAME, RequestBody, field_error
+from agent_memory.api.openai.messages import Message
 from agent_memory.api.serving.controls import RetentionName
 from agent_memory.engine.requests import TOP_LOGPROBS, Sampling
 
 MAX_SAMPLES = 16  # n: samples of one prompt, decoding side by side in the batch
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: Literal["text"]
-    text: str
-
-
-class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field(pattern=TOOL_NAME)
-    arguments: str = "{}"
-
-
-class ToolCallField(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    id: str = ""
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    tool_calls: list[ToolCallField] | None = None
-    tool_call_id: str | None = None
-    # An earlier turn's reasoning, as this server returns it (vLLM's newer name: `reasoning`).
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def only_text_parts(cls, v):
-        """Say which part is not text, rather than which union branch failed; an empty list
-        is refused, as OpenAI refuses it (a message's parts are at least one)."""
-        if v == []:
-            raise PydanticCustomError("empty_content", "an empty array: content needs at least one part", {})
-        if isinstance(v, list):
-            for i, part in enumerate(v):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                if kind != "text":
-                    raise PydanticCustomError(
-                        "unsupported_part",
-                        "content part {i} has type '{kind}': only text parts are supported",
-                        {"i": i, "kind": kind},
-                    )
-        return v
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
-        return self.content or ""
-
-    def template_role(self) -> str:
-        return "system" if self.role == "developer" else self.role
 
 
 class StreamOptions(BaseModel):
@@ -232,8 +177,11 @@ class ChatCompletionRequest(SamplingFields):
         answers no call an earlier assistant message made (as OpenAI refuses it)."""
         calls: set[str] = set()
         for i, m in enumerate(self.messages):
-            if m.role == "user" and not m.text():
+            if m.role == "user" and not m.text() and not m.images():
                 raise field_error(f"messages.{i}.content", "a user message needs content: it is empty")
+            if m.role != "user" and m.images():
+                j = m.images()[0]
+                raise field_error(f"messages.{i}.content.{j}", f"image parts are taken in user messages, not {m.role}")
             if m.role == "tool" and m.tool_call_id not in calls:
                 named = "it names none" if m.tool_call_id is None else f"{m.tool_call_id!r} is none"
                 why = f"a tool message answers a tool call of an earlier assistant message: {named}"

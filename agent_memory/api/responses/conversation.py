@@ -10,7 +10,8 @@ from agent_memory.api.errors import APIError
 from agent_memory.api.responses.schemas import ResponsesRequest
 from agent_memory.api.responses.store import ResponseStore
 from agent_memory.api.sealing import TenantSeal
-from agent_memory.chat.conversation import Conversation, Message, ToolCall
+from agent_memory.chat.conversation import Conversation, Message, ToolCall, with_parts
+from agent_memory.chat.images import NO_FILES, ImageError, source_of_url
 from agent_memory.chat.freeform import freeform_arguments
 
 
@@ -37,19 +38,28 @@ def conversation(body: ResponsesRequest, context: list[Message]) -> Conversation
     return Conversation(system + context, tools, choice, body.parallel_tool_calls, output_format, body.thinking())
 
 
-def _text(content: Any, param: str) -> str:
-    """A message's content: a string, or input_text / output_text parts."""
+def _parts(content: Any, param: str, images: bool) -> list:
+    """A message's content: a string, or input_text / output_text parts and, where `images`
+    (a user message, a function's output: Codex's view_image), input_image parts as their
+    sources (chat/images.py; a file_id is refused: there is no files API)."""
     if isinstance(content, str):
-        return content
+        return [content]
     if not isinstance(content, list):
-        raise APIError(400, f"{param} must be a string or a list of text parts", param=param)
+        raise APIError(400, f"{param} must be a string or a list of content parts", param=param)
     parts = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
-            raise APIError(400, f"{param}.{i} has type '{kind}': only text parts are supported", param=f"{param}.{i}")
-        parts.append(part["text"])
-    return "".join(parts)
+        where = f"{param}.{i}"
+        if kind in ("input_image", "input_file") and images:
+            if part.get("file_id") is not None or kind == "input_file":
+                raise ImageError(NO_FILES, where)
+            parts.append(source_of_url(part.get("image_url"), where))
+        elif kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        else:
+            taken = "text and input_image parts are" if images else "only text parts are"
+            raise APIError(400, f"{where}: a part of type '{kind}': {taken} taken here", param=where)
+    return parts
 
 
 def input_messages(items: str | list[dict[str, Any]], seal: TenantSeal, earlier: list[Message]) -> list[Message]:
@@ -71,14 +81,15 @@ def input_messages(items: str | list[dict[str, Any]], seal: TenantSeal, earlier:
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
                 raise APIError(400, f"{param}.role must be user, system, developer or assistant", param=f"{param}.role")
-            text = _text(item.get("content", ""), f"{param}.content")
-            if role == "user" and not text:
+            message = with_parts(role, _parts(item.get("content", ""), f"{param}.content", role == "user"), "")
+            if role == "user" and not message.content and not message.parts:
                 where = f"{param}.content"
                 raise APIError(400, f"{where}: a user message needs content: it is empty", param=where)
             if role == "assistant" and out and _reasoning_only(out[-1]):
-                out[-1].content = text
+                out[-1].content = message.content
             else:
-                out.append(Message("system" if role == "developer" else role, text))
+                message.role = "system" if role == "developer" else role
+                out.append(message)
         elif kind == "function_call":
             try:
                 name = f"{item['namespace']}.{item['name']}" if item.get("namespace") else str(item["name"])
@@ -98,8 +109,8 @@ def input_messages(items: str | list[dict[str, Any]], seal: TenantSeal, earlier:
             if str(item["call_id"]) not in calls:
                 why = f"no call with call_id {str(item['call_id'])!r} was made before this output"
                 raise APIError(400, f"{param}.call_id: {why}", param=f"{param}.call_id")
-            output = item.get("output", "")
-            out.append(Message("tool", _text(output, f"{param}.output"), tool_call_id=str(item["call_id"])))
+            output = _parts(item.get("output", ""), f"{param}.output", True)
+            out.append(with_parts("tool", output or [""], "", tool_call_id=str(item["call_id"])))
         elif kind == "reasoning":
             _check_reasoning_parts(item, param)
             out.append(Message("assistant", reasoning=_reasoning_text(item, param, seal)))

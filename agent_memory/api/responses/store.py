@@ -5,7 +5,8 @@ its output) and the response object, kept in memory and as one JSON file each un
 Their KV is not here: a stored response is an agent-like record of the KV store (kind
 "response", its id as the agent id), with a manifest in the warm tier like any agent, so a
 continuation after a restart reads the prefix back from disk. The conversation is text, so it
-outlives a change of model; only its KV is the model's. The files take at most a budget
+outlives a change of model; only its KV is the model's. One whose conversation holds images
+is kept in memory only (so it does not outlive a restart): no image is written to disk. The files take at most a budget
 (`--responses-budget-mb`), shared fairly by the tenants: beyond it, the least recently used
 response of the tenant holding the most bytes goes (file and KV record; fair_share.py, the KV
 store's policy too), so a tenant holding no more than its fair share (the budget over the
@@ -19,7 +20,7 @@ import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from agent_memory import files
@@ -50,9 +51,13 @@ class StoredResponse:
         return AgentKey(self.id, self.tenant, "response")
 
     def to_bytes(self) -> bytes:
-        return json.dumps(
-            {"id": self.id, "tenant": self.tenant, "context": [asdict(m) for m in self.context], "body": self.body}
-        ).encode()
+        context = [asdict(replace(m, parts=[])) for m in self.context]  # images are never written
+        return json.dumps({"id": self.id, "tenant": self.tenant, "context": context, "body": self.body}).encode()
+
+    @property
+    def image_bytes(self) -> int:
+        """The memory its images' pixels take (0: it holds none, and its file is all of it)."""
+        return sum(3 * p.image.width * p.image.height for m in self.context for p in m.parts if not isinstance(p, str))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> StoredResponse:
@@ -110,9 +115,13 @@ class ResponseStore:
         return item[0]
 
     def put(self, stored: StoredResponse) -> None:
+        """Kept in memory and written to its file; one whose conversation holds images is kept
+        in memory only (no image is ever written to disk), its pixels counted in the budget."""
         data = stored.to_bytes()
-        self._add(stored, len(data))
-        self._write(stored.key, data)
+        images = stored.image_bytes
+        self._add(stored, len(data) + images)
+        if not images:
+            self._write(stored.key, data)
         if self._bytes <= self.budget_bytes:
             return
         recency = {key: i for i, key in enumerate(self._items)}  # least recent first

@@ -58,6 +58,8 @@ def admit(state: ServerState, model: ServedModel, request: Request, prepared: Pr
     )
     state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
     trace = {"agent": shown_agent(asked.agent, state.log_agent_ids), "prompt_tokens": len(prepared.prompt)}
+    if prepared.conversation is not None and (images := prepared.conversation.images()):
+        trace["images"] = len(images)  # in the prompt, however many turns ago they were sent
     if output.clamped:  # the request asked for more than the room left
         trace["clamped"] = output.clamped
     if len(state.models) > 1:  # which model served it, where there is a choice

@@ -12,6 +12,7 @@ from agent_memory.chat.call_check import CheckedReader
 from agent_memory.chat.conversation import Conversation
 from agent_memory.chat.finish import ConstrainedOutput
 from agent_memory.chat.grammar import GrammarError
+from agent_memory.chat.images import load
 from agent_memory.chat.render import RenderError, render_prompt
 from agent_memory.engine.requests import Breakpoint
 
@@ -45,6 +46,7 @@ async def prepare_chat(
     messages_param, tools_param, format_param = params
     chars = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in conversation.messages)
     check_length(model, chars, messages_param)
+    await load_images(model, conversation)
 
     fmt = model.reply_format
     try:  # on a render thread, bounded in time: a slow template holds up no other request
@@ -59,6 +61,22 @@ async def prepare_chat(
         return Prepared(tokens, grammar, started, conversation, messages_param, text)
 
     return await model.tokenize(prepare)
+
+
+async def load_images(model: ServedModel, conversation: Conversation) -> None:
+    """The conversation's images decoded and checked (chat/images.py: a bad one is a 400 naming
+    its part, whatever the model), then refused with the first one named if the model takes none."""
+    sources = conversation.images()
+    if not sources:
+        return
+    conversation.put_images(await load(sources, model.images))
+    if not model.facts.takes_images:
+        raise APIError(
+            400,
+            f"{sources[0].where}: the model '{model.id}' takes no images (a text-only model)",
+            param=sources[0].where,
+            code="images_not_supported",
+        )
 
 
 def output_grammar(
