@@ -149,7 +149,7 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
         warm_error=warm_error,
         draft=draft,
         batch=decode_batch(cfg.speculation, loaded, layers, p, draft),
-        prefiller=Prefiller(loaded.model, layers, p, store, committer),
+        prefiller=Prefiller(loaded.model, layers, p, store, committer, loaded.tower),
         committer=committer,
         working_budget=working,
         bytes_per_token=layers.bytes_per_token(p.working) + draft_bytes_per_token(draft),
@@ -162,7 +162,7 @@ def unload_weights(parts: Parts) -> None:
     model's agents stay listed, deletable and warm (its hot KV cooled first: engine.py)."""
     parts.batch = parts.prefiller = parts.draft = None
     parts.layers.detach()
-    parts.loaded = replace(parts.loaded, model=None)
+    parts.loaded = replace(parts.loaded, model=None, tower=None)
 
 
 def reload_weights(parts: Parts, cfg: EngineConfig, described: ModelText, working: int | None) -> None:
@@ -171,5 +171,5 @@ def reload_weights(parts: Parts, cfg: EngineConfig, described: ModelText, workin
     parts.layers.attach(loaded.model)
     parts.draft = load_draft(cfg.draft_path)
     parts.batch = decode_batch(cfg.speculation, loaded, parts.layers, parts.precisions, parts.draft)
-    parts.prefiller = Prefiller(loaded.model, parts.layers, parts.precisions, parts.store, parts.committer)
+    parts.prefiller = Prefiller(loaded.model, parts.layers, parts.precisions, parts.store, parts.committer, loaded.tower)
     parts.working_budget = working

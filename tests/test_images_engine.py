@@ -1,0 +1,71 @@
+"""A vision model served by the engine (issue #36, the model side): the tiny Gemma 3 built offline
+from mlx-vlm's classes (models/tiny_vision.py) loads by folder; a prompt's images go through its
+processor (vision/prompt.py) and its vision tower into the language model's input embeddings
+(vision/tower.py); each image's digest is in the key of the blocks its tokens are in, so the same
+image is reused and another one of the same size is not. Prompts are prepared in the test (as the
+API's serving prompt does) and given to the in-process server's engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_memory.models.tiny_vision import build_tiny_vision
+from tests.support.inprocess import InProcessServer
+from tests.support.vision import generate, picture, tower_runs
+
+MODEL = "gemma3-vision"
+RED, BLUE = picture((200, 30, 30)), picture((30, 30, 200))  # the same size: the same tokens
+
+
+def look(image_first: str = "What is in this picture?") -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": image_first}]}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = build_tiny_vision(tmp_path_factory.mktemp("models") / MODEL, arch="gemma3")
+    with InProcessServer(folder, tmp_path_factory.mktemp("cache"), "--disk-budget-mb", "0") as s:
+        yield s
+
+
+def test_the_processor_expands_each_image_into_its_tokens_and_keys_them_by_digest(server):
+    answer = generate(server, MODEL, look(), [RED], agent="counting")
+    (span,) = answer.inputs.spans
+    assert span.end - span.start == 4  # the tiny model's tokens per image, all in the prompt
+    assert answer.finished.usage.prompt_tokens == len(answer.prompt)  # images' tokens counted
+    assert answer.inputs.keys[0].key == bytes.fromhex(RED.digest)
+
+
+def test_text_only_requests_to_a_vision_model_run_no_tower(server):
+    before = tower_runs(server, MODEL)
+    first = generate(server, MODEL, [{"role": "user", "content": "Hello, who are you?"}], [], agent="text")
+    again = generate(server, MODEL, [{"role": "user", "content": "Hello, who are you?"}], [], agent="text")
+    assert first.text == again.text and first.text
+    assert again.finished.usage.cached_tokens > 0
+    assert tower_runs(server, MODEL) == before
+
+
+def test_the_same_image_next_turn_reuses_the_whole_turn_without_the_tower(server):
+    first = generate(server, MODEL, look(), [RED], agent="returning")
+    runs = tower_runs(server, MODEL)
+    turn = look() + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And its colour?"}]
+    second = generate(server, MODEL, turn, [RED], agent="returning")
+    assert second.finished.usage.cached_tokens >= len(first.prompt)  # past the image, into the reply
+    assert tower_runs(server, MODEL) == runs  # the image's tokens came from memory
+
+
+def test_another_image_of_the_same_size_reuses_nothing_past_its_first_token(server):
+    red = generate(server, MODEL, look("Describe it."), [RED], agent="red")
+    blue = generate(server, MODEL, look("Describe it."), [BLUE], agent="blue")
+    assert red.prompt == blue.prompt  # the same token ids: only the key tells them apart
+    assert blue.finished.usage.cached_tokens <= blue.inputs.spans[0].start
+    assert red.text != blue.text  # the model saw the picture
+
+
+def test_a_cached_answer_equals_an_uncached_one_at_16_bits(server):
+    first = generate(server, MODEL, look("Tell me more."), [BLUE], agent="exact")
+    turn = look("Tell me more.") + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Go on."}]
+    cached = generate(server, MODEL, turn, [BLUE], agent="exact")
+    uncached = generate(server, MODEL, turn, [BLUE], salt="a namespace of its own")
+    assert cached.finished.usage.cached_tokens > 0 and uncached.finished.usage.cached_tokens == 0
+    assert cached.text == uncached.text
