@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from agent_memory.api.errors import APIError
+from agent_memory.api.serving.prompt import encode_prompt
+
 from agent_memory.models.tiny_vision import build_tiny_vision
 from tests.support.inprocess import InProcessServer
 from tests.support.vision import generate, picture, tower_runs
@@ -69,3 +72,12 @@ def test_a_cached_answer_equals_an_uncached_one_at_16_bits(server):
     uncached = generate(server, MODEL, turn, [BLUE], salt="a namespace of its own")
     assert cached.finished.usage.cached_tokens > 0 and uncached.finished.usage.cached_tokens == 0
     assert cached.text == uncached.text
+
+
+def test_more_images_than_placeholders_is_a_400_naming_the_messages(server):
+    served = server.app.state.server.models[MODEL]
+    text = served.facts.tokenizer.apply_chat_template(look(), add_generation_prompt=True, tokenize=False)
+    with pytest.raises(APIError) as refused:
+        encode_prompt(served, served.facts.tokenizer, text, [RED, BLUE], "messages")
+    assert refused.value.status == 400 and refused.value.param == "messages"
+    assert "refused the images" in str(refused.value) and "received 2 images" in str(refused.value)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from PIL import Image
 
 from agent_memory.agent_key import AgentKey
+from agent_memory.api.serving.prompt import encode_prompt
 from agent_memory.vision.prompt import VisionInputs
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, TextDelta
 
@@ -48,10 +49,7 @@ def generate(
     served = server.app.state.server.models[model]
     facts = served.facts
     text = facts.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    if images:
-        tokens, inputs = facts.vision.prepare(text, images)
-    else:
-        tokens, inputs = facts.tokenizer.encode(text, add_special_tokens=False), None
+    tokens, inputs = encode_prompt(served, facts.tokenizer, text, images, "messages")
     request = GenerationRequest(
         prompt=tokens,
         params=SamplingParams(max_tokens=max_tokens, temperature=0.0),

@@ -51,6 +51,8 @@ def admit(state: ServerState, model: ServedModel, request: Request, prepared: Pr
         grammar=prepared.grammar,
         tenant=tenant(request),
         cache_salt=asked.cache_salt or "",
+        extra_keys=prepared.vision.keys if prepared.vision else (),
+        vision=prepared.vision,
     )
     state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
     trace = {"agent": shown_agent(asked.agent, state.log_agent_ids), "prompt_tokens": len(prepared.prompt)}

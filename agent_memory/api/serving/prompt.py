@@ -13,6 +13,7 @@ from agent_memory.chat.conversation import Conversation
 from agent_memory.chat.finish import ConstrainedOutput
 from agent_memory.chat.grammar import GrammarError
 from agent_memory.chat.render import RenderError, render_prompt
+from agent_memory.vision.prompt import VisionInputs, VisionPromptError
 
 CHAT_PARAMS = ("messages", "tools", "response_format")  # chat completions' names for them
 
@@ -26,6 +27,7 @@ class Prepared:
     started: bool | None = None  # the prompt opened the reply's reasoning, closed it (False), or neither
     conversation: Conversation | None = None  # None: a raw prompt (text completions)
     param: str = "messages"  # where the prompt is in the body, for errors
+    vision: VisionInputs | None = None  # its images' pixels and spans (a vision model's); None: text only
 
 
 async def prepare_chat(
@@ -56,6 +58,18 @@ async def prepare_chat(
         return Prepared(tokens, grammar, started, conversation, messages_param)
 
     return await model.tokenize(prepare)
+
+
+def encode_prompt(model: ServedModel, tokenizer, text: str, images: list, param: str) -> tuple[list[int], VisionInputs | None]:
+    """The rendered prompt's tokens, and with images (ChatImages, in the prompt's order) the
+    vision model's processor's: each placeholder expanded to its image's tokens, the images'
+    inputs and keys (vision/prompt.py). On the tokenizer worker."""
+    if not images:
+        return tokenizer.encode(text, add_special_tokens=False), None
+    try:
+        return model.facts.vision.prepare(text, images)
+    except VisionPromptError as e:
+        raise APIError(400, str(e), param=param) from e
 
 
 def output_grammar(
