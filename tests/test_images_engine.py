@@ -13,11 +13,17 @@ from agent_memory.api.errors import APIError
 from agent_memory.api.serving.prompt import encode_prompt
 
 from agent_memory.models.tiny_vision import build_tiny_vision
+from agent_memory.vision.prompt import vision_prompt
 from tests.support.inprocess import InProcessServer
-from tests.support.vision import generate, picture, tower_runs
+from tests.support.metrics import metric
+from tests.support.vision import generate, picture
 
 MODEL = "gemma3-vision"
 RED, BLUE = picture((200, 30, 30)), picture((30, 30, 200))  # the same size: the same tokens
+
+
+def tower_runs(server) -> float:
+    return metric(server, "agent_memory_vision_tower_runs_total")
 
 
 def look(image_first: str = "What is in this picture?") -> list[dict]:
@@ -40,21 +46,21 @@ def test_the_processor_expands_each_image_into_its_tokens_and_keys_them_by_diges
 
 
 def test_text_only_requests_to_a_vision_model_run_no_tower(server):
-    before = tower_runs(server, MODEL)
+    before = tower_runs(server)
     first = generate(server, MODEL, [{"role": "user", "content": "Hello, who are you?"}], [], agent="text")
     again = generate(server, MODEL, [{"role": "user", "content": "Hello, who are you?"}], [], agent="text")
     assert first.text == again.text and first.text
     assert again.finished.usage.cached_tokens > 0
-    assert tower_runs(server, MODEL) == before
+    assert tower_runs(server) == before
 
 
 def test_the_same_image_next_turn_reuses_the_whole_turn_without_the_tower(server):
     first = generate(server, MODEL, look(), [RED], agent="returning")
-    runs = tower_runs(server, MODEL)
+    runs = tower_runs(server)
     turn = look() + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And its colour?"}]
     second = generate(server, MODEL, turn, [RED], agent="returning")
     assert second.finished.usage.cached_tokens >= len(first.prompt)  # past the image, into the reply
-    assert tower_runs(server, MODEL) == runs  # the image's tokens came from memory
+    assert tower_runs(server) == runs  # the image's tokens came from memory
 
 
 def test_another_image_of_the_same_size_reuses_nothing_past_its_first_token(server):
@@ -81,3 +87,36 @@ def test_more_images_than_placeholders_is_a_400_naming_the_messages(server):
         encode_prompt(served, served.facts.tokenizer, text, [RED, BLUE], "messages")
     assert refused.value.status == 400 and refused.value.param == "messages"
     assert "refused the images" in str(refused.value) and "received 2 images" in str(refused.value)
+
+
+def test_an_image_repeated_in_a_new_prompt_takes_its_kept_features(server):
+    first = generate(server, MODEL, look("A green one."), [picture((30, 160, 30))], agent="green")
+    runs, kept = tower_runs(server), metric(server, "agent_memory_vision_images_total", source="kept")
+    text_first = [{"role": "user", "content": [{"type": "text", "text": "Elsewhere now:"}, {"type": "image"}]}]
+    again = generate(server, MODEL, text_first, [picture((30, 160, 30))], agent="green elsewhere")
+    assert again.inputs.spans[0].start != first.inputs.spans[0].start  # another place: no KV to reuse
+    assert again.finished.usage.cached_tokens <= again.inputs.spans[0].start
+    assert tower_runs(server) == runs
+    assert metric(server, "agent_memory_vision_images_total", source="kept") == kept + 1
+    assert metric(server, "agent_memory_vision_feature_bytes", of="budget") == 256 << 20
+
+
+def test_after_a_restart_the_same_image_is_reused_from_disk(tmp_path_factory):
+    folder = build_tiny_vision(tmp_path_factory.mktemp("models") / MODEL, arch="gemma3")
+    cache = tmp_path_factory.mktemp("restart")
+    with InProcessServer(folder, cache) as first:
+        answer = generate(first, MODEL, look("Remember this."), [RED], agent="remembers")
+    reply = [{"role": "assistant", "content": answer.text}, {"role": "user", "content": "Well?"}]
+    turn = look("Remember this.") + reply
+    with InProcessServer(folder, cache) as second:
+        red = generate(second, MODEL, turn, [RED], agent="remembers")
+        blue = generate(second, MODEL, turn, [BLUE], agent="forgets")
+        assert tower_runs(second) == 1  # blue's alone
+    assert red.finished.usage.warm_tokens >= len(answer.prompt)
+    assert blue.finished.usage.cached_tokens <= blue.inputs.spans[0].start
+
+
+def test_a_family_with_3d_image_positions_is_served_text_only(tmp_path):
+    qwen = {"vision_config": {"depth": 1}, "text_config": {"rope_parameters": {"mrope_section": [2, 1, 1]}}}
+    assert vision_prompt(tmp_path, qwen) is None  # its folder not even read: no processor
+    assert vision_prompt(tmp_path, {"text_config": {}}) is None  # no vision tower: text

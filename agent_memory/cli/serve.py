@@ -26,7 +26,7 @@ HELP_GROUPS = {
     "Model": ("model", "keep_loaded", "unload_idle_s", "model_defaults", "default_max_tokens"),
     "Network": ("host", "port", "api_key", "api_keys_file", "seal_key_file"),
     "Requests": ("max_batch", "max_waiting", "speculation", "draft_model"),
-    "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized"),
+    "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized", "vision_cache_mb"),
     "Warm tier": ("cache_dir", "disk_budget_mb", "disk_kv_bits", "warm_store", "responses_budget_mb"),
     "Logging": ("log_level", "log_format", "log_agent_ids", "trace_file"),
 }
@@ -249,6 +249,7 @@ def _engine(settings: Settings, config, residency, draft: Path | None):
             cache_dir=settings.cache_dir,
             warm_store=settings.warm_store,
             disk_budget_bytes=settings.disk_budget_mb << 20,
+            vision_cache_bytes=settings.vision_cache_mb << 20,
             memory_limit_bytes=settings.memory_limit_bytes,
             model_defaults=settings.model_defaults,
             trace_path=settings.trace_file,

@@ -73,7 +73,9 @@ VISION_ARCHS: dict[str, TinyVision] = {
                 "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": IMAGE_SIDE, "patch_size": 14,
             },
         },
-        image_tokens={"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"},
+        image_tokens={
+            "boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"
+        },
         template=ChatTemplate(
             text=GEMMA3_TEMPLATE,
             special=("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"),
@@ -84,7 +86,8 @@ VISION_ARCHS: dict[str, TinyVision] = {
             "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
             "do_resize": True, "size": {"height": IMAGE_SIDE, "width": IMAGE_SIDE}, "resample": 2,
             "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True, "do_pan_and_scan": False,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+            "do_convert_rgb": True, "do_pan_and_scan": False,
         },
         processor={"processor_class": "Gemma3Processor", "image_seq_length": 4},
         about="Gemma 3 (vision): a SigLIP tower, 4 tokens an image; window layers and one global",
@@ -131,7 +134,8 @@ def build_tiny_vision(out_dir: Path, *, arch: str, context: int = 4096, progress
 def _config(spec: TinyVision, tokenizer, context: int) -> dict:
     """The text family's config nested as `text_config`, the image tokens' ids, the vocabulary."""
     vocab = tokenizer.get_vocab_size()
-    text = {**json.loads(json.dumps(ARCHS[spec.text_arch].config)), "vocab_size": vocab, "max_position_embeddings": context}
+    text = json.loads(json.dumps(ARCHS[spec.text_arch].config))
+    text.update(vocab_size=vocab, max_position_embeddings=context)
     text["mm_tokens_per_image"] = spec.config.get("mm_tokens_per_image", 0) or text.get("mm_tokens_per_image")
     ids = {f"{role[:-6]}_token_index": tokenizer.token_to_id(token) for role, token in spec.image_tokens.items()}
     eos = [tokenizer.token_to_id(token) for token in spec.template.eos]
@@ -160,4 +164,6 @@ def _vision_weights(config: dict, seed: int) -> dict[str, mx.array]:
     """Every parameter outside the language model, drawn as the text model's are (models/tiny.py)."""
     shapes = [(n, p) for n, p in tree_flatten(vision_model(config).parameters()) if not n.startswith("language_model.")]
     rng = np.random.default_rng(seed + 1)
-    return {name: mx.array(_initial(name, np.array(like), rng, 1.0).astype(np.float32)) for name, like in sorted(shapes)}
+    return {
+        name: mx.array(_initial(name, np.array(like), rng, 1.0).astype(np.float32)) for name, like in sorted(shapes)
+    }

@@ -11,6 +11,7 @@ is turned back into numpy here, so that nothing computed with MLX leaves the eng
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from agent_memory.memory.hashing import SpanKey
+
+log = logging.getLogger(__name__)
 
 # The processor's outputs that are the text's, not the images' (the engine reads the prompt's ids).
 TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -90,8 +93,16 @@ def image_runs(tokens: list[int], image_token_id: int) -> list[tuple[int, int]]:
 
 
 def vision_prompt(path: Path, config: dict) -> VisionPrompt | None:
-    """The folder's processor, when its config names a vision tower mlx-vlm has; None: text only."""
+    """The folder's processor, when its config names a vision tower mlx-vlm has; None: text only,
+    which is also what a family whose image tokens take 3-D (mrope) positions is served as, said
+    once: the language half (mlx-lm's) places every token at its index, so such a model's images
+    would be seen at the wrong positions."""
     if not config.get("vision_config"):
+        return None
+    text = config.get("text_config") or config
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    if "mrope_section" in rope:
+        log.info("%s: served text only: its image tokens need 3-D (mrope) positions, not taken yet", path.name)
         return None
     from mlx_vlm.utils import load_processor
 

@@ -42,7 +42,13 @@ class Answer:
 
 
 def generate(
-    server, model: str, messages: list[dict], images: list[Picture], agent: str | None = None, salt: str = "", max_tokens: int = 12
+    server,
+    model: str,
+    messages: list[dict],
+    images: list[Picture],
+    agent: str | None = None,
+    salt: str = "",
+    max_tokens: int = 12,
 ) -> Answer:
     """The conversation rendered by the model's chat template (an image item: its placeholder),
     prepared with its images, and answered greedily by the served model's engine."""
@@ -70,7 +76,3 @@ def generate(
         if isinstance(event, Finished):
             return Answer(text, event, tokens, inputs)
 
-
-def tower_runs(server, model: str) -> int:
-    """How many times the served model's vision tower ran (its feature cache's count)."""
-    return server.app.state.server.models[model].engine._model.parts.prefiller.tower.features.tower_runs

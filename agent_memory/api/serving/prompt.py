@@ -60,7 +60,9 @@ async def prepare_chat(
     return await model.tokenize(prepare)
 
 
-def encode_prompt(model: ServedModel, tokenizer, text: str, images: list, param: str) -> tuple[list[int], VisionInputs | None]:
+def encode_prompt(
+    model: ServedModel, tokenizer, text: str, images: list, param: str
+) -> tuple[list[int], VisionInputs | None]:
     """The rendered prompt's tokens, and with images (ChatImages, in the prompt's order) the
     vision model's processor's: each placeholder expanded to its image's tokens, the images'
     inputs and keys (vision/prompt.py). On the tokenizer worker."""

@@ -21,7 +21,7 @@ from agent_memory.chat.formats.reply import reply_format
 from agent_memory.engine.kinds import registry
 from agent_memory.engine.protocol import ModelFacts
 from agent_memory.vision.prompt import VisionPrompt, vision_prompt
-from agent_memory.vision.tower import VisionTower, load_tower
+from agent_memory.vision.tower import Features, VisionTower, load_tower
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,9 @@ SAMPLING_DEFAULT_KEYS = {"temperature": float, "top_p": float, "top_k": int}
 
 # Files whose bytes decide what KV a token sequence produces.
 # A vision model's processor configs too: they decide what pixels an image's tokens are computed from.
-FINGERPRINT_GLOBS = ("*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "*processor_config.json")
+FINGERPRINT_GLOBS = (
+    "*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "*processor_config.json"
+)
 MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own limit on a header
 MiB = 1 << 20
 
@@ -259,9 +261,12 @@ def load_draft(path: Path | None) -> Any:
     return load_weights(path)[0] if path is not None else None
 
 
-def load_model(described: ModelText, fingerprint_known: str | None = None) -> LoadedModel:
+def load_model(
+    described: ModelText, fingerprint_known: str | None = None, features: Features | None = None
+) -> LoadedModel:
     """The described model's weights, loaded (on the engine thread). `fingerprint_known`: the
-    digest of its files from an earlier load, not hashed again (a reload after an unload)."""
+    digest of its files from an earlier load, not hashed again (a reload after an unload);
+    `features`: a vision model's kept image features (vision/tower.py)."""
     path, text = described.path, described.config
     model, _ = load_weights(path)
     num_layers = len(model.layers)
@@ -289,5 +294,5 @@ def load_model(described: ModelText, fingerprint_known: str | None = None) -> Lo
         # layer per earlier token.
         attention_tokens=2 * matmul_params / (4 * num_layers * heads * head_dim),
         sampling_defaults=described.sampling_defaults,
-        tower=load_tower(path, model) if described.vision else None,
+        tower=load_tower(path, model, features or Features(0)) if described.vision else None,
     )
