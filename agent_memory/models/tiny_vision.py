@@ -47,6 +47,16 @@ GEMMA3_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
 )
 IMAGE_SIDE = 28  # pixels: two 14-pixel patches a side, so an image is 4 patches
+# Mistral's turn format (Mistral Small 3.1's, shortened), an image item written as [IMG].
+MISTRAL3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% else %}{{ '[INST]' }}{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}{{ '[IMG]' }}{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '[/INST]' }}{% endif %}{% endfor %}"
+)
+LONGEST_EDGE = 56  # pixels: at most four 14-pixel patches a side, merged 2x2 into image tokens
 
 
 @dataclass(frozen=True)
@@ -55,7 +65,7 @@ class TinyVision:
 
     text_arch: str
     config: dict  # the checkpoint's config beside `text_config` (vision_config, image token fields)
-    image_tokens: dict[str, str]  # the tokenizer's image tokens by role (boi_token, image_token, eoi_token)
+    image_tokens: dict[str, str]  # the tokenizer's named image tokens (Gemma's boi_token, image_token, eoi_token)
     template: ChatTemplate
     preprocessor: dict  # preprocessor_config.json
     processor: dict  # processor_config.json
@@ -91,6 +101,36 @@ VISION_ARCHS: dict[str, TinyVision] = {
         },
         processor={"processor_class": "Gemma3Processor", "image_seq_length": 4},
         about="Gemma 3 (vision): a SigLIP tower, 4 tokens an image; window layers and one global",
+    ),
+    "mistral3_vision": TinyVision(
+        text_arch="mistral3",
+        config={
+            "model_type": "mistral3",
+            "spatial_merge_size": 2,
+            "vision_config": {
+                "model_type": "pixtral", "hidden_size": 32, "head_dim": 16, "intermediate_size": 64,
+                "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": LONGEST_EDGE, "patch_size": 14,
+                "rope_theta": 10000.0,
+            },
+        },
+        image_tokens={},
+        template=ChatTemplate(
+            text=MISTRAL3_TEMPLATE,
+            special=("[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"),
+            bos="<s>",
+            eos=("</s>",),
+        ),
+        preprocessor={
+            "image_processor_type": "PixtralImageProcessor", "processor_class": "Mistral3Processor",
+            "size": {"longest_edge": LONGEST_EDGE}, "patch_size": {"height": 14, "width": 14}, "resample": 3,
+            "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
+        },
+        processor={
+            "processor_class": "Mistral3Processor", "image_token": "[IMG]", "image_break_token": "[IMG_BREAK]",
+            "image_end_token": "[IMG_END]", "spatial_merge_size": 2, "patch_size": 14,
+        },
+        about="Mistral Small 3.1 (vision): a Pixtral tower, rows of [IMG] tokens by the image's size; llama layers",
     ),
 }
 
@@ -134,10 +174,14 @@ def build_tiny_vision(out_dir: Path, *, arch: str, context: int = 4096, progress
 def _config(spec: TinyVision, tokenizer, context: int) -> dict:
     """The text family's config nested as `text_config`, the image tokens' ids, the vocabulary."""
     vocab = tokenizer.get_vocab_size()
-    text = json.loads(json.dumps(ARCHS[spec.text_arch].config))
+    family = json.loads(json.dumps(ARCHS[spec.text_arch].config))
+    text = family.get("text_config", family)  # mistral3's table entry nests it already
     text.update(vocab_size=vocab, max_position_embeddings=context)
-    text["mm_tokens_per_image"] = spec.config.get("mm_tokens_per_image", 0) or text.get("mm_tokens_per_image")
+    if "mm_tokens_per_image" in spec.config:
+        text["mm_tokens_per_image"] = spec.config["mm_tokens_per_image"]
     ids = {f"{role[:-6]}_token_index": tokenizer.token_to_id(token) for role, token in spec.image_tokens.items()}
+    if not ids:  # the image token is named in the processor's config
+        ids = {"image_token_index": tokenizer.token_to_id(spec.processor["image_token"])}
     eos = [tokenizer.token_to_id(token) for token in spec.template.eos]
     return {
         **json.loads(json.dumps(spec.config)),

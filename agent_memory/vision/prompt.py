@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 # The processor's outputs that are the text's, not the images' (the engine reads the prompt's ids).
 TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# The tokens within an image's run beside its placeholder, by the processor's names (Pixtral's).
+IMAGE_MARKS = ("image_break_token", "image_end_token")
 
 
 class VisionPromptError(ValueError):
@@ -62,7 +64,7 @@ class VisionPrompt:
     """A vision model's processor and its image token: `prepare` on the tokenizer thread."""
 
     processor: Any  # mlx-vlm's (transformers' ProcessorMixin): tokenizer + image processor
-    image_token_id: int
+    image_token_ids: frozenset[int]  # an image's tokens: its placeholder's, and Pixtral's row breaks and end
 
     def prepare(self, text: str, images: list) -> tuple[list[int], VisionInputs]:
         """The prompt's token ids with each image's placeholder expanded to its tokens, and its
@@ -72,7 +74,7 @@ class VisionPrompt:
         except (ValueError, TypeError) as e:
             raise VisionPromptError(f"the model's processor refused the images: {e}") from e
         tokens = np.array(out["input_ids"]).reshape(-1).tolist()
-        runs = image_runs(tokens, self.image_token_id)
+        runs = image_runs(tokens, self.image_token_ids)
         if len(runs) != len(images):
             raise VisionPromptError(f"the prompt holds {len(runs)} images' tokens for {len(images)} images")
         spans = tuple(ImageSpan(s, e, i.digest) for (s, e), i in zip(runs, images))
@@ -80,13 +82,13 @@ class VisionPrompt:
         return tokens, VisionInputs(pixels, spans)
 
 
-def image_runs(tokens: list[int], image_token_id: int) -> list[tuple[int, int]]:
-    """Each maximal run of the image token: one image's tokens, in order."""
+def image_runs(tokens: list[int], image_token_ids: frozenset[int]) -> list[tuple[int, int]]:
+    """Each maximal run of image tokens: one image's tokens, in order."""
     runs, start = [], None
     for i, t in enumerate([*tokens, -1]):
-        if t == image_token_id and start is None:
+        if t in image_token_ids and start is None:
             start = i
-        elif t != image_token_id and start is not None:
+        elif t not in image_token_ids and start is not None:
             runs.append((start, i))
             start = None
     return runs
@@ -110,4 +112,6 @@ def vision_prompt(path: Path, config: dict) -> VisionPrompt | None:
     token = config.get("image_token_index", config.get("image_token_id"))
     if token is None:
         token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
-    return VisionPrompt(processor, int(token))
+    marks = [getattr(processor, name, None) for name in IMAGE_MARKS]
+    ids = {processor.tokenizer.convert_tokens_to_ids(mark) for mark in marks if isinstance(mark, str)}
+    return VisionPrompt(processor, frozenset({int(token), *ids}))

@@ -43,16 +43,18 @@ class Answer:
 
 def generate(
     server,
-    model: str,
     messages: list[dict],
     images: list[Picture],
     agent: str | None = None,
     salt: str = "",
     max_tokens: int = 12,
+    model: str | None = None,
 ) -> Answer:
     """The conversation rendered by the model's chat template (an image item: its placeholder),
-    prepared with its images, and answered greedily by the served model's engine."""
-    served = server.app.state.server.models[model]
+    prepared with its images, and answered greedily by the served model's engine (`model`, or
+    the only one served)."""
+    models = server.app.state.server.models
+    served = models[model] if model else next(iter(models.values()))
     facts = served.facts
     text = facts.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     tokens, inputs = encode_prompt(served, facts.tokenizer, text, images, "messages")
