@@ -8,6 +8,8 @@ API's serving prompt does) and given to the in-process server's engine."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agent_memory.api.errors import APIError
@@ -121,3 +123,11 @@ def test_a_family_with_3d_image_positions_is_served_text_only(tmp_path):
     qwen = {"vision_config": {"depth": 1}, "text_config": {"rope_parameters": {"mrope_section": [2, 1, 1]}}}
     assert vision_prompt(tmp_path, qwen) is None  # its folder not even read: no processor
     assert vision_prompt(tmp_path, {"text_config": {}}) is None  # no vision tower: text
+
+
+def test_a_vision_folder_whose_processor_cannot_load_is_served_text_only(tmp_path):
+    folder = build_tiny_vision(tmp_path / "gemma3", arch="gemma3")
+    (folder / "preprocessor_config.json").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    assert vision_prompt(folder, config) is None
+    assert vision_prompt(folder, {**config, "model_type": "no_such_family"}) is None

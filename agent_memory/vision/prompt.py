@@ -96,9 +96,9 @@ def image_runs(tokens: list[int], image_token_ids: frozenset[int]) -> list[tuple
 
 def vision_prompt(path: Path, config: dict) -> VisionPrompt | None:
     """The folder's processor, when its config names a vision tower mlx-vlm has; None: text only,
-    which is also what a family whose image tokens take 3-D (mrope) positions is served as, said
-    once: the language half (mlx-lm's) places every token at its index, so such a model's images
-    would be seen at the wrong positions."""
+    which is also what a folder whose processor cannot load is served as, and a family whose image
+    tokens take 3-D (mrope) positions, said once: the language half (mlx-lm's) places every token
+    at its index, so such a model's images would be seen at the wrong positions."""
     if not config.get("vision_config"):
         return None
     text = config.get("text_config") or config
@@ -106,9 +106,14 @@ def vision_prompt(path: Path, config: dict) -> VisionPrompt | None:
     if "mrope_section" in rope:
         log.info("%s: served text only: its image tokens need 3-D (mrope) positions, not taken yet", path.name)
         return None
-    from mlx_vlm.utils import load_processor
+    from mlx_vlm.utils import get_model_and_args, load_processor
 
-    processor = load_processor(path, add_detokenizer=False)
+    try:  # mlx-vlm's family and processor, or the model serves text as it always did
+        get_model_and_args(config=config)
+        processor = load_processor(path, add_detokenizer=False)
+    except Exception as e:  # noqa: BLE001 - any of a processor's many ways to fail to load
+        log.warning("%s: served text only: mlx-vlm cannot take its images (%s)", path.name, e)
+        return None
     token = config.get("image_token_index", config.get("image_token_id"))
     if token is None:
         token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
