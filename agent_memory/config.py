@@ -87,6 +87,7 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache folder: models and the KV disk tier.")
     hot_budget_mb: int = Field(2048, ge=0, description="Memory for cached KV blocks, in MiB.")
     disk_budget_mb: int = Field(10240, ge=0, description="Disk for cached KV blocks, in MiB.")
+    vision_cache_mb: int = Field(256, ge=0, description="Memory for recent images' vision features, by image (vision models: a repeated image runs no vision tower), in MiB.")
     responses_budget_mb: int | None = Field(None, ge=1, description="Disk (and memory) for stored Responses-API "
                                             "responses, shared fairly by the tenants, in MiB (default: a tenth of "
                                             "--disk-budget-mb, at least 16).")

@@ -28,6 +28,7 @@ VALUES = {
     "hot_budget_mb": (11, 12, 13),
     "disk_budget_mb": (21, 22, 23),
     "responses_budget_mb": (31, 32, 33),
+    "vision_cache_mb": (41, 42, 43),
     "warm_store": ("redis://file:6379/0", "redis://env:6379/1", "rediss://flag:6380/2"),
     "kv_bits": (8, 16, 8),
     "kv_group_size": (32, 128, 32),

@@ -16,6 +16,7 @@ from agent_memory.models.folders import ModelError
 from agent_memory.models.tiny import UnknownArchError, build_tiny
 from agent_memory.models.tiny_archs import ARCHS
 from agent_memory.models.tiny_embedding import EMBEDDING_ARCHS
+from agent_memory.models.tiny_vision import VISION_ARCHS
 
 # Longer than the sliding window (32 tokens), so rotating caches wrap while it is read.
 PROMPT = "Write a short story about a dragon and a knight who meet at a river and talk about the weather all day."
@@ -122,8 +123,9 @@ def test_build_tiny_cli_lists_the_families_and_refuses_an_unknown_one(tmp_path):
     listed = run("--list")
     assert listed.returncode == 0, listed.stderr
     rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
-    assert list(rows) == list(ARCHS) + list(EMBEDDING_ARCHS)
+    assert list(rows) == list(ARCHS) + list(EMBEDDING_ARCHS) + list(VISION_ARCHS)
     assert "ArraysCache x3, KVCache" in rows["qwen3_5"]
+    assert rows["gemma3"].split()[5] == "yes" and rows["qwen3_5"].split()[5] == "no"  # which take images
     refused = run(str(tmp_path / "m"), "--arch", "nope")
     assert refused.returncode == 1 and "unknown arch 'nope'" in refused.stderr and "gemma3_text" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "m").exists()

@@ -125,7 +125,15 @@ def models_build_tiny(
         if not sep or not key:
             raise typer.BadParameter(f"{setting!r} is not KEY=VALUE with a JSON value", param_hint="--set")
     from agent_memory.models.tiny_embedding import EMBEDDING_ARCHS, build_tiny_embedding
+    from agent_memory.models.tiny_vision import VISION_ARCHS, build_tiny_vision
 
+    if arch in VISION_ARCHS:
+        if bits is not None or len(changes) > 1:
+            raise typer.BadParameter("a vision arch is built as it is (but --context)", param_hint="--quantize/--set")
+        with progress() as bars:
+            built = build_tiny_vision(directory, arch=arch, context=changes["max_position_embeddings"], progress=ProgressReporter(bars))
+        typer.echo(built)
+        return
     if arch in EMBEDDING_ARCHS:
         if bits is not None or changes:
             raise typer.BadParameter("an embedding arch is built as it is", param_hint="--quantize/--set")
@@ -148,9 +156,15 @@ def _list_archs() -> None:
 
     from agent_memory.models.tiny_embedding import EMBEDDING_ARCHS
 
-    rows = [(name, a.model_type, caches_summary(a.caches), a.about) for name, a in ARCHS.items()]
-    rows += [(name, ARCHS[e.base].model_type, "none (embeddings)", e.about) for name, e in EMBEDDING_ARCHS.items()]
-    table(("arch", "model_type", "caches", "what it shows"), rows)
+    from agent_memory.models.tiny_vision import VISION_ARCHS
+
+    rows = [(name, a.model_type, caches_summary(a.caches), "no", a.about) for name, a in ARCHS.items()]
+    rows += [(name, ARCHS[e.base].model_type, "none (embeddings)", "no", e.about) for name, e in EMBEDDING_ARCHS.items()]
+    rows += [
+        (name, v.config["model_type"], caches_summary(ARCHS[v.text_arch].caches), "yes", v.about)
+        for name, v in VISION_ARCHS.items()
+    ]
+    table(("arch", "model_type", "caches", "images", "what it shows"), rows)
 
 
 def _served(folder: Path) -> str:

@@ -73,7 +73,8 @@ class ChatModel:
         if self.parts is None:
             parts = self.parts = build(self.config, self.described, self._trace, hot_bytes, working_bytes)
             self.core = EngineCore(parts, self.config, self._metrics, self._trace, self._ids, self._post)
-            self._metrics.watch(parts.store, self.core.count, warm_on=parts.warm is not None)
+            features = parts.features if self.described.vision else None
+            self._metrics.watch(parts.store, self.core.count, warm_on=parts.warm is not None, features=features)
             self._write_server_json()
         else:
             reload_weights(self.parts, self.config, self.described, working_bytes)

@@ -22,6 +22,7 @@ class EngineConfig:
     precisions: Precisions = field(default_factory=lambda: Precisions.of(16, 64))
     cache_dir: Path | None = None  # None or a zero disk budget: no warm tier
     disk_budget_bytes: int = 0
+    vision_cache_bytes: int = 256 << 20  # --vision-cache-mb: recent images' features (vision/tower.py)
     warm_store: str | None = None  # a redis:// URL: the warm tier shared with other servers
     # Memory for weights, hot KV and running requests' working caches; None: no limit.
     memory_limit_bytes: int | None = None

@@ -24,6 +24,7 @@ from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import KVPrecision, Precisions
+from agent_memory.vision.tower import Features
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class Parts:
     working_budget: int | None  # bytes running requests' working caches may hold
     bytes_per_token: int  # of a working cache's attention layers (and its draft's)
     state_bytes: int  # of a working cache's window and recurrent layers, at most
+    features: Features  # a vision model's recent images' features (vision/tower.py), kept through unloads
 
 
 def demoter(p: Precisions):
@@ -104,7 +106,8 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
     """Load the model's weights and open the tiers (on the engine thread: it makes MLX arrays),
     with its share of the memory limit (engine/loading/residency.py)."""
     p = cfg.precisions
-    loaded = load_model(described)
+    features = Features(cfg.vision_cache_bytes)
+    loaded = load_model(described, features=features)
     draft = load_draft(cfg.draft_path)
     layers = ModelLayers(loaded.model)
     p = fitted_groups(p, layers, loaded.name)
@@ -151,11 +154,12 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
         warm_error=warm_error,
         draft=draft,
         batch=decode_batch(cfg.speculation, loaded, layers, p, draft),
-        prefiller=Prefiller(loaded.model, layers, p, store, committer),
+        prefiller=Prefiller(loaded.model, layers, p, store, committer, loaded.tower),
         committer=committer,
         working_budget=working,
         bytes_per_token=layers.bytes_per_token(p.working) + draft_bytes_per_token(draft),
         state_bytes=layers.state_bytes(),
+        features=features,
     )
 
 
@@ -164,14 +168,15 @@ def unload_weights(parts: Parts) -> None:
     model's agents stay listed, deletable and warm (its hot KV cooled first: engine.py)."""
     parts.batch = parts.prefiller = parts.draft = None
     parts.layers.detach()
-    parts.loaded = replace(parts.loaded, model=None)
+    parts.loaded = replace(parts.loaded, model=None, tower=None)
+    parts.features.clear()
 
 
 def reload_weights(parts: Parts, cfg: EngineConfig, described: ModelText, working: int | None) -> None:
     """The weights again, into the memory kept since `unload_weights`."""
-    loaded = parts.loaded = load_model(described, parts.loaded.fingerprint)
+    loaded = parts.loaded = load_model(described, parts.loaded.fingerprint, parts.features)
     parts.layers.attach(loaded.model)
     parts.draft = load_draft(cfg.draft_path)
     parts.batch = decode_batch(cfg.speculation, loaded, parts.layers, parts.precisions, parts.draft)
-    parts.prefiller = Prefiller(loaded.model, parts.layers, parts.precisions, parts.store, parts.committer)
+    parts.prefiller = Prefiller(loaded.model, parts.layers, parts.precisions, parts.store, parts.committer, loaded.tower)
     parts.working_budget = working

@@ -23,15 +23,23 @@ from agent_memory.memory.index.blocks import Block
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.store_records import Segment
 from agent_memory.precision import Precisions
+from agent_memory.vision.tower import VisionTower
 
 log = logging.getLogger(__name__)
 
 
 class Prefiller:
     def __init__(
-        self, model, layers: ModelLayers, precisions: Precisions, store: AgentCacheStore, committer: Committer
+        self,
+        model,
+        layers: ModelLayers,
+        precisions: Precisions,
+        store: AgentCacheStore,
+        committer: Committer,
+        tower: VisionTower | None = None,
     ) -> None:
         self.model = model
+        self.tower = tower  # a vision model's image embeddings (vision/tower.py); None: text only
         self.layers = layers
         self.precisions = precisions
         self.store = store
@@ -48,7 +56,7 @@ class Prefiller:
             n = min(budget, segment.end - seq.pos)
             if (mark := next((m for m in seq.marks if m > seq.pos), None)) is not None:
                 n = min(n, mark - seq.pos)
-            self.model(mx.array(seq.prompt[seq.pos : seq.pos + n])[None], cache=seq.cache)
+            self._compute(seq, n)
             mx.eval([c.state for c in seq.cache])
             seq.pos += n
             budget -= n
@@ -57,6 +65,17 @@ class Prefiller:
             if seq.pos == segment.end:
                 seq.plan.popleft()
         return not seq.plan
+
+    def _compute(self, seq: Sequence, n: int) -> None:
+        """The model over the sequence's next n tokens: from their ids, or from input embeddings
+        where an image's tokens are among them (vision/tower.py)."""
+        ids = mx.array(seq.prompt[seq.pos : seq.pos + n])[None]
+        vision = seq.request.vision
+        embeds = self.tower.chunk_embeddings(seq.prompt, seq.pos, seq.pos + n, vision) if vision else None
+        if embeds is None:
+            self.model(ids, cache=seq.cache)
+        else:
+            self.model(ids, cache=seq.cache, input_embeddings=embeds)
 
     def _append_cached(self, seq: Sequence) -> None:
         """Append the run of cached blocks at the head of the plan to the sequence's cache, and

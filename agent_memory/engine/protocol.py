@@ -43,8 +43,12 @@ class ModelFacts:
     default_max_tokens: int | None = None
     # An embedding model's pooling and size (models/embedding_layout.py); None: a chat model.
     embedding: EmbeddingLayout | None = None
-    # Whether its prompts may hold images (a vision model); a text-only model's are a 400.
-    takes_images: bool = False
+    # A vision model's processor (vision/prompt.py: `prepare` on the tokenizer thread); None: text only.
+    vision: Any = None
+
+    @property
+    def takes_images(self) -> bool:
+        return self.vision is not None
 
     @property
     def kind(self) -> str:

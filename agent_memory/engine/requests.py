@@ -9,6 +9,7 @@ from typing import Any
 from agent_memory.agent_key import AgentKey
 from agent_memory.cache_miss import Miss
 from agent_memory.memory.hashing import SpanKey
+from agent_memory.vision.prompt import VisionInputs
 
 TOP_LOGPROBS = 20  # the most alternatives a request may ask for (OpenAI's limit)
 
@@ -92,6 +93,8 @@ class GenerationRequest:
     # What fixes the prompt's KV beyond its token ids, by token span (an image's digest): blocks
     # share KV only where these match too (memory/hashing.py).
     extra_keys: tuple[SpanKey, ...] = ()
+    # A vision model's images (vision/prompt.py): their pixels and spans; None: text only.
+    vision: VisionInputs | None = None
     # An llguidance matcher the output must follow (constrained decoding), made by the API.
     grammar: Any = None
     # False: a request that must not be remembered (`remember: false`, `Cache-Control: no-store`):

@@ -30,6 +30,7 @@ class InProcessServer(Serving):
         self._uvicorn = None
         self._thread: threading.Thread | None = None
         self._handler: logging.Handler | None = None
+        self.app = None  # once started: the served app (its `state.server`: the models and their engines)
 
     def _settings(self):
         from agent_memory.cli import app
@@ -61,7 +62,7 @@ class InProcessServer(Serving):
             failed.set()
             self._uvicorn.should_exit = True
 
-        app = build_app(settings, on_load_failure)
+        app = self.app = build_app(settings, on_load_failure)
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_config=None, access_log=False, timeout_graceful_shutdown=30
         )

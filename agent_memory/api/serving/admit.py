@@ -55,6 +55,8 @@ def admit(state: ServerState, model: ServedModel, request: Request, prepared: Pr
         remember=asked.remember and not no_store(request),
         breakpoints=prepared.breakpoints,
         retention=asked.retention,
+        extra_keys=prepared.vision.keys if prepared.vision else (),
+        vision=prepared.vision,
     )
     state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
     trace = {"agent": shown_agent(asked.agent, state.log_agent_ids), "prompt_tokens": len(prepared.prompt)}

@@ -15,6 +15,7 @@ from agent_memory.chat.grammar import GrammarError
 from agent_memory.chat.images import load
 from agent_memory.chat.render import RenderError, render_prompt
 from agent_memory.engine.requests import Breakpoint
+from agent_memory.vision.prompt import VisionInputs, VisionPromptError
 
 CHAT_PARAMS = ("messages", "tools", "response_format")  # chat completions' names for them
 
@@ -30,6 +31,7 @@ class Prepared:
     param: str = "messages"  # where the prompt is in the body, for errors
     text: str = ""  # the rendered prompt the tokens encode (a chat's)
     breakpoints: tuple[Breakpoint, ...] = ()  # a client's cache breakpoints (api/anthropic/breakpoints.py)
+    vision: VisionInputs | None = None  # its images' pixels and spans (a vision model's); None: text only
 
 
 async def prepare_chat(
@@ -57,8 +59,8 @@ async def prepare_chat(
     def prepare(tokenizer) -> Prepared:
         started = fmt.started_by(text)
         grammar = output_grammar(model, conversation, tools_param, format_param, started) if constrained else None
-        tokens = tokenizer.encode(text, add_special_tokens=False)
-        return Prepared(tokens, grammar, started, conversation, messages_param, text)
+        tokens, vision = encode_prompt(model, tokenizer, text, conversation.images(), messages_param)
+        return Prepared(tokens, grammar, started, conversation, messages_param, text, vision=vision)
 
     return await model.tokenize(prepare)
 
@@ -77,6 +79,20 @@ async def load_images(model: ServedModel, conversation: Conversation) -> None:
             param=sources[0].where,
             code="images_not_supported",
         )
+
+
+def encode_prompt(
+    model: ServedModel, tokenizer, text: str, images: list, param: str
+) -> tuple[list[int], VisionInputs | None]:
+    """The rendered prompt's tokens, and with images (ChatImages, in the prompt's order) the
+    vision model's processor's: each placeholder expanded to its image's tokens, the images'
+    inputs and keys (vision/prompt.py). On the tokenizer worker."""
+    if not images:
+        return tokenizer.encode(text, add_special_tokens=False), None
+    try:
+        return model.facts.vision.prepare(text, images)
+    except VisionPromptError as e:
+        raise APIError(400, str(e), param=param) from e
 
 
 def output_grammar(

@@ -20,6 +20,8 @@ from tokenizers import Tokenizer
 from agent_memory.chat.formats.reply import reply_format
 from agent_memory.engine.kinds import registry
 from agent_memory.engine.protocol import ModelFacts
+from agent_memory.vision.prompt import VisionPrompt, vision_prompt
+from agent_memory.vision.tower import Features, VisionTower, load_tower
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,10 @@ log = logging.getLogger(__name__)
 SAMPLING_DEFAULT_KEYS = {"temperature": float, "top_p": float, "top_k": int}
 
 # Files whose bytes decide what KV a token sequence produces.
-FINGERPRINT_GLOBS = ("*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
+# A vision model's processor configs too: they decide what pixels an image's tokens are computed from.
+FINGERPRINT_GLOBS = (
+    "*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "*processor_config.json"
+)
 MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own limit on a header
 MiB = 1 << 20
 
@@ -57,6 +62,7 @@ class LoadedModel:
     # recompute cost per token grows as 1 + position / attention_tokens.
     attention_tokens: float
     sampling_defaults: dict[str, float | int]  # generation_config.json's, for fields a request omits
+    tower: VisionTower | None = None  # a vision model's vision half (vision/tower.py)
 
 
 def hidden_tokens(tokenizer, reply) -> frozenset[int]:
@@ -189,6 +195,7 @@ class ModelText:
     max_token_chars: int
     sampling_defaults: dict[str, float | int]
     config: dict  # config.json's text model part (a multimodal config's text_config merged in)
+    vision: VisionPrompt | None = None  # a vision model's processor (vision/prompt.py); None: text only
 
     def facts(self, aliases: tuple[str, ...], default_max_tokens: int | None = None) -> ModelFacts:
         """What the API knows of the model (engine/protocol.py), served also as `aliases`, its
@@ -203,6 +210,7 @@ class ModelText:
             reply_format=self.reply_format,
             sampling_defaults=self.sampling_defaults,
             default_max_tokens=default_max_tokens,
+            vision=self.vision,
         )
 
 
@@ -228,6 +236,7 @@ def describe_model(path: Path, name: str | None = None, model_defaults: bool = T
         max_token_chars=max(len(t) for t in tokenizer.get_vocab()),
         sampling_defaults=sampling_defaults(path) if model_defaults else {},
         config=text,
+        vision=vision_prompt(path, config),
     )
 
 
@@ -252,9 +261,12 @@ def load_draft(path: Path | None) -> Any:
     return load_weights(path)[0] if path is not None else None
 
 
-def load_model(described: ModelText, fingerprint_known: str | None = None) -> LoadedModel:
+def load_model(
+    described: ModelText, fingerprint_known: str | None = None, features: Features | None = None
+) -> LoadedModel:
     """The described model's weights, loaded (on the engine thread). `fingerprint_known`: the
-    digest of its files from an earlier load, not hashed again (a reload after an unload)."""
+    digest of its files from an earlier load, not hashed again (a reload after an unload);
+    `features`: a vision model's kept image features (vision/tower.py)."""
     path, text = described.path, described.config
     model, _ = load_weights(path)
     num_layers = len(model.layers)
@@ -282,4 +294,5 @@ def load_model(described: ModelText, fingerprint_known: str | None = None) -> Lo
         # layer per earlier token.
         attention_tokens=2 * matmul_params / (4 * num_layers * heads * head_dim),
         sampling_defaults=described.sampling_defaults,
+        tower=load_tower(path, model, features or Features(0)) if described.vision else None,
     )

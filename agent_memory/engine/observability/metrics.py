@@ -63,12 +63,45 @@ class BlockCounts:
         yield family
 
 
+class VisionFeatures:
+    """A vision model's kept image features (vision/tower.py `Features`): images found kept or
+    computed, tower passes, bytes against the budget; nothing for a text model."""
+
+    def __init__(self, features: Callable[[], object | None]) -> None:
+        self.features = features
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        if (f := self.features()) is None:
+            return
+        images = CounterMetricFamily(
+            "agent_memory_vision_images",
+            "Images in prefilled prompts, by where their features came from",
+            labels=["source"],
+        )
+        images.add_metric(["kept"], f.kept_images)
+        images.add_metric(["tower"], f.computed_images)
+        yield images
+        yield CounterMetricFamily(
+            "agent_memory_vision_tower_runs", "Vision tower passes (one per prompt)", value=f.tower_runs
+        )
+        kept = GaugeMetricFamily(
+            "agent_memory_vision_feature_bytes", "Recent images' features kept, and the budget", labels=["of"]
+        )
+        kept.add_metric(["kept"], f.nbytes)
+        kept.add_metric(["budget"], f.budget_bytes)
+        yield kept
+
+
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self._store = None  # the loaded model's store; None while it is not loaded
         self._count: Callable[[str], int] = lambda state: 0
         self._warm_on = False
+        self._features = None  # a vision model's kept image features
         self.finished = Counter("agent_memory_requests_finished", "Requests ended, by reason", ["reason"], registry=r)
         self.prompt_tokens = Counter("agent_memory_prompt_tokens", "Prompt tokens received", registry=r)
         self.cached_tokens = Counter(
@@ -155,6 +188,7 @@ class Metrics:
         self._read_at_scrape()
         r.register(BlockMoves(lambda: self._store))
         r.register(BlockCounts(lambda: self._store))
+        r.register(VisionFeatures(lambda: self._features))
 
     def speculated(self, proposed: int, accepted: int) -> None:
         """One sequence's proposals in one speculative step."""
@@ -168,11 +202,12 @@ class Metrics:
             self.cache_misses.labels(miss.reason).inc()
             self.cache_miss_tokens.labels(miss.reason).inc(miss.lost)
 
-    def watch(self, store, count: Callable[[str], int], warm_on: bool) -> None:
+    def watch(self, store, count: Callable[[str], int], warm_on: bool, features=None) -> None:
         """Read the engine's and the store's state at scrape time rather than tracking every
         change, from the model's store (built at its first load, kept through unloads). `count`:
-        sequences in a state; the loads are counted by loading/weights.py."""
-        self._store, self._count, self._warm_on = store, count, warm_on
+        sequences in a state; the loads are counted by loading/weights.py; `features`: a vision
+        model's kept image features (None: a text model)."""
+        self._store, self._count, self._warm_on, self._features = store, count, warm_on, features
 
     def _read_at_scrape(self) -> None:
         def of_store(read: Callable[[object], int]) -> Callable[[], int]:

@@ -1,0 +1,122 @@
+"""A vision model's prompt: the rendered text (one placeholder per image, as the chat template
+writes it) and its images, made by the model's own processor (mlx-vlm's, from the model folder's
+files) into the expanded token ids and pixel arrays, and one `SpanKey` per image over its tokens.
+
+The key is the image's digest (chat/images.py `ChatImage.digest`: its decoded pixels), so two
+images whose placeholder tokens are the same never share KV, and the same picture at the same
+place always does (memory/hashing.py). Runs on the model's tokenizer thread: the processor resizes
+and normalizes on the CPU in numpy; what it returns as MLX arrays (mlx-vlm converts its outputs)
+is turned back into numpy here, so that nothing computed with MLX leaves the engine thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent_memory.memory.hashing import SpanKey
+
+log = logging.getLogger(__name__)
+
+# The processor's outputs that are the text's, not the images' (the engine reads the prompt's ids).
+TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# The tokens within an image's run beside its placeholder, by the processor's names (Pixtral's).
+IMAGE_MARKS = ("image_break_token", "image_end_token")
+
+
+class VisionPromptError(ValueError):
+    """The rendered prompt and the images do not agree (a placeholder count, a processor's refusal)."""
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """Where one image's tokens are in the prompt, and the digest that names it."""
+
+    start: int
+    end: int
+    digest: str  # hex (chat/images.py)
+
+    @property
+    def key(self) -> SpanKey:
+        return SpanKey(self.start, self.end, bytes.fromhex(self.digest))
+
+
+@dataclass(frozen=True, eq=False)
+class VisionInputs:
+    """What the engine needs to put a prompt's images into the language model: the processor's
+    image arrays (numpy, as the model's `get_input_embeddings` takes them) and each image's span."""
+
+    pixels: dict[str, np.ndarray] = field(default_factory=dict)
+    spans: tuple[ImageSpan, ...] = ()
+
+    @property
+    def keys(self) -> tuple[SpanKey, ...]:
+        """What the request's `extra_keys` are: one per image, over its tokens."""
+        return tuple(s.key for s in self.spans)
+
+
+@dataclass(frozen=True)
+class VisionPrompt:
+    """A vision model's processor and its image token: `prepare` on the tokenizer thread."""
+
+    processor: Any  # mlx-vlm's (transformers' ProcessorMixin): tokenizer + image processor
+    image_token_ids: frozenset[int]  # an image's tokens: its placeholder's, and Pixtral's row breaks and end
+
+    def prepare(self, text: str, images: list) -> tuple[list[int], VisionInputs]:
+        """The prompt's token ids with each image's placeholder expanded to its tokens, and its
+        inputs; `images`: ChatImages (`image`: a PIL image, `digest`) in the prompt's order."""
+        try:
+            out = self.processor(text=[text], images=[[i.image for i in images]], add_special_tokens=False)
+        except (ValueError, TypeError) as e:
+            raise VisionPromptError(f"the model's processor refused the images: {e}") from e
+        tokens = np.array(out["input_ids"]).reshape(-1).tolist()
+        runs = image_runs(tokens, self.image_token_ids)
+        if len(runs) != len(images):
+            raise VisionPromptError(f"the prompt holds {len(runs)} images' tokens for {len(images)} images")
+        spans = tuple(ImageSpan(s, e, i.digest) for (s, e), i in zip(runs, images))
+        pixels = {k: np.array(v) for k, v in out.items() if k not in TEXT_OUTPUTS and v is not None}
+        return tokens, VisionInputs(pixels, spans)
+
+
+def image_runs(tokens: list[int], image_token_ids: frozenset[int]) -> list[tuple[int, int]]:
+    """Each maximal run of image tokens: one image's tokens, in order."""
+    runs, start = [], None
+    for i, t in enumerate([*tokens, -1]):
+        if t in image_token_ids and start is None:
+            start = i
+        elif t not in image_token_ids and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def vision_prompt(path: Path, config: dict) -> VisionPrompt | None:
+    """The folder's processor, when its config names a vision tower mlx-vlm has; None: text only,
+    which is also what a folder whose processor cannot load is served as, and a family whose image
+    tokens take 3-D (mrope) positions, said once: the language half (mlx-lm's) places every token
+    at its index, so such a model's images would be seen at the wrong positions."""
+    if not config.get("vision_config"):
+        return None
+    text = config.get("text_config") or config
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    if "mrope_section" in rope:
+        log.info("%s: served text only: its image tokens need 3-D (mrope) positions, not taken yet", path.name)
+        return None
+    from mlx_vlm.utils import get_model_and_args, load_processor
+
+    try:  # mlx-vlm's family and processor, or the model serves text as it always did
+        get_model_and_args(config=config)
+        processor = load_processor(path, add_detokenizer=False)
+    except Exception as e:  # noqa: BLE001 - any of a processor's many ways to fail to load
+        log.warning("%s: served text only: mlx-vlm cannot take its images (%s)", path.name, e)
+        return None
+    token = config.get("image_token_index", config.get("image_token_id"))
+    if token is None:
+        token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    marks = [getattr(processor, name, None) for name in IMAGE_MARKS]
+    ids = {processor.tokenizer.convert_tokens_to_ids(mark) for mark in marks if isinstance(mark, str)}
+    return VisionPrompt(processor, frozenset({int(token), *ids}))
