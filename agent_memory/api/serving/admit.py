@@ -51,6 +51,7 @@ def admit(state: ServerState, model: ServedModel, request: Request, prepared: Pr
         grammar=prepared.grammar,
         tenant=tenant(request),
         cache_salt=asked.cache_salt or "",
+        settles=prepared.conversation is not None and params.n == 1,  # chat turns: serving/settle.py
     )
     state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
     trace = {"agent": shown_agent(asked.agent, state.log_agent_ids), "prompt_tokens": len(prepared.prompt)}
