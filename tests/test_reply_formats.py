@@ -350,6 +350,42 @@ def test_a_tool_loop_reuses_each_whole_turn(family, loop_servers):
             messages += [message, *results]
 
 
+def test_messages_and_responses_tool_turns_are_settled_too(loop_servers):
+    """The settle on the other two APIs, on a thinking model: an Anthropic turn sent back as its
+    blocks (thinking with its signature, tool_use with its id) and a Responses turn continued by
+    `previous_response_id` (a stored response is an agent of its own) each reuse the whole turn
+    up to the tool result."""
+    server = FamilyServer(loop_servers[0], *loop_servers[1]["qwen3_5"])
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+    tools = [{"name": "get_weather", "description": "The forecast.", "input_schema": WEATHER_SCHEMA}]
+    ask = dict(model=server.model_id, max_tokens=96, extra_body={"temperature": 0}, tools=tools)
+    ask["metadata"] = {"user_id": "settled-messages"}
+    first = claude.messages.create(system=MESSAGES[0]["content"], messages=[MESSAGES[1]], tool_choice={"type": "any"}, **ask)
+    uses = [b for b in first.content if b.type == "tool_use"]
+    results = [{"type": "tool_result", "tool_use_id": b.id, "content": "Sunny, 21 C."} for b in uses]
+    turn = [MESSAGES[1], {"role": "assistant", "content": [b.model_dump() for b in first.content]}]
+    second = claude.messages.create(system=MESSAGES[0]["content"], messages=[*turn, {"role": "user", "content": results}], **ask)
+    thinking = "".join(b.thinking for b in first.content if b.type == "thinking")
+    text = "".join(b.text for b in first.content if b.type == "text")
+    sent = openai_turn(text, thinking, [(b.id, b.name, json.dumps(b.input)) for b in uses])
+    settled = settled_length(server, MESSAGES + [sent, *tool_results(sent)], "Sunny, 21 C.")
+    assert second.usage.cache_read_input_tokens >= settled, (settled, second.usage)
+
+    client = server.client()
+    rtools = [{"type": "function", **TOOLS[0]["function"]}]
+    rask = dict(model=server.model_id, tools=rtools, max_output_tokens=96, temperature=0, instructions=MESSAGES[0]["content"])
+    first = client.responses.create(input=MESSAGES[1]["content"], tool_choice="required", **rask)
+    calls = [i for i in first.output if i.type == "function_call"]
+    outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": "Sunny, 22 C."} for c in calls]
+    second = client.responses.create(input=outputs, previous_response_id=first.id, **rask)
+    reasoning = "".join(c.text for i in first.output if i.type == "reasoning" for c in i.content)
+    text = "".join(c.text for i in first.output if i.type == "message" for c in i.content)
+    sent = openai_turn(text, reasoning, [(c.call_id, c.name, c.arguments) for c in calls])
+    results = [{"role": "tool", "tool_call_id": c.call_id, "content": "Sunny, 22 C."} for c in calls]
+    settled = settled_length(server, MESSAGES + [sent, *results], "Sunny, 22 C.")
+    assert second.usage.input_tokens_details.cached_tokens >= settled, (settled, second.usage)
+
+
 @pytest.mark.parametrize("budget", [48, 128])
 def test_constrained_output_ends_well_in_every_format(family_server, budget):
     """At a small max_tokens, sampled: a named call is exactly one call, a required call and a

@@ -1,6 +1,6 @@
 """The scheduler's follow-up rule, as a property over random arrivals: a client's request that
-extends a follow-up of its agent (a settle, or a canonical reply) waits until that follow-up
-ends, and is never planned before it; a request that goes another way supersedes the waiting
+extends a follow-up (a settle, or a canonical reply) waits until that follow-up ends, and is
+never planned before it; a request of its agent that goes another way supersedes the waiting
 follow-up; a follow-up never waits, so whatever arrives, is cancelled or has its agent deleted,
 the queue always drains (no deadlock)."""
 
@@ -17,7 +17,7 @@ from agent_memory.engine.sequence import Sequence, Status
 AGENTS = [AgentKey("a"), AgentKey("b")]
 OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("request"), st.integers(0, 1), st.booleans()),  # agent, extends its follow-up
+        st.tuples(st.just("request"), st.integers(0, 3), st.booleans()),  # agent, whose latest prompt it extends
         st.tuples(st.just("follow_up"), st.integers(0, 1), st.booleans()),
         st.tuples(st.just("plan"), st.integers(0, 0), st.booleans()),
         st.tuples(st.just("end"), st.integers(0, 30), st.booleans()),  # a prefill ends, or is cancelled
@@ -52,10 +52,9 @@ class Queue:
         return self.scheduler.planning_order(self.seqs.values(), float(self.next_id))
 
     def awaited(self, follow_up: Sequence) -> bool:
-        """Whether a waiting request of its agent extends the follow-up (none once the agent is deleted)."""
-        return follow_up.agent is not None and any(
-            s.status is Status.WAITING and not s.prefill_only and s.agent == follow_up.agent and extends(s, follow_up)
-            for s in self.seqs.values()
+        """Whether a waiting request extends the follow-up."""
+        return any(
+            s.status is Status.WAITING and not s.prefill_only and extends(s, follow_up) for s in self.seqs.values()
         )
 
     def check(self) -> None:
@@ -64,7 +63,7 @@ class Queue:
         for seq in order:  # never planned before a follow-up it extends
             assert not blocked(seq, seqs)
         for seq in (s for s in seqs if s.status is Status.WAITING and blocked(s, seqs)):
-            follow_ups = [f for f in seqs if f.prefill_only and f.agent == seq.agent and extends(seq, f)]
+            follow_ups = [f for f in seqs if f.prefill_only and extends(seq, f)]
             assert all(f.status is Status.PREFILLING or f in order for f in follow_ups)  # each can run now
         awaited = [i for i, s in enumerate(order) if s.prefill_only and self.awaited(s)]
         idle = [i for i, s in enumerate(order) if s.prefill_only and not self.awaited(s)]
@@ -89,9 +88,9 @@ class Queue:
 def test_a_request_waits_for_the_follow_up_it_extends_and_the_queue_always_drains(ops):
     queue = Queue()
     for op, n, flag in ops:
-        if op == "request":
-            agent = AGENTS[n]
-            base = queue.last.get(agent, [n]) if flag else [n, 100 + queue.next_id]
+        if op == "request":  # its agent's next turn, another agent's (a stored response's chain), or new
+            agent, source = AGENTS[n % 2], AGENTS[n // 2]
+            base = queue.last.get(source, [n]) if flag else [n, 100 + queue.next_id]
             queue.add(agent, base + [200 + queue.next_id], prefill_only=False)
         elif op == "follow_up":
             agent = AGENTS[n]

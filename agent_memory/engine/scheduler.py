@@ -96,19 +96,21 @@ def extends(seq: Sequence, follow_up: Sequence) -> bool:
 
 
 def _extended(seq: Sequence, seqs: list[Sequence]) -> list[Sequence]:
-    """The running follow-ups of `seq`'s agent that `seq` (a client's request) extends."""
-    if seq.prefill_only or seq.agent is None:
+    """The running follow-ups in `seq`'s namespace whose every token `seq` (a client's request)
+    extends: the settle or canonical reply of the turn it continues, its agent's or another's (a
+    stored response's chain names each response an agent of its own)."""
+    if seq.prefill_only:
         return []
     return [
         f for f in seqs
-        if f.prefill_only and f.agent == seq.agent and f.status in (Status.WAITING, Status.PREFILLING)
+        if f.prefill_only and f.root == seq.root and f.status in (Status.WAITING, Status.PREFILLING)
         and extends(seq, f)
     ]
 
 
 def blocked(seq: Sequence, seqs: list[Sequence]) -> bool:
-    """A client's request waits while a follow-up of its agent that it extends has not ended:
-    that follow-up computes the start of its prompt, and once committed the request reuses all
-    of it. A follow-up never waits, and one that ends (done, cancelled, failed, its agent
-    deleted) releases the wait, so no wait lasts longer than a follow-up's prefill."""
+    """A client's request waits while a follow-up it extends has not ended: that follow-up
+    computes the start of its prompt, and once committed the request reuses all of it. A
+    follow-up never waits, and one that ends (done, cancelled, failed) releases the wait, so
+    no wait lasts longer than a follow-up's prefill."""
     return bool(_extended(seq, seqs))
