@@ -29,7 +29,8 @@ class Scheduler:
         after it. A request the shared warm tier has not answered about yet
         (Sequence.discovery) is not planned until it has."""
         seqs = list(seqs)
-        awaits = {s.id: _extended(s, seqs) for s in seqs if s.status is Status.WAITING}
+        follow_ups = [s for s in seqs if s.prefill_only and s.status in (Status.WAITING, Status.PREFILLING)]
+        awaits = {s.id: _extended(s, follow_ups) for s in seqs if s.status is Status.WAITING}
         waiting = [
             s for s in seqs
             if s.status is Status.WAITING and (s.discovery is None or s.discovery.done()) and not awaits[s.id]
