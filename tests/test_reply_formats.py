@@ -298,7 +298,8 @@ def streamed_turn(stream) -> tuple[dict, object]:
         content += delta.content or ""
         reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
         for c in delta.tool_calls or []:
-            call = calls.setdefault(c.index, {"id": c.id, "type": "function", "function": {"name": "", "arguments": ""}})
+            empty = {"id": c.id, "type": "function", "function": {"name": "", "arguments": ""}}
+            call = calls.setdefault(c.index, empty)
             call["function"]["name"] += c.function.name or ""
             call["function"]["arguments"] += c.function.arguments or ""
     message = {"role": "assistant", "content": content, "tool_calls": list(calls.values())}
@@ -346,7 +347,8 @@ def test_a_tool_loop_reuses_each_whole_turn(family, loop_servers):
             assert details.model_extra["cache_miss"]["lost"] == 0, (family, turn, details)
         if choice == "required":
             assert message["tool_calls"], (family, turn, message)
-            results = [{"role": "tool", "tool_call_id": c["id"], "content": f"Sunny, {20 + turn} C."} for c in message["tool_calls"]]
+            result = f"Sunny, {20 + turn} C."
+            results = [{"role": "tool", "tool_call_id": c["id"], "content": result} for c in message["tool_calls"]]
             messages += [message, *results]
 
 
@@ -360,11 +362,12 @@ def test_messages_and_responses_tool_turns_are_settled_too(loop_servers):
     tools = [{"name": "get_weather", "description": "The forecast.", "input_schema": WEATHER_SCHEMA}]
     ask = dict(model=server.model_id, max_tokens=96, extra_body={"temperature": 0}, tools=tools)
     ask["metadata"] = {"user_id": "settled-messages"}
-    first = claude.messages.create(system=MESSAGES[0]["content"], messages=[MESSAGES[1]], tool_choice={"type": "any"}, **ask)
+    ask["system"] = MESSAGES[0]["content"]
+    first = claude.messages.create(messages=[MESSAGES[1]], tool_choice={"type": "any"}, **ask)
     uses = [b for b in first.content if b.type == "tool_use"]
     results = [{"type": "tool_result", "tool_use_id": b.id, "content": "Sunny, 21 C."} for b in uses]
     turn = [MESSAGES[1], {"role": "assistant", "content": [b.model_dump() for b in first.content]}]
-    second = claude.messages.create(system=MESSAGES[0]["content"], messages=[*turn, {"role": "user", "content": results}], **ask)
+    second = claude.messages.create(messages=[*turn, {"role": "user", "content": results}], **ask)
     thinking = "".join(b.thinking for b in first.content if b.type == "thinking")
     text = "".join(b.text for b in first.content if b.type == "text")
     sent = openai_turn(text, thinking, [(b.id, b.name, json.dumps(b.input)) for b in uses])
@@ -373,7 +376,8 @@ def test_messages_and_responses_tool_turns_are_settled_too(loop_servers):
 
     client = server.client()
     rtools = [{"type": "function", **TOOLS[0]["function"]}]
-    rask = dict(model=server.model_id, tools=rtools, max_output_tokens=96, temperature=0, instructions=MESSAGES[0]["content"])
+    rask = dict(model=server.model_id, tools=rtools, max_output_tokens=96, temperature=0)
+    rask["instructions"] = MESSAGES[0]["content"]
     first = client.responses.create(input=MESSAGES[1]["content"], tool_choice="required", **rask)
     calls = [i for i in first.output if i.type == "function_call"]
     outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": "Sunny, 22 C."} for c in calls]

@@ -33,8 +33,8 @@ def settled_history(tokenizer, conversation: Conversation, reply: Message, fmt) 
     the chat template as the next request renders them (the reply format `fmt`'s tools and
     reasoning, the request's template variables), up to the probe's content. None where the
     template writes no probe (it drops the message) or refuses the turn."""
-    messages = [*conversation.messages, reply, *probes(reply)]
-    rendered, tools = template_input(replace(conversation, messages=messages), fmt.native, fmt.describe, fmt.history_key)
+    settled = replace(conversation, messages=[*conversation.messages, reply, *probes(reply)])
+    rendered, tools = template_input(settled, fmt.native, fmt.describe, fmt.history_key)
     try:
         text = tokenizer.apply_chat_template(
             rendered, tools=tools, add_generation_prompt=False, tokenize=False, **conversation.thinking.kwargs()

@@ -121,9 +121,8 @@ class Reply:
         blocks = self.content
         text = "\n".join(b["text"] for b in blocks if b["type"] == "text")
         reasoning = "".join(b["thinking"] for b in blocks if b["type"] == "thinking")
-        calls = [
-            ToolCall(b["id"], b["name"], json.dumps(b["input"], ensure_ascii=False)) for b in blocks if b["type"] == "tool_use"
-        ]
+        uses = [b for b in blocks if b["type"] == "tool_use"]
+        calls = [ToolCall(b["id"], b["name"], json.dumps(b["input"], ensure_ascii=False)) for b in uses]
         return Message("assistant", text, calls, reasoning=reasoning)
 
     def stop_reason(self, finished: Finished) -> str:
