@@ -47,10 +47,12 @@ class Committer:
     def commit_turn(self, seq: Sequence, reason: str, cache: list, tokens: list[int]) -> list[int] | None:
         """Commit a finished sequence's KV for its agent, as far as it is what the agent's next
         turn will send; return the canonical sequence still to compute, if any (see
-        sequence.canonical_reply). `cache` holds exactly `tokens`."""
+        sequence.canonical_reply). A turn the API settles is committed as fed: the settle,
+        queued before its client reads the reply's end, computes the rest from where they
+        differ. `cache` holds exactly `tokens`."""
         follow_up = None
         held = len(tokens)
-        if seq.agent is not None and reason in ("stop", "length"):
+        if seq.agent is not None and reason in ("stop", "length") and not seq.request.settles:
             reply = self.decoder.encode(seq.generation.output.text, add_special_tokens=False).ids
             keep, follow_up = canonical_reply(seq.prompt, tokens, reply)
             tokens = tokens[:keep]

@@ -240,8 +240,8 @@ class EngineCore:
         """Queue the KV of `tokens` for the sequence's agent as a prefill with no decoding: done
         at the engine's leisure (after clients' requests), rather than in the agent's next turn."""
         params, agent = SamplingParams(max_tokens=0, temperature=0.0), seq.agent
-        request = replace(seq.request, prompt=tokens, params=params, agent=agent, grammar=None)
-        follow_up = self._new_sequence(next(self._ids), request, lambda event: None, time.perf_counter(), True)
+        request = replace(seq.request, prompt=tokens, params=params, agent=agent, grammar=None, prefill_only=True)
+        follow_up = self._new_sequence(next(self._ids), request, lambda event: None, time.perf_counter())
         self.seqs[follow_up.id] = follow_up
 
     # -- work from other threads, run here --------------------------------------------------
@@ -253,20 +253,16 @@ class EngineCore:
             log.exception("could not admit request %s", request.request_id)
             sink(Failed(f"the request could not be started: {e}"))
             return
-        self.metrics.prompt_tokens.inc(len(request.prompt))
-        for queued in self.scheduler.superseded(self.seqs.values(), seq.agent if request.remember else None):
+        self.metrics.prompt_tokens.inc(0 if request.prefill_only else len(request.prompt))  # a settle: none
+        for queued in self.scheduler.superseded(self.seqs.values(), seq) if request.remember else ():
             self._end(queued, "superseded")
         self.seqs[seq_id] = seq
         if seq.discovery is not None:  # the shared warm tier's answer: adopt it, then plan the request
             seq.discovery.add_done_callback(lambda _: self._post(self.store.sync.apply))
 
-    def _new_sequence(
-        self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float, prefill_only: bool = False
-    ) -> Sequence:
+    def _new_sequence(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> Sequence:
         p = self.parts
-        return new_sequence(
-            seq_id, request, sink, submitted, p.loaded, p.layers, p.precisions.working, self.store, prefill_only
-        )
+        return new_sequence(seq_id, request, sink, submitted, p.loaded, p.layers, p.precisions.working, self.store)
 
     def cancel(self, seq_id: int) -> None:
         for seq in [s for s in list(self.seqs.values()) if seq_id in (s.id, s.parent)]:  # and its samples

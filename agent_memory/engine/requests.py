@@ -102,6 +102,12 @@ class GenerationRequest:
     remember: bool = True
     breakpoints: tuple[Breakpoint, ...] = ()  # ascending positions
     retention: Retention | None = None  # None: its agent's memory at the usual value
+    # A chat turn whose API settles it: once it ends, the API sends the history as the template
+    # writes it back (chat/continuation.py) as a prefill-only request, so the engine queues no
+    # canonical follow-up of its own (sequence.canonical_reply).
+    settles: bool = False
+    # Only compute and keep the prompt's KV for `agent` (a settle): no decoding, no events.
+    prefill_only: bool = False
 
 
 @dataclass

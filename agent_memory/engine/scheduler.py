@@ -23,14 +23,24 @@ class Scheduler:
     def planning_order(self, seqs: Iterable[Sequence], now: float) -> list[Sequence]:
         """Waiting sequences, the one with the least new work first, so that a returning
         agent's short turn does not wait behind a newcomer's long prompt, unless that one
-        has waited longer than the patience allows. Follow-ups (prefill only: the canonical
-        reply's KV, which no client waits for) come after every request a client waits for.
-        A request the shared warm tier has not answered about yet (Sequence.discovery) is not
-        planned until it has."""
+        has waited longer than the patience allows. Follow-ups (prefill only: the KV of a
+        turn's end, which no client waits for) come after every request a client waits for,
+        unless a request waits for one (`blocked`): that one comes first, and the request
+        after it. A request the shared warm tier has not answered about yet
+        (Sequence.discovery) is not planned until it has."""
+        seqs = list(seqs)
+        follow_ups = [s for s in seqs if s.prefill_only and s.status in (Status.WAITING, Status.PREFILLING)]
+        awaits = {s.id: _extended(s, follow_ups) for s in seqs if s.status is Status.WAITING}
         waiting = [
-            s for s in seqs if s.status is Status.WAITING and (s.discovery is None or s.discovery.done())
+            s for s in seqs
+            if s.status is Status.WAITING and (s.discovery is None or s.discovery.done()) and not awaits[s.id]
         ]
-        return sorted(waiting, key=lambda s: (s.prefill_only, now - s.submitted < self.patience_s, s.new_tokens))
+        awaited = {f.id for follow_ups in awaits.values() for f in follow_ups}
+
+        def key(s: Sequence) -> tuple:
+            return (s.prefill_only and s.id not in awaited, now - s.submitted < self.patience_s, s.new_tokens)
+
+        return sorted(waiting, key=key)
 
     @staticmethod
     def anyone_waiting(seqs: Iterable[Sequence]) -> bool:
@@ -40,10 +50,16 @@ class Scheduler:
         return any(s.status in (Status.WAITING, Status.PREFILLING) and not s.prefill_only for s in seqs)
 
     @staticmethod
-    def superseded(seqs: Iterable[Sequence], agent) -> list[Sequence]:
-        """The agent's follow-ups not started yet: its next turn, arriving, computes the same KV
-        first (and a follow-up ending after that turn would point the agent back at the old one)."""
-        return [s for s in seqs if s.prefill_only and s.status is Status.WAITING and agent and s.agent == agent]
+    def superseded(seqs: Iterable[Sequence], seq: Sequence) -> list[Sequence]:
+        """The follow-ups of `seq`'s agent not started yet that its prompt does not extend: it
+        goes another way (and a follow-up ending after it would point the agent back at the old
+        turn). One it extends stays, and `seq` waits for it (`blocked`): a tool loop's next
+        request arrives within milliseconds of the turn's end, before its follow-up has run."""
+        return [
+            s for s in seqs
+            if s.prefill_only and s.status is Status.WAITING and seq.agent and s.agent == seq.agent
+            and not extends(seq, s)
+        ]
 
     def ready_to_prefill(self, seqs: Iterable[Sequence]) -> Sequence | None:
         """The first planned sequence whose disk reads are done."""
@@ -72,3 +88,30 @@ class Scheduler:
         if not running:
             return True
         return (len(running) + 1) * (max(*running, len(seq.prompt)) * bytes_per_token + state_bytes) <= budget
+
+
+def extends(seq: Sequence, follow_up: Sequence) -> bool:
+    """Whether `seq`'s prompt begins with all of the follow-up's tokens."""
+    n = len(follow_up.prompt)
+    return len(seq.prompt) >= n and seq.prompt[:n] == follow_up.prompt
+
+
+def _extended(seq: Sequence, seqs: list[Sequence]) -> list[Sequence]:
+    """The running follow-ups in `seq`'s namespace whose every token `seq` (a client's request)
+    extends: the settle or canonical reply of the turn it continues, its agent's or another's (a
+    stored response's chain names each response an agent of its own)."""
+    if seq.prefill_only:
+        return []
+    return [
+        f for f in seqs
+        if f.prefill_only and f.root == seq.root and f.status in (Status.WAITING, Status.PREFILLING)
+        and extends(seq, f)
+    ]
+
+
+def blocked(seq: Sequence, seqs: list[Sequence]) -> bool:
+    """A client's request waits while a follow-up it extends has not ended: that follow-up
+    computes the start of its prompt, and once committed the request reuses all of it. A
+    follow-up never waits, and one that ends (done, cancelled, failed) releases the wait, so
+    no wait lasts longer than a follow-up's prefill."""
+    return bool(_extended(seq, seqs))

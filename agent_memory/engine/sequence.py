@@ -54,6 +54,7 @@ class Sequence:
     snapshots: list[str] = field(default_factory=list)
     marks: list[int] = field(default_factory=list)
     # A follow-up that only computes KV for its agent (see canonical_reply): no decoding.
+    # A follow-up that only computes KV for its agent (canonical_reply, or the API's settle): no decoding.
     prefill_only: bool = False
     parent: int | None = None  # a request's sample 1..n-1 (samples.py): its sample 0's id
 
@@ -97,10 +98,11 @@ def new_sequence(
     layers: ModelLayers,
     working: KVPrecision,
     store: AgentCacheStore,
-    prefill_only: bool = False,
 ) -> Sequence:
     """A request as the engine runs it: its request side (generation.py), working cache, agent
-    and namespace; a guess at its new work for the scheduler."""
+    and namespace; a guess at its new work for the scheduler. A prefill-only request (a
+    follow-up, or the API's settle) computes its prompt's KV for its agent and ends."""
+    prefill_only = request.prefill_only
     seq = Sequence(
         id=seq_id,
         request=request,

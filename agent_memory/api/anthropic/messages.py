@@ -20,6 +20,7 @@ from agent_memory.api.serving.prompt import Prepared, reply_reader
 from agent_memory.api.serving.speaker import tenant
 from agent_memory.api.serving.wire import Admitted, Asked, WireFormat
 from agent_memory.api.state import ServedModel
+from agent_memory.chat.conversation import Message
 from agent_memory.engine.requests import Event, Failed, Sampling
 
 PING_SECONDS = 10.0  # a ping after this long without an event (Claude Code gives up after 300 s of silence)
@@ -62,6 +63,9 @@ class MessageAnswer:
     def __init__(self, reply: Reply) -> None:
         self.headers: dict[str, str] = {}
         self.reply = reply
+
+    def returned(self) -> Message | None:
+        return self.reply.returned()
 
     def stream(self, events: AsyncIterator[Event]) -> AsyncIterator[str]:
         return message_stream(events, self.reply)

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 
 from agent_memory.cache_miss import usage_field
+from agent_memory.chat.conversation import Message, ToolCall
 from agent_memory.chat.events import CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
 from agent_memory.engine.requests import Finished, TextDelta, Usage
 
@@ -73,6 +74,7 @@ class Reply:
         self.content: list[dict] = []
         self.open: dict | None = None  # the block being written
         self.arguments = ""  # the open tool_use block's input so far, as JSON text
+        self.whole = False  # its Finished read: every block is closed
 
     def feed(self, event: TextDelta | Finished) -> list[tuple[str, dict]]:
         """The SSE events (name, data) for one engine event; after Finished, the reply is whole."""
@@ -81,6 +83,7 @@ class Reply:
         outs = self.reader.read(event.text if isinstance(event, TextDelta) else None)
         frames = [frame for out in outs for frame in self._write(out)]
         if isinstance(event, Finished):
+            self.whole = True
             frames += self._stop()
             usage = self.message(event)["usage"]
             delta = {"stop_reason": self.stop_reason(event), "stop_sequence": self.stop_sequence(event)}
@@ -108,6 +111,19 @@ class Reply:
             "stop_sequence": stop_sequence,
             "usage": usage,
         }
+
+    def returned(self) -> Message | None:
+        """The turn as its client sends it back, once whole, read as conversation.py reads an
+        assistant message: texts joined by newlines, thinking as its reasoning, each tool_use's
+        input as json.dumps writes it. None for a prewarm (no turn)."""
+        if not self.whole or self.prewarm:
+            return None
+        blocks = self.content
+        text = "\n".join(b["text"] for b in blocks if b["type"] == "text")
+        reasoning = "".join(b["thinking"] for b in blocks if b["type"] == "thinking")
+        uses = [b for b in blocks if b["type"] == "tool_use"]
+        calls = [ToolCall(b["id"], b["name"], json.dumps(b["input"], ensure_ascii=False)) for b in uses]
+        return Message("assistant", text, calls, reasoning=reasoning)
 
     def stop_reason(self, finished: Finished) -> str:
         if finished.reason == "length":

@@ -88,6 +88,11 @@ class ChatAnswer:
         count = token_counter(model)
         self.replies = [ChatReply(reply_reader(model, prepared), count, i, writer) for i in range(body.n)]
 
+    def returned(self) -> Message | None:
+        """The reply as its client sends it back next turn, once whole: the first choice's
+        (serving/settle.py; a request of n > 1 choices is not settled)."""
+        return self.replies[0].returned()
+
     def usage(self, finished: list[Finished]) -> dict:
         reasoning = sum(self.replies[f.index].reasoning_tokens(f.usage) for f in finished)
         return usage_dict(total_usage(finished), reasoning)

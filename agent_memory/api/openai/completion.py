@@ -51,6 +51,10 @@ class CompletionAnswer:
         self.asked_logprobs = body.logprobs is not None
         self.writers = [LogprobWriter(model.counter) for _ in range(body.n)]
 
+    def returned(self) -> None:
+        """No conversation continues a text completion: its agent keeps the canonical reply."""
+        return None
+
     def logprobs(self, event: TextDelta) -> dict | None:
         return self.writers[event.index].legacy(event.logprobs or []) if self.asked_logprobs else None
 

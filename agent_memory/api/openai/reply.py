@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from agent_memory.api.logprobs import LogprobWriter
 from agent_memory.cache_miss import usage_field
-from agent_memory.chat.conversation import ToolCall
+from agent_memory.chat.conversation import Message, ToolCall
 from agent_memory.chat.events import CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
 from agent_memory.chat.images import ImageLimits
 from agent_memory.engine.protocol import ModelFacts
@@ -101,6 +101,7 @@ class ChatReply:
         self.calls: list[ToolCall] = []  # as written so far; a cut-off one with `{}` arguments
         self.logprobs: list[dict] = []  # every token's, for the JSON reply
         self.pending: list[dict] = []  # those the stream has not sent: on its next chunk
+        self.whole = False  # its Finished read: the reply is all here
 
     def feed(self, event: TextDelta | Finished) -> list[dict]:
         """The chunks for one engine event: deltas (the first with the logprobs of the tokens
@@ -112,6 +113,7 @@ class ChatReply:
         outs = self.reader.read(event.text if isinstance(event, TextDelta) else None)
         chunks = [self._chunk(delta) for out in outs if (delta := self._write(out)) is not None]
         if isinstance(event, Finished):
+            self.whole = True
             chunks.append(self._chunk({}, self.finish_reason(event)))
         if chunks and self.pending:
             chunks[0]["choices"][0]["logprobs"] = {"content": self.pending, "refusal": None}
@@ -145,6 +147,12 @@ class ChatReply:
         if self.calls:
             message["tool_calls"] = [call_dict(c) for c in self.calls]
         return message
+
+    def returned(self) -> Message | None:
+        """The turn as its client sends it back (chat.conversation reads a message so), once whole."""
+        if not self.whole:
+            return None
+        return Message("assistant", "".join(self.content), list(self.calls), reasoning="".join(self.reasoning))
 
     def reasoning_tokens(self, usage: Usage) -> int:
         """How many of its completion's tokens were reasoning."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from agent_memory.api.logprobs import LogprobWriter
 from agent_memory.cache_miss import usage_field
-from agent_memory.chat.conversation import ToolCall
+from agent_memory.chat.conversation import Message, ToolCall
 from agent_memory.chat.freeform import freeform_input
 from agent_memory.chat.events import CallArguments, CallCutOff, CallStart, ContentDelta, OutputEvent, ReasoningDelta
 from agent_memory.engine.requests import Finished, TextDelta, Usage
@@ -117,10 +117,16 @@ class Reply:
         self.writer = logprobs  # None: no logprobs asked for (`include`, `top_logprobs`)
         self.pending: list[dict] = []  # logprobs of tokens read but not yet in an output_text delta
         self.logprobs: list[dict] = []  # the open message's
+        self.whole = False  # its Finished read: every item is closed
 
     @property
     def text(self) -> str:
         return "".join(self.content)
+
+    def said(self) -> Message:
+        """The turn as the conversation holds it next: stored with the response, and what its
+        items read back as (conversation.py)."""
+        return Message("assistant", self.text, list(self.calls), reasoning="".join(self.reasoning))
 
     def event(self, kind: str, **fields) -> str:
         """One SSE event, numbered in the order they are sent."""
@@ -137,6 +143,7 @@ class Reply:
             self.pending = []  # reasoning's or a call's tokens: no output_text's
         frames = [frame for out in outs for frame in self._write(out)]
         if isinstance(event, Finished):
+            self.whole = True
             if not self.output:
                 frames += self._start(message_item(new_id("msg"), "", "in_progress"))
             frames += self._close()

@@ -82,9 +82,12 @@ class ResponseAnswer:
         self.draft.reasoning = "".join(reply.reasoning)
         result = self.draft.object(Draft.status(finished), finished.usage, finished.reason)
         if wire.body.store:
-            said = Message("assistant", reply.text, list(reply.calls), reasoning="".join(reply.reasoning))
-            wire.store.put(StoredResponse(self.draft.id, wire.tenant, wire.context + [said], result))
+            wire.store.put(StoredResponse(self.draft.id, wire.tenant, wire.context + [reply.said()], result))
         return result
+
+    def returned(self) -> Message | None:
+        """The turn as the next request continues it (its stored chain, or its items sent back), once whole."""
+        return self.reply.said() if self.reply.whole else None
 
     def body(self, events: list[Event]) -> dict:
         finished = events[-1]

@@ -57,6 +57,7 @@ def admit(state: ServerState, model: ServedModel, request: Request, prepared: Pr
         retention=asked.retention,
         extra_keys=prepared.vision.keys if prepared.vision else (),
         vision=prepared.vision,
+        settles=prepared.conversation is not None and params.n == 1,  # chat turns: serving/settle.py
     )
     state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
     trace = {"agent": shown_agent(asked.agent, state.log_agent_ids), "prompt_tokens": len(prepared.prompt)}

@@ -1,7 +1,8 @@
 """The one path every generating route takes, whatever its wire format (as vLLM's
 entrypoints/openai serving classes do over their EngineClient): the model, the prompt, the
 engine's request, then the engine's events as a stream or, run to the end, as one JSON body;
-a client that leaves first is a 499."""
+a client that leaves first is a 499. A chat turn is settled (settle.py) before its last frame
+or its body goes out."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agent_memory.api.serving.admit import admit
 from agent_memory.api.serving.events import collect, events
+from agent_memory.api.serving.settle import Settle
 from agent_memory.api.serving.wire import WireFormat
 from agent_memory.api.state import ServerState
+from agent_memory.engine.requests import Finished
 
 
 async def serve(wire: WireFormat, request: Request, state: ServerState) -> Response:
@@ -19,10 +22,13 @@ async def serve(wire: WireFormat, request: Request, state: ServerState) -> Respo
     prepared = await wire.prompt(model)
     admitted = admit(state, model, request, prepared, wire.asked)
     answer = wire.answer(model, prepared, admitted)
+    settle = Settle(model, prepared, admitted.generation, answer)
     if wire.asked.stream:
-        frames = answer.stream(events(state, model, admitted.generation))
-        return StreamingResponse(frames, media_type="text/event-stream", headers=answer.headers)
+        frames = answer.stream(settle.events(events(state, model, admitted.generation)))
+        return StreamingResponse(settle.frames(frames), media_type="text/event-stream", headers=answer.headers)
     collected = await collect(state, model, admitted.generation, request)
     if collected is None:
         return Response(status_code=499)
-    return JSONResponse(answer.body(collected), headers=answer.headers)
+    body = answer.body(collected)
+    await settle.after(next((e for e in reversed(collected) if isinstance(e, Finished)), None))
+    return JSONResponse(body, headers=answer.headers)

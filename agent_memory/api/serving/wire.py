@@ -14,6 +14,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.api.serving.output_limit import OutputLimit, no_room
 from agent_memory.api.serving.prompt import Prepared
 from agent_memory.api.state import ServedModel
+from agent_memory.chat.conversation import Message
 from agent_memory.engine.requests import Event, GenerationRequest, Retention, Sampling
 
 
@@ -51,6 +52,11 @@ class Answer(Protocol):
 
     def body(self, events: list[Event]) -> dict:
         """The JSON reply of a request run to its end (every sample Finished)."""
+
+    def returned(self) -> Message | None:
+        """The reply as its client sends it back in the next request (ids as the client got
+        them, reasoning where the wire format returns it), once its Finished is read; None
+        before, or where no conversation continues it (serving/settle.py)."""
 
 
 class WireFormat(ABC):
