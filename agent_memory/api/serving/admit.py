@@ -52,12 +52,14 @@ def admit(state: ServerState, model: ServedModel, request: Request, prepared: Pr
         grammar=prepared.grammar,
         tenant=tenant(request),
         cache_salt=asked.cache_salt or "",
-        remember=asked.remember and not no_store(request),
+        remember=(remember := asked.remember and not no_store(request)),
         breakpoints=prepared.breakpoints,
         retention=asked.retention,
         extra_keys=prepared.vision.keys if prepared.vision else (),
         vision=prepared.vision,
-        settles=prepared.conversation is not None and params.n == 1,  # chat turns: serving/settle.py
+        # Chat turns are settled (serving/settle.py): not a request that keeps nothing, nor one with
+        # images (its text alone re-encoded would lose them: the engine's canonical follow-up keeps it).
+        settles=remember and prepared.conversation is not None and params.n == 1 and prepared.vision is None,
     )
     state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
     trace = {"agent": shown_agent(asked.agent, state.log_agent_ids), "prompt_tokens": len(prepared.prompt)}
