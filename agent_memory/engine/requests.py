@@ -75,6 +75,8 @@ class GenerationRequest:
     extra_keys: tuple[SpanKey, ...] = ()
     # An llguidance matcher the output must follow (constrained decoding), made by the API.
     grammar: Any = None
+    # Only its prompt's KV, for its agent, and no output: a shared head (api/heads.py) is computed so.
+    prefill_only: bool = False
 
 
 @dataclass

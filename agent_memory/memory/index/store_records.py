@@ -35,6 +35,7 @@ class AgentRecord:
     extras: tuple[SpanKey, ...] = ()  # what fixes its KV beyond its tokens (memory/hashing.py)
     # Its requests' latest misses (cache_miss.py), in memory only: what /v1/agents/ID shows.
     misses: deque[Miss] = field(default_factory=lambda: deque(maxlen=MISSES_KEPT))
+    pinned: float = 0.0  # when it was pinned against eviction (wall clock; pins.py), 0: not pinned
 
 
 @dataclass
@@ -93,3 +94,4 @@ class AgentInfo:
     snapshots: int = 0  # of its state layers (window, recurrent), kept at positions it returns to
     snapshot_bytes: int = 0  # the hot ones' part of hot_bytes
     misses: list[Miss] = field(default_factory=list)  # its requests' latest misses, oldest first
+    pinned: bool = False  # kept against eviction (memory/index/pins.py)

@@ -128,6 +128,9 @@ class Manifest:
     # Role -> snapshot name: why it keeps each (memory/index/snapshots.py); written only when it
     # has some, a field older versions pass over, and read as none from their manifests.
     roles: dict[str, str] = field(default_factory=dict)
+    # When it was pinned against eviction (memory/index/pins.py; wall clock), 0: not pinned.
+    # Written only when pinned, a field older versions pass over.
+    pinned: float = 0.0
 
     def extends(self, theirs: Manifest) -> bool:
         """Whether this sequence contains theirs: the same namespace, their tokens a prefix of ours."""
@@ -162,6 +165,8 @@ class Manifest:
             data["extras"] = [[s.start, s.end, s.key.hex()] for s in self.extras]
         if self.roles:
             data["roles"] = self.roles
+        if self.pinned:
+            data["pinned"] = self.pinned
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
@@ -189,7 +194,7 @@ class Manifest:
         if not isinstance(tenant, str) or not (root is None or (isinstance(root, str) and HASH_RE.match(root))):
             raise ValueError("tenant must be a string and root a block hash")
         if kind not in KINDS:
-            raise ValueError("kind must be agent or response")
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}")
         # Under its name, or the name an older version gave it (moved at start: stems.py).
         if not isinstance(agent, str) or stem not in stems_of(key := AgentKey(agent, tenant, kind)):
             raise ValueError("agent id does not match the file name")
@@ -216,9 +221,12 @@ class Manifest:
             raise ValueError("missing fingerprint or last_used")
         if not abs(last_used) < 1e15:  # also false for NaN and inf; float(10**400) would overflow
             raise ValueError("last_used is not a time")
+        pinned = data.get("pinned", 0.0)
+        if type(pinned) not in (int, float) or not 0 <= pinned < 1e15:
+            raise ValueError("pinned is not a time")
         return cls(
             key, data["fingerprint"], tokens, blocks, float(last_used), path, root, [(p, h) for p, h in snapshots],
-            extras, roles,
+            extras, roles, float(pinned),
         )
 
 
