@@ -214,8 +214,7 @@ class AgentCacheStore(AgentIndex):
     # -- the warm tier --------------------------------------------------------------------
 
     def block_saved(self, block_hash: str, nbytes: int) -> None:
-        """The writer made a block durable (tier_events.py); it counts as warm unless nobody
-        wants it now."""
+        """The writer made a block durable (tier_events.py): warm, unless nobody wants it now."""
         with self.lock:
             block = self.pool.get(block_hash)
             if block is None or not block.refs:
@@ -284,7 +283,9 @@ class AgentCacheStore(AgentIndex):
     def pin(self, agent: AgentKey, on: bool) -> pins.PinResult:
         """Keep an agent or head against eviction, or no longer (pins.py): refused over the budget."""
         with self.lock:
-            return pins.pin(self, agent, on, self.evictor.hot_budget_bytes)
+            result = pins.pin(self, agent, on, self.evictor.hot_budget_bytes)
+            self.evictor.evict_hot()  # what an unpin lets go of, over the budget
+            return result
 
     def end_agent(self, agent: AgentKey) -> bool | Future:
         """Forget an agent: every block only it held leaves every tier. With a shared tier,
@@ -292,6 +293,7 @@ class AgentCacheStore(AgentIndex):
         does not hold is looked for there only (a Future of whether it was there)."""
         with self.lock:
             held = self.forget(agent)
+            self.evictor.evict_hot()  # a pinned agent's blocks, evictable now
             if self.warm is None or not (held or self.shared):
                 return held
             ended = self.warm.delete_agent(agent)
