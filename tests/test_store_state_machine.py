@@ -46,6 +46,7 @@ class Running:
     agent: AgentKey | None  # a request looks up and commits in one namespace
     salt: str
     snapshots: list[str] = field(default_factory=list)  # taken for no agent on its way: pinned until it ends
+    held: list[str] = field(default_factory=list)  # what it leased of pinned agents' blocks: hot until it ends
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -133,7 +134,7 @@ class StoreMachine(RuleBasedStateMachine):
                 assert snapshot.parent == names.prefix_name(names.chain(tokens, root), tokens, snapshot.start)
                 assert all(s.block is not None for s in lease.segments)
         hot = [s.block for s in lease.segments if s.block is not None and s.block.tier is Tier.HOT]
-        self.running.append(Running(tokens, lease, hot, agent, salt))
+        self.running.append(Running(tokens, lease, hot, agent, salt, held=[b.hash for b in lease.blocks if b.held]))
 
     @precondition(lambda self: self.running)
     @rule(data=st.data(), cut=st.integers(0, 14))
@@ -237,8 +238,10 @@ class StoreMachine(RuleBasedStateMachine):
         assert all(s.hash == store.names.snapshot_name(s.parent) and not s.tokens for s in snapshots)
         assert all(b.hot_bytes == 0 for b in pool.blocks.values() if b.tier is not Tier.HOT)
         # Over the budget by at most the snapshots running sequences took for no agent (held, so
-        # pinned, until they end) and what pinned agents hold (their turns after the pin too).
-        held = {h for run in self.running for h in run.snapshots} | {h for h, b in pool.blocks.items() if b.held}
+        # pinned, until they end) and what pinned agents hold (their turns after the pin too, and
+        # what running sequences leased of it: an unpin or an end cools it once they end).
+        held = {h for run in self.running for h in [*run.snapshots, *run.held]}
+        held |= {h for h, b in pool.blocks.items() if b.held}
         assert pool.hot_bytes <= store.hot_budget_bytes + sum(pool.blocks[h].hot_bytes for h in held)
         assert pool.disk_bytes == sum(b.disk_bytes for b in pool.blocks.values()) == 0
         # 3: no orphans; references are exact.
