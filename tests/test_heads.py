@@ -94,6 +94,8 @@ def test_a_head_over_http_is_reused_listed_restored_and_deleted(tiny_model, tmp_
         head = made.json()
         assert head["id"].startswith("head_") and head["pinned"] and head["tokens"] > 100
         assert ("tiny", head["id"]) in heads(s)
+        bad = httpx.post(s.base_url + "/v1/heads", json={"model": "tiny", "name": "empty", "messages": []})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages", bad.text
         assert cached(first_turn(s, "first", "Where is berth 4?")) >= head["tokens"]
     with InProcessServer(tiny_model, tmp_path) as s:  # a restart: the head is read back from disk
         restored = heads(s)[("tiny", head["id"])]

@@ -193,7 +193,9 @@ class StoreMachine(RuleBasedStateMachine):
         assert result.pinned == (on if result.refused is None else was) == bool(record.pinned)
         if on and result.refused is None and not was:
             held = [b for b in self.store.pool.blocks.values() if b.held]
-            assert sum(b.hot_bytes for b in held) <= self.store.hot_budget_bytes // 2
+            limit, tenants = self.store.hot_budget_bytes // 2, {b.tenant for b in self.store.pool.blocks.values()}
+            assert sum(b.hot_bytes for b in held) <= limit
+            assert sum(b.hot_bytes for b in held if b.tenant == agent.tenant) <= limit // len(tenants | {agent.tenant})
 
     @rule(pick=st.integers(0, 1000), keep=st.floats(0, 1), extra=TOKENS)
     def own_history_is_found(self, pick, keep, extra):
