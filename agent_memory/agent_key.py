@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 AGENT = "agent"
 RESPONSE = "response"  # a stored Responses-API response: agent-like, its id the response id
-KINDS = (AGENT, RESPONSE)
+HEAD = "head"  # a shared head (api/heads.py): a system prompt and tools computed once, for every agent to start from
+KINDS = (AGENT, RESPONSE, HEAD)
 
 # What no new agent id may hold: C0 and C1 controls, DEL, and the bidirectional-text controls
 # (an id that shows as another, or cannot be named in a URL). Ids of older versions may.

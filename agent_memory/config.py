@@ -169,6 +169,12 @@ class Settings(BaseSettings):
         None,
         description="A file of 'name key' lines: each key a tenant with its own agents and cached blocks.",
     )
+    warm_prompts: Path | None = Field(
+        None,
+        description="A file of system prompts and tool sets to compute once the model loads, one chat "
+        "completions body without its user turn a line: shared heads every agent's first request reuses "
+        "(see docs/usage.md, 'Warm prompts').",
+    )
     seal_key_file: Path | None = Field(
         None,
         description="The secret (64 hex digits, mode 0600) that encrypts the reasoning clients send back "

@@ -17,7 +17,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.api.app import create_app
 from agent_memory.api.responses.store import ResponseStore
 from agent_memory.api.sealing import Sealer
-from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
+from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts, PinResult
 from agent_memory.engine.requests import Finished, GenerationRequest, Sink, TextDelta, Usage
 
 KV = {"hot": "q4g64", "working": "kv16", "disk": "q4g64"}
@@ -91,6 +91,12 @@ class FakeEngine(EngineClient):
         ended: Future = Future()
         ended.set_result(self.known.pop(key, None) is not None)
         return ended
+
+    def heads(self, tenant: str | None) -> list[AgentInfo]:
+        return []
+
+    def pin(self, key: AgentKey, on: bool) -> PinResult:
+        return PinResult(key in self.known, on and key in self.known)
 
     def health(self) -> Health:
         if not self.loaded.is_set():

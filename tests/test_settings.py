@@ -53,6 +53,7 @@ VALUES = {
     "api_keys_file": ("/tmp/keys-file", "/tmp/keys-env", "/tmp/keys-flag"),
     "trace_file": ("/tmp/trace-file", "/tmp/trace-env", "/tmp/trace-flag"),
     "seal_key_file": ("/tmp/seal-file", "/tmp/seal-env", "/tmp/seal-flag"),
+    "warm_prompts": ("/tmp/warm-file.jsonl", "/tmp/warm-env.jsonl", "/tmp/warm-flag.jsonl"),
 }
 
 

@@ -1,5 +1,5 @@
 """The store's invariants (docs/architecture.md) under random commits, lookups, branches,
-evictions, agent ends and concurrent running sequences, in several namespaces (tenants, cache
+evictions, agent ends, pins and concurrent running sequences, in several namespaces (tenants, cache
 salts), checked after every step; for a model with state layers too, whose commits take
 snapshots and whose lookups resume only at one (memory/index/snapshots.py)."""
 
@@ -46,6 +46,7 @@ class Running:
     agent: AgentKey | None  # a request looks up and commits in one namespace
     salt: str
     snapshots: list[str] = field(default_factory=list)  # taken for no agent on its way: pinned until it ends
+    held: list[str] = field(default_factory=list)  # what it leased of pinned agents' blocks: hot until it ends
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -133,7 +134,7 @@ class StoreMachine(RuleBasedStateMachine):
                 assert snapshot.parent == names.prefix_name(names.chain(tokens, root), tokens, snapshot.start)
                 assert all(s.block is not None for s in lease.segments)
         hot = [s.block for s in lease.segments if s.block is not None and s.block.tier is Tier.HOT]
-        self.running.append(Running(tokens, lease, hot, agent, salt))
+        self.running.append(Running(tokens, lease, hot, agent, salt, held=[b.hash for b in lease.blocks if b.held]))
 
     @precondition(lambda self: self.running)
     @rule(data=st.data(), cut=st.integers(0, 14))
@@ -180,6 +181,22 @@ class StoreMachine(RuleBasedStateMachine):
             if h not in others and h not in pinned:
                 assert h not in self.store.pool, "an ended agent's own block survived"
 
+    @rule(agent=AGENTS.filter(lambda a: a is not None), on=st.booleans())
+    def pin(self, agent, on):
+        """Pinned (or not), within half the hot budget: a refused pin changes nothing."""
+        record = self.store.agents.get(agent)
+        was = bool(record.pinned) if record is not None else False
+        result = self.store.pin(agent, on)
+        assert result.found == (record is not None)
+        if record is None:
+            return
+        assert result.pinned == (on if result.refused is None else was) == bool(record.pinned)
+        if on and result.refused is None and not was:
+            held = [b for b in self.store.pool.blocks.values() if b.held]
+            limit, tenants = self.store.hot_budget_bytes // 2, {b.tenant for b in self.store.pool.blocks.values()}
+            assert sum(b.hot_bytes for b in held) <= limit
+            assert sum(b.hot_bytes for b in held if b.tenant == agent.tenant) <= limit // len(tenants | {agent.tenant})
+
     @rule(pick=st.integers(0, 1000), keep=st.floats(0, 1), extra=TOKENS)
     def own_history_is_found(self, pick, keep, extra):
         """With everything hot, an agent's next prompt reuses its whole common prefix. What
@@ -223,24 +240,27 @@ class StoreMachine(RuleBasedStateMachine):
         assert all(s.hash == store.names.snapshot_name(s.parent) and not s.tokens for s in snapshots)
         assert all(b.hot_bytes == 0 for b in pool.blocks.values() if b.tier is not Tier.HOT)
         # Over the budget by at most the snapshots running sequences took for no agent (held, so
-        # pinned, until they end).
-        held = {h for run in self.running for h in run.snapshots}
+        # pinned, until they end) and what pinned agents hold (their turns after the pin too, and
+        # what running sequences leased of it: an unpin or an end cools it once they end).
+        held = {h for run in self.running for h in [*run.snapshots, *run.held]}
+        held |= {h for h, b in pool.blocks.items() if b.held}
         assert pool.hot_bytes <= store.hot_budget_bytes + sum(pool.blocks[h].hot_bytes for h in held)
         assert pool.disk_bytes == sum(b.disk_bytes for b in pool.blocks.values()) == 0
         # 3: no orphans; references are exact.
-        refs = {h: 0 for h in pool.blocks}
+        refs, holds = {h: 0 for h in pool.blocks}, {h: 0 for h in pool.blocks}
         for record in store.agents.values():
             assert len(set(record.blocks)) == len(record.blocks)
             assert len(set(record.snapshots)) == len(record.snapshots) <= KEPT_PER_AGENT
             assert set(record.roles) <= set(ROLES) and set(record.roles.values()) <= set(record.snapshots)
             for h in [*record.blocks, *record.snapshots]:
                 refs[h] += 1
+                holds[h] += bool(record.pinned)
         pins = {h: 0 for h in pool.blocks}
         for run in self.running:  # its lease's, and the snapshots it took for no agent: none leaks
             for h in [*(b.hash for b in run.lease.blocks), *run.snapshots]:
                 pins[h] += 1
         for h, b in pool.blocks.items():
-            assert b.refs == refs[h] and b.pins == pins[h]
+            assert b.refs == refs[h] and b.pins == pins[h] and b.held == holds[h]  # pins.py: exact holds
             assert b.refs or b.pins or b.tier is Tier.HOT, "an unreferenced block outside memory"
             assert b.refs or b.pins or not b.orphan, "a block its last agent let go of outlived its pins"
             assert b.snapshot or h in pool.children[b.parent]

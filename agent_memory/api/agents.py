@@ -48,8 +48,18 @@ def agent_dict(info: AgentInfo, model: str) -> dict:
             "disk": info.disk_bytes,
         },
         "last_used": round(info.last_used, 3),
+        "pinned": info.pinned,  # kept against eviction (docs/usage.md, "Pinning")
         "last_miss": _miss(last, with_detail=False) if last is not None else None,
     }
+
+
+async def heads_of(state: ServerState, own: str) -> list[dict]:
+    """A tenant's shared heads in every served model, as listed (here and /v1/heads: api/heads.py)."""
+    return [
+        {**agent_dict(info, model.id), "object": "head"}
+        for model in state.models.values()
+        for info in await asyncio.to_thread(model.engine.heads, own)
+    ]
 
 
 def _miss(miss: Miss, with_detail: bool = True) -> dict:
@@ -70,7 +80,8 @@ async def list_agents(request: Request, state: ServerState = Depends(ready_state
     per_model = {model.id: await asyncio.to_thread(model.engine.totals, own or None) for model in state.models.values()}
     loaded = {model.id: model.engine.health().loaded for model in state.models.values()}
     models = [{"id": model_id, "loaded": loaded[model_id], **totals} for model_id, totals in per_model.items()]
-    return {"object": "list", "data": data, **_added(per_model.values()), "models": models}
+    heads = await heads_of(state, own)  # shared heads (api/heads.py): docs/usage.md, "Warm prompts"
+    return {"object": "list", "data": data, "heads": heads, **_added(per_model.values()), "models": models}
 
 
 @router.get("/v1/agents/{agent_id:agent_id}")
@@ -80,7 +91,7 @@ async def get_agent(
     """`?model=`: the agent of that model (an agent of two models is two); else the first found.
     With its latest misses, oldest first (docs/usage.md, "Why a request missed")."""
     key = AgentKey(agent_id, tenant(request))
-    for model in _models(state, model):
+    for model in models_named(state, model):
         info = await asyncio.to_thread(model.engine.agent, key)
         if info is not None:  # the caller's tenant's own agent: its misses' text too
             return {**agent_dict(info, model.id), "misses": [_miss(m) for m in info.misses]}
@@ -94,7 +105,7 @@ async def delete_agent(
     """Ends the agent in every model, or in the one `?model=` names."""
     # Freeing KV arrays is MLX work: each engine does it on its own thread.
     key = AgentKey(agent_id, tenant(request))
-    ended = [await asyncio.wrap_future(m.engine.end_agent(key)) for m in _models(state, model)]
+    ended = [await asyncio.wrap_future(m.engine.end_agent(key)) for m in models_named(state, model)]
     if not any(ended):
         raise _not_found(agent_id)
     return {"id": agent_id, "object": "agent.deleted", "deleted": True}
@@ -107,7 +118,7 @@ def _not_found(agent_id: str) -> APIError:
     return error or APIError(404, f"no agent '{shown_id(agent_id)}'", param="agent_id", code="agent_not_found")
 
 
-def _models(state: ServerState, named: str | None) -> list[ServedModel]:
+def models_named(state: ServerState, named: str | None) -> list[ServedModel]:
     """Every served model, or the one a `model` query names (a 404 for a name none answers to)."""
     if named is None:
         return list(state.models.values())

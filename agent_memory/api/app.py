@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent_memory import __version__
-from agent_memory.api import agents, dashboard, errors
+from agent_memory.api import agents, dashboard, errors, heads
 from agent_memory.api.access_log import AccessLogMiddleware
 from agent_memory.api.anthropic import routes as anthropic
 from agent_memory.api.errors import APIError, ErrorShapes
@@ -48,9 +48,11 @@ def create_app(
     log_agent_ids: bool = False,
     images: ImageLimits = ImageLimits(),
     on_load_failure: Callable[[], None],
+    warm_prompts: list[heads.HeadRequest] = (),
 ) -> FastAPI:
     """`engines`: the served models' engines by the model id each is served under; the first
-    answers requests naming a model no engine answers to."""
+    answers requests naming a model no engine answers to. `warm_prompts`: heads computed once
+    the models load (api/heads.py)."""
     state = ServerState(
         models={model_id: ServedModel(model_id, engine, images) for model_id, engine in engines.items()},
         max_waiting=max_waiting,
@@ -65,6 +67,7 @@ def create_app(
         auth = f"API keys: {len(api_keys)} ({len(set(api_keys.values()))} tenants)" if api_keys else "no API key"
         url = base_url(host, port)
         watchers = [asyncio.create_task(_watch_load(e, on_load_failure, url, auth)) for e in engines.values()]
+        watchers.append(asyncio.create_task(heads.warm(state, list(warm_prompts))))
         yield
         for watcher in watchers:
             watcher.cancel()
@@ -84,6 +87,7 @@ def create_app(
     for wire in WIRE_FORMATS:
         app.include_router(wire.router)
     app.include_router(embeddings.router)
+    app.include_router(heads.router)  # first: its pin routes' paths are ids to agents.router's
     app.include_router(agents.router)
     app.include_router(dashboard.router)
 

@@ -27,7 +27,7 @@ HELP_GROUPS = {
     "Network": ("host", "port", "api_key", "api_keys_file", "seal_key_file"),
     "Requests": ("max_batch", "max_waiting", "speculation", "draft_model"),
     "Images": ("max_images", "max_image_mb", "max_image_pixels", "image_urls", "image_url_timeout_s", "vision_cache_mb"),
-    "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized"),
+    "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized", "warm_prompts"),
     "Warm tier": ("cache_dir", "disk_budget_mb", "disk_kv_bits", "warm_store", "responses_budget_mb"),
     "Logging": ("log_level", "log_format", "log_agent_ids", "trace_file"),
 }
@@ -152,6 +152,7 @@ def build_app(settings: Settings, on_load_failure: Callable[[], None]):
     the sealer (the tests serve the same in their own process: tests/support/inprocess.py).
     Raises ModelError, ConfigError or SealKeyError for a model, flag or key that cannot serve."""
     from agent_memory.api.app import create_app
+    from agent_memory.api.heads import read_warm_prompts
     from agent_memory.api.responses.store import ResponseStore
     from agent_memory.api.sealing import Sealer
     from agent_memory.chat.images import ImageLimits
@@ -159,6 +160,7 @@ def build_app(settings: Settings, on_load_failure: Callable[[], None]):
 
     # The operator's file must exist (servers behind a router share it); the default is made.
     sealer = Sealer.from_file(settings.seal_key_path, create=settings.seal_key_file is None)
+    warm_prompts = read_warm_prompts(settings.warm_prompts) if settings.warm_prompts else []
     served = _served_models(settings)
     draft = resolve_model_with_progress(settings.draft_model, settings.models_dir) if settings.draft_model else None
     residency = Residency(settings.memory_limit_bytes, settings.hot_budget_mb << 20, settings.unload_idle_s)
@@ -189,6 +191,7 @@ def build_app(settings: Settings, on_load_failure: Callable[[], None]):
             settings.image_url_timeout_s,
         ),
         on_load_failure=on_load_failure,
+        warm_prompts=warm_prompts,
     )
 
 

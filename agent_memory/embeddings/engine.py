@@ -34,7 +34,7 @@ from agent_memory.engine.loading.budget import give_back_memory, weights_bytes
 from agent_memory.engine.loading.loader import weights_damage, weights_file_bytes
 from agent_memory.engine.loading.residency import NoRoom, Residency
 from agent_memory.engine.loading.weights import Weights
-from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
+from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts, PinResult
 from agent_memory.engine.requests import Failed, GenerationRequest, Sink
 
 log = logging.getLogger(__name__)
@@ -166,6 +166,12 @@ class EmbeddingEngine(EngineClient):
         ended: Future = Future()
         ended.set_result(False)
         return ended
+
+    def heads(self, tenant: str | None) -> list[AgentInfo]:
+        return []
+
+    def pin(self, key: AgentKey, on: bool) -> PinResult:
+        return PinResult(False, False)
 
     # -- the operator's view ------------------------------------------------------------
 

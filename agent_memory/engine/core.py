@@ -222,8 +222,8 @@ class EngineCore:
         if seq.snapshots:  # held since taken: its agent keeps them now, or nobody does
             self.store.let_go(seq.snapshots)
         self.trace.ended(seq, reason)
-        if seq.prefill_only:
-            return
+        if seq.prefill_only:  # a follow-up's sink drops it, a head's computing waits for it
+            return seq.generation.output.finish(reason, seq.generation.usage)
         usage, output = seq.generation.usage, seq.generation.output
         self.metrics.finished.labels(reason).inc()
         self.metrics.prompt_length.observe(usage.prompt_tokens)
@@ -248,7 +248,7 @@ class EngineCore:
 
     def admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
         try:
-            seq = self._new_sequence(seq_id, request, sink, submitted)
+            seq = self._new_sequence(seq_id, request, sink, submitted, request.prefill_only)
         except Exception as e:
             log.exception("could not admit request %s", request.request_id)
             sink(Failed(f"the request could not be started: {e}"))

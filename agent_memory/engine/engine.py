@@ -27,7 +27,7 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 from prometheus_client import CollectorRegistry
 
-from agent_memory.agent_key import AgentKey
+from agent_memory.agent_key import HEAD, AgentKey
 from agent_memory.engine.chat_model import ChatModel
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.loading.budget import give_back_memory
@@ -36,7 +36,7 @@ from agent_memory.engine.loading.residency import NoRoom, Residency
 from agent_memory.engine.loading.weights import Weights
 from agent_memory.engine.observability.metrics import Metrics
 from agent_memory.engine.observability.trace import NO_TRACE, Trace
-from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts
+from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts, PinResult
 from agent_memory.engine.report import parts_health, summary
 from agent_memory.engine.requests import GenerationRequest, Sink
 
@@ -139,6 +139,12 @@ class BatchEngine(EngineClient):
 
     def totals(self, tenant: str | None = None) -> dict[str, int]:
         return self._model.parts.store.totals(tenant) if self._model.parts is not None else {}
+
+    def heads(self, tenant: str | None) -> list[AgentInfo]:
+        return self._model.parts.store.all_agents(tenant, HEAD) if self._model.parts is not None else []
+
+    def pin(self, key: AgentKey, on: bool) -> PinResult:
+        return self._model.parts.store.pin(key, on) if self._model.parts is not None else PinResult(False, False)
 
     def end_agent(self, key: AgentKey) -> Future:
         """Its running requests finish for their clients but no longer join its memory: a

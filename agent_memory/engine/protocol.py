@@ -1,5 +1,5 @@
 """The engine as the HTTP side sees it, and all it sees (as vLLM's `EngineClient`): the model's
-facts, submit and cancel, the agents it remembers, health and metrics. The API holds engines by
+facts, submit and cancel, the agents and heads it remembers (and pins), health and metrics. The API holds engines by
 model id and depends on this interface alone, never on an engine's store, tiers or model object;
 a test can serve the API from any object that honours it.
 
@@ -18,9 +18,10 @@ from prometheus_client import CollectorRegistry
 from agent_memory.agent_key import AgentKey
 from agent_memory.models.embedding_layout import EmbeddingLayout
 from agent_memory.engine.requests import GenerationRequest, Sink
+from agent_memory.memory.index.pins import PinResult
 from agent_memory.memory.index.store_records import AgentInfo
 
-__all__ = ["AgentInfo", "EngineClient", "Health", "ModelFacts"]
+__all__ = ["AgentInfo", "EngineClient", "Health", "ModelFacts", "PinResult"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,15 @@ class EngineClient(ABC):
     @abstractmethod
     def end_agent(self, key: AgentKey) -> Future:
         """Forget an agent in every tier: a Future of whether it existed."""
+
+    @abstractmethod
+    def heads(self, tenant: str | None) -> list[AgentInfo]:
+        """A tenant's shared heads (None: every tenant's): records of kind HEAD, made by a
+        prefill-only request (`GenerationRequest.prefill_only`, api/heads.py)."""
+
+    @abstractmethod
+    def pin(self, key: AgentKey, on: bool) -> PinResult:
+        """Keep an agent or head against eviction (on), or no longer; refused over the budget."""
 
     # -- the operator's view ------------------------------------------------------------
 

@@ -106,7 +106,7 @@ class GenerationRequest:
     # writes it back (chat/continuation.py) as a prefill-only request, so the engine queues no
     # canonical follow-up of its own (sequence.canonical_reply).
     settles: bool = False
-    # Only compute and keep the prompt's KV for `agent` (a settle): no decoding, no events.
+    # Only its prompt's KV, for its agent, and no output: a settle, or a shared head (api/heads.py).
     prefill_only: bool = False
 
 

@@ -6,15 +6,18 @@ agent refers to lives on only in memory, for anonymous reuse."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Sequence
 
 from agent_memory.agent_key import AGENT, RESPONSE, AgentKey
 from agent_memory.cache_miss import Miss
 from agent_memory.memory.hashing import BlockNames, SpanKey
+from agent_memory.memory.index import pins
 from agent_memory.memory.index.blocks import Block, BlockPool, Tier
 from agent_memory.memory.index.prefix import common_prefix
 from agent_memory.memory.index.store_records import AgentInfo, AgentRecord
+from agent_memory.memory.warm.format.records import Manifest
 from agent_memory.memory.warm.tier import WarmTier
 
 
@@ -61,7 +64,22 @@ class AgentIndex:
             self.agents[agent].misses = old.misses
             record = self.agents[agent]
             record.keep_until, record.keep_on_disk_until = old.keep_until, old.keep_on_disk_until
+            pins.move_hold(self.pool, old, self.agents[agent])  # a pinned agent's new blocks are held instead
             self._unref([*old.blocks, *old.snapshots])
+
+    def manifest(self, agent: AgentKey) -> tuple[Manifest, str | None, str | None]:
+        """The agent's record as the warm tier stores it, with the version it replaces and its
+        own (a shared tier's compare-and-set: a new version each time; else None, None)."""
+        record = self.agents[agent]
+        manifest = Manifest(
+            agent, self.warm.fingerprint, record.tokens, record.blocks, record.last_used, root=record.root,
+            snapshots=[(self.pool.blocks[h].start, h) for h in record.snapshots], extras=record.extras,
+            roles=record.roles, pinned=record.pinned,
+        )
+        if not self.shared:
+            return manifest, None, None
+        base, record.etag = record.etag, secrets.token_hex(8)
+        return manifest, base, record.etag
 
     def note_miss(self, agent: AgentKey, miss: Miss) -> None:
         """Keep a request's miss with its agent's record (none once the agent was ended)."""
@@ -73,6 +91,7 @@ class AgentIndex:
         """Drop an agent here only (the shared tier no longer has it); whether it was here."""
         record = self.agents.pop(agent, None)
         if record is not None:
+            pins.hold(self.pool, record, -1 if record.pinned else 0)
             self._unref([*record.blocks, *record.snapshots])
         return record is not None
 
@@ -122,6 +141,7 @@ class AgentIndex:
                 snapshots=len(snapshots),
                 snapshot_bytes=sum(s.hot_bytes for s in snapshots),
                 misses=list(record.misses),
+                pinned=bool(record.pinned),
             )
 
     def counts(self, tenant: str | None = None) -> dict[str, int]:
@@ -131,13 +151,13 @@ class AgentIndex:
         with self.lock:
             held = [a for a in self.agents if tenant is None or a.tenant == tenant]
             responses = sum(1 for a in held if a.kind == RESPONSE)
-            return {"agents": len(held) - responses, "stored_responses": responses}
+            return {"agents": sum(1 for a in held if a.kind == AGENT), "stored_responses": responses}
 
-    def all_agents(self, tenant: str | None = "") -> list[AgentInfo]:
-        """A tenant's agents (None: every tenant's); stored responses are not agents."""
+    def all_agents(self, tenant: str | None = "", kind: str = AGENT) -> list[AgentInfo]:
+        """A tenant's agents (None: every tenant's), or its heads (`kind` HEAD); stored responses are not agents."""
         with self.lock:
             return [
                 self.agent_info(a)
                 for a in sorted(self.agents)
-                if (tenant is None or a.tenant == tenant) and a.kind == AGENT
+                if (tenant is None or a.tenant == tenant) and a.kind == kind
             ]

@@ -36,6 +36,7 @@ class Block:
     disk_bytes: int = 0  # size of its warm copy (a file, or a Redis value); 0 when none
     refs: int = 0  # agents whose latest sequence uses the block
     pins: int = 0  # running sequences using it: never evicted while > 0
+    held: int = 0  # pinned agents and heads using it (memory/index/pins.py): never evicted while > 0
     # No agent uses it any more, but a running sequence did when its last agent let go (an
     # agent's prompt committed while its own lease still read the old turn's blocks): it goes
     # with that sequence's pin rather than live on as anonymous memory (agents.py `_unref`).

@@ -144,5 +144,5 @@ class Evictor:
 
 
 def unpinned(block: Block) -> bool:
-    """A block no running sequence uses: one eviction may move."""
-    return block.pins == 0
+    """A block no running sequence and no pinned agent uses: one eviction may move."""
+    return block.pins == 0 and block.held == 0

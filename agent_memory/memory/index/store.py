@@ -13,7 +13,6 @@ a block this server stops using is forgotten here, not deleted there (memory/war
 from __future__ import annotations
 
 import collections
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -22,14 +21,14 @@ from typing import Any
 from agent_memory.agent_key import AgentKey
 from agent_memory.cache_miss import UNREADABLE
 from agent_memory.memory.hashing import SpanKey, covering
-from agent_memory.memory.index import snapshots
+from agent_memory.memory.index import pins, snapshots
 from agent_memory.memory.index.agents import AgentIndex
 from agent_memory.memory.index.blocks import Block, Tier
 from agent_memory.memory.index.eviction import Evictor, KVDemoter
 from agent_memory.memory.index.prefix import PrefixMatcher
 from agent_memory.memory.index.shared_sync import SharedTierSync
 from agent_memory.memory.index.store_records import Lease, Persist, Segment
-from agent_memory.memory.warm.format.records import BlockRecord, Manifest
+from agent_memory.memory.warm.format.records import BlockRecord
 from agent_memory.memory.warm.scan import FolderScan
 from agent_memory.memory.warm.tier import WarmTier
 
@@ -208,22 +207,14 @@ class AgentCacheStore(AgentIndex):
                         for b in [*blocks, *kept]
                         if b.tier is Tier.HOT and not b.disk_bytes
                     ]
-                    record = self.agents[agent]
-                    persist.manifest = Manifest(
-                        agent, self.warm.fingerprint, record.tokens, record.blocks, record.last_used, root=root,
-                        snapshots=[(s.start, s.hash) for s in kept], extras=extras, roles=roles,
-                    )
-                    if self.shared:
-                        persist.base, record.etag = record.etag, secrets.token_hex(8)
-                        persist.etag = record.etag
+                    persist.manifest, persist.base, persist.etag = self.manifest(agent)
             self.evictor.evict_hot()
             return persist
 
     # -- the warm tier --------------------------------------------------------------------
 
     def block_saved(self, block_hash: str, nbytes: int) -> None:
-        """The writer made a block durable (tier_events.py); it counts as warm unless nobody
-        wants it now."""
+        """The writer made a block durable (tier_events.py): warm, unless nobody wants it now."""
         with self.lock:
             block = self.pool.get(block_hash)
             if block is None or not block.refs:
@@ -279,6 +270,7 @@ class AgentCacheStore(AgentIndex):
             for h in scan.blocks:
                 if h not in self.pool:
                     self.warm.delete_block(h)
+            pins.restore(self, scan.manifests, self.evictor.hot_budget_bytes)
             self.evictor.evict_disk()
 
     def still_used(self, hashes: list[str]) -> set[str]:
@@ -288,12 +280,20 @@ class AgentCacheStore(AgentIndex):
 
     # -- agents -------------------------------------------------------------------------
 
+    def pin(self, agent: AgentKey, on: bool) -> pins.PinResult:
+        """Keep an agent or head against eviction, or no longer (pins.py): refused over the budget."""
+        with self.lock:
+            result = pins.pin(self, agent, on, self.evictor.hot_budget_bytes)
+            self.evictor.evict_hot()  # what an unpin lets go of, over the budget
+            return result
+
     def end_agent(self, agent: AgentKey) -> bool | Future:
         """Forget an agent: every block only it held leaves every tier. With a shared tier,
         its manifest there goes too, and blocks no other manifest names; an agent this server
         does not hold is looked for there only (a Future of whether it was there)."""
         with self.lock:
             held = self.forget(agent)
+            self.evictor.evict_hot()  # a pinned agent's blocks, evictable now
             if self.warm is None or not (held or self.shared):
                 return held
             ended = self.warm.delete_agent(agent)

@@ -38,6 +38,7 @@ class AgentRecord:
     # Until when its memory is kept with priority, hot and on disk (keep.py: prompt_cache_retention).
     keep_until: float = 0.0
     keep_on_disk_until: float = 0.0
+    pinned: float = 0.0  # when it was pinned against eviction (wall clock; pins.py), 0: not pinned
 
 
 @dataclass
@@ -96,3 +97,4 @@ class AgentInfo:
     snapshots: int = 0  # of its state layers (window, recurrent), kept at positions it returns to
     snapshot_bytes: int = 0  # the hot ones' part of hot_bytes
     misses: list[Miss] = field(default_factory=list)  # its requests' latest misses, oldest first
+    pinned: bool = False  # kept against eviction (memory/index/pins.py)

@@ -79,6 +79,7 @@ class WriteBack:
                         agent, tier.fingerprint, record.tokens, record.blocks, record.last_used,
                         root=record.root, snapshots=snapshots, extras=record.extras,
                         roles={r: h for r, h in record.roles.items() if h in {s for _, s in snapshots}},
+                        pinned=record.pinned,
                     )
                     tier.save_agent(manifest, None if lost else record.stored, record.etag)
                     manifests += 1

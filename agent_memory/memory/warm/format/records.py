@@ -131,6 +131,9 @@ class Manifest:
     # Wall clock until which its memory is kept with priority, on disk too (prompt_cache_retention
     # 24h: memory/index/keep.py); 0: not asked. A field older versions pass over.
     keep_until: float = 0.0
+    # When it was pinned against eviction (memory/index/pins.py; wall clock), 0: not pinned.
+    # Written only when pinned, a field older versions pass over.
+    pinned: float = 0.0
 
     def extends(self, theirs: Manifest) -> bool:
         """Whether this sequence contains theirs: the same namespace, their tokens a prefix of ours."""
@@ -167,6 +170,8 @@ class Manifest:
             data["roles"] = self.roles
         if self.keep_until:
             data["keep_until"] = self.keep_until
+        if self.pinned:
+            data["pinned"] = self.pinned
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
@@ -194,7 +199,7 @@ class Manifest:
         if not isinstance(tenant, str) or not (root is None or (isinstance(root, str) and HASH_RE.match(root))):
             raise ValueError("tenant must be a string and root a block hash")
         if kind not in KINDS:
-            raise ValueError("kind must be agent or response")
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}")
         # Under its name, or the name an older version gave it (moved at start: stems.py).
         if not isinstance(agent, str) or stem not in stems_of(key := AgentKey(agent, tenant, kind)):
             raise ValueError("agent id does not match the file name")
@@ -224,9 +229,12 @@ class Manifest:
         keep_until = data.get("keep_until", 0.0)
         if type(keep_until) not in (int, float) or not 0 <= keep_until < 1e15:
             raise ValueError("keep_until is not a time")
+        pinned = data.get("pinned", 0.0)
+        if type(pinned) not in (int, float) or not 0 <= pinned < 1e15:
+            raise ValueError("pinned is not a time")
         return cls(
             key, data["fingerprint"], tokens, blocks, float(last_used), path, root, [(p, h) for p, h in snapshots],
-            extras, roles, float(keep_until),
+            extras, roles, float(keep_until), float(pinned),
         )
 
 
