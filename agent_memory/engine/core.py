@@ -248,7 +248,7 @@ class EngineCore:
 
     def admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
         try:
-            seq = self._new_sequence(seq_id, request, sink, submitted, request.prefill_only)
+            seq = self._new_sequence(seq_id, request, sink, submitted)
         except Exception as e:
             log.exception("could not admit request %s", request.request_id)
             sink(Failed(f"the request could not be started: {e}"))
