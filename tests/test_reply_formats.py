@@ -308,13 +308,13 @@ def streamed_turn(stream) -> tuple[dict, object]:
 
 @pytest.fixture(scope="module")
 def loop_servers(tmp_path_factory):
-    """Every family's model on a server without speculation: with lookup speculation, Llama 3.1's
-    and DeepSeek-V3.1's second call breaks off (their grammar refuses a token its mask allowed:
-    engine/tokens/constraint.py), a fault of its own that this server keeps out of the tool loop."""
+    """Every family's model on one server, with lookup speculation (the default): a turn's
+    proposals repeat the previous call through its end token, and where they are refused the
+    grammar goes back exactly to the last accepted one (engine/tokens/constraint.py)."""
     models = {f: templated_model(tmp_path_factory.getbasetemp() / "templated", f) for f in sorted(FAMILIES)}
     first, *rest = models.values()
     more = [arg for model in rest for arg in ("--model", str(model))]
-    with InProcessServer(first, tmp_path_factory.mktemp("cache-loops"), "--speculation", "off", *more) as server:
+    with InProcessServer(first, tmp_path_factory.mktemp("cache-loops"), *more) as server:
         yield server, {f: (model.name, load_tokenizer(model)) for f, model in models.items()}
 
 

@@ -200,6 +200,47 @@ def test_seeded_sampling_equals_sampling_without_speculation(servers):
     assert accepted > 0
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_refused_run_past_a_calls_end_rolls_the_grammar_back_exactly(tiny_model, parallel):
+    """Proposals that run through a call's end (`</tool_call>`, then the end token), refused part
+    way: the grammar goes back to the last accepted one exactly and takes the rest of the call
+    again. The grammar processor the batch runs, driven as speculative_batch.py drives it (a
+    state saved after each verified position, the accepted one's restored). One call only: the
+    call's end stops the matcher, which then takes the end token without recording it; parallel
+    calls: the end token is what stops it, and is recorded."""
+    import agent_memory.blas  # noqa: F401
+    import mlx.core as mx
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from agent_memory.chat.conversation import Conversation, Message, Tool, ToolChoice
+    from agent_memory.chat.grammar import GrammarCompiler
+    from agent_memory.engine.tokens.constraint import GrammarProcessor
+
+    tokenizer = load_tokenizer(tiny_model)
+    compiler = GrammarCompiler(tokenizer, 2048)
+    tools = [Tool("read_file", "", TOOLS[0]["function"]["parameters"])]
+    conversation = Conversation([Message("user", "hi")], tools, ToolChoice("required"), parallel_tool_calls=parallel)
+    grammar = compiler.grammar(conversation, "tools", "response_format")
+    text = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a/b.py"}}\n</tool_call>'
+    call, end = tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id
+    processor = GrammarProcessor(compiler.output(grammar, True), 2048, sorted(tokenizer.eos_token_ids), 200)
+    logits = mx.zeros((1, 2048))
+    processor(mx.array([0]), logits)  # the first step: the prompt's last token, nothing to consume
+    proposed = call[1:] + [end]
+    assert processor.allows(call[0], proposed) == len(proposed)  # the end token is proposed too
+    saved = []
+    for token in [call[0], *proposed]:  # the verify step: the sampled token, then the proposals
+        processor(mx.array([token]), logits)
+        saved.append(processor.save())
+    accepted = len(call) - 5  # refused inside the arguments' closing
+    processor.restore(saved[accepted])
+    assert processor.matcher.validate_tokens(call[accepted + 1 :]) == len(call) - accepted - 1
+    for token in call[accepted + 1 :]:  # the following steps write the rest of the call again
+        masked = processor(mx.array([token]), logits)
+    assert processor.error is None
+    assert masked[0, end].item() == 0 and processor.matcher.is_accepting()
+
+
 def test_a_draft_that_cannot_propose_for_the_model_stops_the_start(models, tmp_path):
     """Refused at start with the reason: no draft named, one named for lookup, one whose
     vocabulary is another, one whose window layers cannot drop rejected drafts."""

@@ -60,7 +60,7 @@ class GrammarProcessor:
         self.eos_only = np.packbits(flat, bitorder="little").view(np.int32).reshape(1, -1)
         self.first = True
         self.error: str | None = None
-        self.consumed = 0  # tokens the matcher took: how far to roll it back to a saved state
+        self.consumed = 0  # tokens the matcher recorded: how far to roll it back to a saved state
 
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
         mx.async_eval(logits)  # the forward pass runs while the mask is computed
@@ -68,8 +68,11 @@ class GrammarProcessor:
             self.first = False  # the context is the prompt: nothing generated to consume yet
         elif self.error is None:
             token = context[-1].item()
+            # A matcher the grammar's end stopped takes the end token without recording it:
+            # only what it records is rolled back.
+            stopped = self.matcher.is_stopped()
             if self.matcher.consume_token(token):
-                self.consumed += 1
+                self.consumed += not stopped
             else:
                 self.error = self.matcher.get_error() or f"token {token} rejected"
                 log.error("grammar refused a token its own mask allowed: %s", self.error)
