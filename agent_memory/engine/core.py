@@ -253,6 +253,10 @@ class EngineCore:
             log.exception("could not admit request %s", request.request_id)
             sink(Failed(f"the request could not be started: {e}"))
             return
+        if seq.prefill_only and seq.new_tokens == 0 and not self.parts.layers.has_state:
+            # Its agent already holds every token (a reply re-tokenized as it was fed): nothing to
+            # compute, and nothing of its memory to read back from disk for it.
+            return self._end(seq, "follow-up")
         self.metrics.prompt_tokens.inc(0 if request.prefill_only else len(request.prompt))  # a settle: none
         for queued in self.scheduler.superseded(self.seqs.values(), seq) if request.remember else ():
             self._end(queued, "superseded")
