@@ -8,8 +8,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from agent_memory.agent_key import AGENT
 from agent_memory.cache_miss import Miss
 from agent_memory.memory.hashing import SpanKey
 from agent_memory.memory.index.blocks import Block
@@ -35,6 +36,16 @@ class AgentRecord:
     extras: tuple[SpanKey, ...] = ()  # what fixes its KV beyond its tokens (memory/hashing.py)
     # Its requests' latest misses (cache_miss.py), in memory only: what /v1/agents/ID shows.
     misses: deque[Miss] = field(default_factory=lambda: deque(maxlen=MISSES_KEPT))
+    turn_start: int = 0  # the prompt tokens its latest client turn committed before decoding
+    turns: int = 0  # its client turns (a resend is not another): an unnamed one-off has one
+
+
+class Turn(NamedTuple):
+    """Where an agent's latest client turn started (its prompt's committed length), and how many
+    turns it has had: what conversations.py recognises a resend by, and eviction a one-off."""
+
+    start: int
+    count: int
 
 
 @dataclass
@@ -93,3 +104,5 @@ class AgentInfo:
     snapshots: int = 0  # of its state layers (window, recurrent), kept at positions it returns to
     snapshot_bytes: int = 0  # the hot ones' part of hot_bytes
     misses: list[Miss] = field(default_factory=list)  # its requests' latest misses, oldest first
+    kind: str = AGENT  # agent_key.py: a named agent, or an unnamed conversation
+    turns: int = 0

@@ -128,6 +128,10 @@ class Manifest:
     # Role -> snapshot name: why it keeps each (memory/index/snapshots.py); written only when it
     # has some, a field older versions pass over, and read as none from their manifests.
     roles: dict[str, str] = field(default_factory=dict)
+    # (prompt tokens its latest client turn committed, client turns so far): how an unnamed
+    # conversation's resend is recognised and a one-off told apart (memory/index/conversations.py);
+    # written only when set, read as (0, 0) from older manifests.
+    turn: tuple[int, int] = (0, 0)
 
     def extends(self, theirs: Manifest) -> bool:
         """Whether this sequence contains theirs: the same namespace, their tokens a prefix of ours."""
@@ -162,6 +166,8 @@ class Manifest:
             data["extras"] = [[s.start, s.end, s.key.hex()] for s in self.extras]
         if self.roles:
             data["roles"] = self.roles
+        if any(self.turn):
+            data["turn"] = list(self.turn)
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
@@ -189,7 +195,7 @@ class Manifest:
         if not isinstance(tenant, str) or not (root is None or (isinstance(root, str) and HASH_RE.match(root))):
             raise ValueError("tenant must be a string and root a block hash")
         if kind not in KINDS:
-            raise ValueError("kind must be agent or response")
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}")
         # Under its name, or the name an older version gave it (moved at start: stems.py).
         if not isinstance(agent, str) or stem not in stems_of(key := AgentKey(agent, tenant, kind)):
             raise ValueError("agent id does not match the file name")
@@ -211,6 +217,11 @@ class Manifest:
             isinstance(r, str) and isinstance(h, str) and h in {s[1] for s in snapshots} for r, h in roles.items()
         ):
             raise ValueError("roles must name its snapshots")
+        turn = data.get("turn", [0, 0])
+        if not (isinstance(turn, list) and len(turn) == 2 and all(type(n) is int and n >= 0 for n in turn)):
+            raise ValueError("turn must be [prompt tokens, turns]")
+        if turn[0] > len(tokens):
+            raise ValueError("turn must start within its tokens")
         last_used = data.get("last_used")
         if type(last_used) not in (int, float) or not isinstance(data.get("fingerprint"), str):
             raise ValueError("missing fingerprint or last_used")
@@ -218,7 +229,7 @@ class Manifest:
             raise ValueError("last_used is not a time")
         return cls(
             key, data["fingerprint"], tokens, blocks, float(last_used), path, root, [(p, h) for p, h in snapshots],
-            extras, roles,
+            extras, roles, (turn[0], turn[1]),
         )
 
 
