@@ -6,10 +6,14 @@ read back after a restart, and a one-off is the first to go under the budgets.""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from agent_memory.agent_key import AGENT, UNNAMED, AgentKey
+from agent_memory.cli.cache.commands import cache_app
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.eviction import ONE_OFF_WEIGHT
 from agent_memory.memory.index.snapshots import TURN_START
@@ -169,6 +173,11 @@ def test_an_unnamed_chat_is_an_agent_listed_and_deleted(tiny_model, tmp_path):
 def test_an_unnamed_chat_survives_a_restart(tiny_model, tmp_path):
     with InProcessServer(tiny_model, tmp_path / "cache") as server, httpx.Client(base_url=server.base_url) as http:
         first = ask(http, MESSAGES)
+    agent_id = first.headers["X-Agent-Id"]
+    listed = CliRunner().invoke(cache_app, ["ls", "--cache-dir", str(tmp_path / "cache"), "--format", "json"])
+    assert [(a["id"], a["kind"]) for a in json.loads(listed.stdout)["agents"]] == [(agent_id[1:], UNNAMED)]
+    quiet = ["ls", "--cache-dir", str(tmp_path / "cache"), "--format", "quiet", "--filter", "kind=unnamed"]
+    assert CliRunner().invoke(cache_app, quiet).stdout.split() == [agent_id]
     with InProcessServer(tiny_model, tmp_path / "cache") as server, httpx.Client(base_url=server.base_url) as http:
         second = ask(http, next_messages(first))
     assert second.headers["X-Agent-Id"] == first.headers["X-Agent-Id"]
