@@ -97,11 +97,18 @@ async def delete_agent(
 ) -> dict:
     """Ends the agent in every model, or in the one `?model=` names."""
     # Freeing KV arrays is MLX work: each engine does it on its own thread.
-    keys = _keys(agent_id, tenant(request))
-    ended = [await asyncio.wrap_future(m.engine.end_agent(key)) for m in _models(state, model) for key in keys]
+    ended = [await _end_first(m, _keys(agent_id, tenant(request))) for m in _models(state, model)]
     if not any(ended):
         raise _not_found(agent_id)
     return {"id": agent_id, "object": "agent.deleted", "deleted": True}
+
+
+async def _end_first(model: ServedModel, keys: list[AgentKey]) -> bool:
+    """End the first of `keys` the model holds: a named agent before an unnamed one of that id."""
+    for key in keys:
+        if await asyncio.wrap_future(model.engine.end_agent(key)):
+            return True
+    return False
 
 
 def _keys(agent_id: str, own: str) -> list[AgentKey]:

@@ -113,7 +113,7 @@ class Evictor:
     def evict_disk(self) -> None:
         if self.shared or self.pool.disk_bytes <= self.disk_budget_bytes:
             return  # a shared tier is bounded by its own maxmemory (warm/redis/backend.py)
-        now = time.monotonic()
+        now, went_cold = time.monotonic(), False
         held = [b for b in self.pool.blocks.values() if b.disk_bytes]
         for block in fair_order(
             held, lambda b: b.disk_bytes, lambda b: self.retention_value(b, now, b.disk_bytes, False), unpinned
@@ -124,8 +124,10 @@ class Evictor:
             self.pool.drop_disk(block)  # agents still refer to it: it becomes COLD, not gone
             if block.tier is Tier.COLD:
                 block.cooled_by = EVICTED_DISK
+                went_cold = True
             self.moves["warm", block.tier.value, "disk_budget"] += 1
-        self.cooled()
+        if went_cold:
+            self.cooled()
 
     # -- what the API shows ----------------------------------------------------------------
 
