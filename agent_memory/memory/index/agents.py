@@ -29,7 +29,7 @@ class AgentIndex:
         self.pool = BlockPool()
         self.names = BlockNames(salt, block_tokens)
         self.agents: dict[AgentKey, AgentRecord] = {}
-        self.conversations = ConversationIndex(block_tokens)
+        self.conversations = ConversationIndex(self.names)
         self.warm = warm
         self.shared = warm is not None and warm.shared
 

@@ -16,10 +16,11 @@ remembered like a named agent's turn. The rules (`recognise`):
 
 Ties (two conversations opened with the same first prompt) go to the longest match, then the
 latest used. Each record is filed under two anchors, the names of its last whole block before
-each rule's boundary, so a request compares tokens only with the records its own block names
-reach, and only past the anchor. Cost per unnamed request: its block names (one blake2b per
-block), a dict lookup per block and a compare of at most a block plus SLACK tokens per
-candidate; named requests pay nothing.
+each rule's boundary (of its first tokens up to there, for a record shorter than a block), so a
+request compares tokens only with the records its own names reach, and only past the anchor.
+Cost per unnamed request: its block names (one blake2b per block, and one per token of its first
+block), a dict lookup each and a compare of at most a block plus SLACK tokens per candidate;
+named requests pay nothing.
 """
 
 from __future__ import annotations
@@ -28,18 +29,21 @@ import hashlib
 from collections.abc import Mapping, Sequence
 
 from agent_memory.agent_key import UNNAMED, AgentKey
+from agent_memory.memory.hashing import BlockNames
 from agent_memory.memory.index.prefix import common_prefix
 from agent_memory.memory.index.store_records import AgentRecord
 
 SLACK = 16  # trailing record tokens a next turn may differ in
 ID_BYTES = 8  # an unnamed conversation's id: 16 hex digits
 
-Anchor = str | tuple[str, str | None]  # a block name, or ("root", namespace root) before the first whole block
+# A block name; before the first whole block, ("head", the name of the first tokens) or ("root", namespace root).
+Anchor = str | tuple[str, str | None]
 
 
 class ConversationIndex:
-    def __init__(self, block_tokens: int) -> None:
-        self.block_tokens = block_tokens
+    def __init__(self, names: BlockNames) -> None:
+        self.names = names
+        self.block_tokens = names.block_tokens
         self.anchors: dict[Anchor, set[AgentKey]] = {}
         self.filed: dict[AgentKey, tuple[Anchor, ...]] = {}  # each record's anchors, to take it out
 
@@ -48,7 +52,7 @@ class ConversationIndex:
         if key.kind != UNNAMED:
             return
         self.remove(key)
-        ends = {max(len(record.tokens) - SLACK, 0), record.turn_start}
+        ends = {boundary(record), *([record.turn_start] if record.turn_start else [])}
         anchors = tuple({self._anchor(record, end) for end in ends})
         for anchor in anchors:
             self.anchors.setdefault(anchor, set()).add(key)
@@ -62,9 +66,13 @@ class ConversationIndex:
                 del self.anchors[anchor]
 
     def _anchor(self, record: AgentRecord, end: int) -> Anchor:
-        """The name of the record's last whole block ending at or before `end`."""
+        """The name of the record's last whole block ending at or before `end`; before the first
+        block's end, the name of its first `end` tokens (so short conversations are not all
+        compared with every short request)."""
         whole = min(end // self.block_tokens, len(record.tokens) // self.block_tokens)
-        return record.blocks[whole - 1] if whole else ("root", record.root)
+        if whole:
+            return record.blocks[whole - 1]
+        return ("head", self.names.block_hash(record.root, record.tokens[:end])) if end else ("root", record.root)
 
     def recognise(
         self,
@@ -77,6 +85,9 @@ class ConversationIndex:
         """The unnamed conversation a prompt continues (its block `chain` named from `root`, the
         namespace of `tenant`), or a new one's key."""
         proven: dict[AgentKey, int] = {key: 0 for key in self.anchors.get(("root", root), ())}
+        for n in range(1, min(self.block_tokens, len(tokens) + 1)):  # short records' anchors
+            for key in self.anchors.get(("head", self.names.block_hash(root, tokens[:n])), ()):
+                proven[key] = n
         for h, _, start, end in chain:
             if end - start == self.block_tokens:
                 for key in self.anchors.get(h, ()):
@@ -95,12 +106,17 @@ class ConversationIndex:
         return new_key(tokens, chain, root, tenant, records)
 
 
+def boundary(record: AgentRecord) -> int:
+    """How much of a record a next turn must begin with: all but SLACK tokens (half a shorter one's)."""
+    return len(record.tokens) - min(SLACK, len(record.tokens) // 2)
+
+
 def continues(record: AgentRecord, matched: int, prompt: int) -> bool:
     """Whether a prompt of `prompt` tokens, `matched` of them the record's first, is its next
     turn (rule 1) or its latest turn sent again (rule 2)."""
     if not record.tokens:
         return False
-    next_turn = matched >= len(record.tokens) - min(SLACK, len(record.tokens) // 2)
+    next_turn = matched >= boundary(record)
     resend = record.turn_start > 0 and matched >= record.turn_start and prompt <= record.turn_start + 1 + SLACK
     return next_turn or resend
 
