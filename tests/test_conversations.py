@@ -107,6 +107,25 @@ def test_a_one_off_is_the_first_to_go_and_its_record_with_it():
     assert one_off not in store.agents and named in store.agents
 
 
+def test_over_the_disk_budget_a_one_off_goes_first_manifest_and_all(tmp_path):
+    store, disk = make_store(tmp_path, hot_tokens=0, block_tokens=8)  # every block leaves memory once written
+    tokens = list(range(1000, 1070))  # as long as the one-off's turn: blocks of equal cost
+    commit(store, AgentKey("older"), tokens)
+    one_off = turn(store, PROMPT, REPLY)
+    disk.flush()
+    store.evictor.disk_budget_bytes = store.pool.disk_bytes  # full: the next agents' blocks push others out
+    for n in (1, 2):  # a block's value grows with its position: the one-off's last block outvalues an agent's first
+        commit(store, AgentKey(f"newer-{n}"), [t + 100 * n for t in tokens])
+        disk.flush()
+    assert one_off not in store.agents and AgentKey("older") in store.agents
+    disk.close()
+    again, disk = make_store(tmp_path, block_tokens=8)
+    try:
+        assert one_off not in again.agents and AgentKey("older") in again.agents
+    finally:
+        disk.close()
+
+
 def test_an_unnamed_conversation_is_read_back_after_a_restart(tmp_path):
     store, disk = make_store(tmp_path, block_tokens=8)
     first = turn(store, PROMPT, REPLY)

@@ -55,7 +55,8 @@ class Evictor:
         rest precision (None: it leaves memory); warm: the tier whose copies the disk budget
         bounds (a shared one bounds itself); drop_if_unused: the index's way to let a block
         nobody holds go; moves: the store's count of blocks cooled, by (from, to, reason);
-        cooled: called once blocks went COLD (the index lets unnamed one-offs go with them)."""
+        cooled: called once blocks went COLD for good (over the disk budget, or the hot one with no
+        warm tier): the index lets unnamed one-offs go with them."""
         self.pool = pool
         self.hot_budget_bytes = hot_budget_bytes
         self.disk_budget_bytes = disk_budget_bytes
@@ -107,7 +108,7 @@ class Evictor:
                 went_cold = True
             self.drop_if_unused(block)
             self.moves["hot", block.tier.value if block.hash in self.pool else "gone", "hot_budget"] += 1
-        if went_cold:
+        if went_cold and self.warm is None:  # with a warm tier, a block written meanwhile is WARM again
             self.cooled()
 
     def evict_disk(self) -> None:
