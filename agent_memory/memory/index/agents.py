@@ -49,7 +49,7 @@ class AgentIndex:
 
     def started(self, agent: AgentKey, prompt: int) -> Turn:
         """The agent's turn once a client turn committed `prompt` tokens: a new one unless it
-        is its latest turn again (a resend or a retry)."""
+        is its latest turn again (a resend or a retry). The caller holds the lock (store.commit)."""
         old = self.agents.get(agent)
         if old is None:
             return Turn(prompt, 1)
