@@ -13,7 +13,11 @@ from typing import NamedTuple
 AGENT = "agent"
 RESPONSE = "response"  # a stored Responses-API response: agent-like, its id the response id
 HEAD = "head"  # a shared head (api/heads.py): a system prompt and tools computed once, for every agent to start from
-KINDS = (AGENT, RESPONSE, HEAD)
+# A conversation no request named, recognised by its content (memory/index/conversations.py):
+# its id is a hash of its first prompt, shown with UNNAMED_MARK before it.
+UNNAMED = "unnamed"
+KINDS = (AGENT, RESPONSE, HEAD, UNNAMED)
+UNNAMED_MARK = "~"
 
 # What no new agent id may hold: C0 and C1 controls, DEL, and the bidirectional-text controls
 # (an id that shows as another, or cannot be named in a URL). Ids of older versions may.
@@ -62,6 +66,11 @@ def refused_char(agent_id: str) -> str | None:
     """The first character no new agent id may hold (REFUSED), or None."""
     found = REFUSED.search(agent_id)
     return found.group() if found else None
+
+
+def key_label(key: AgentKey) -> str:
+    """An agent's id as listings and logs show it: an unnamed conversation's with its mark."""
+    return UNNAMED_MARK + key.id if key.kind == UNNAMED else key.id
 
 
 def shown_id(agent_id: str) -> str:

@@ -66,7 +66,9 @@ def test_ls_json_has_stable_fields(cache):
         "last_used",
         "manifest",
         "where",
+        "kind",  # "agent", or "unnamed": a conversation recognised by its content
     }
+    assert bob["kind"] == "agent"
     assert (bob["tokens"], bob["blocks"], bob["on_disk"], bob["cold"]) == (14, 4, 3, 1)
     sizes = {h: cache.tiny.block_path(h).stat().st_size for h in cache.bob.blocks[:3]}
     assert bob["bytes"] == sum(sizes.values())

@@ -11,9 +11,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from agent_memory.agent_key import AgentKey
+from agent_memory.agent_key import UNNAMED, AgentKey
 from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.blocks import Tier
+from agent_memory.memory.index.conversations import continues
+from agent_memory.memory.index.eviction import retention_weight
 from agent_memory.memory.index.prefix import common_prefix
 from agent_memory.memory.index.snapshots import KEPT_PER_AGENT, ROLES, TURN_END, TURN_START
 from agent_memory.memory.index.store import AgentCacheStore
@@ -98,6 +100,11 @@ class StoreMachine(RuleBasedStateMachine):
         if agent is not None:
             self.ended.discard(agent)
 
+    @staticmethod
+    def _salt(run: Running) -> str:
+        """The cache salt a running sequence commits in: a named agent's namespace is its tenant's."""
+        return run.salt if run.agent is None or run.agent.kind == UNNAMED else ""
+
     def _draw_tokens(self, data):
         base = data.draw(st.sampled_from(self.seen)) if self.seen else []
         # Often all of it: a returning agent's prompt, which a snapshot at its end can resume.
@@ -136,6 +143,24 @@ class StoreMachine(RuleBasedStateMachine):
         hot = [s.block for s in lease.segments if s.block is not None and s.block.tier is Tier.HOT]
         self.running.append(Running(tokens, lease, hot, agent, salt, held=[b.hash for b in lease.blocks if b.held]))
 
+    @rule(tenant=st.sampled_from(["", "t2"]), salt=SALTS, data=st.data())
+    def unnamed(self, tenant, salt, data):
+        """A request that names no agent: it joins the unnamed conversation of its namespace it
+        continues (memory/index/conversations.py), else a new one, then runs as that agent's."""
+        tokens = self._draw_tokens(data)
+        if not tokens:
+            return
+        root = self.store.names.root(namespace(tenant, salt))
+        key = self.store.recognise(tokens, root, tenant)
+        assert key.kind == UNNAMED and key.tenant == tenant
+        record = self.store.agents.get(key)
+        if record is not None:  # joined: one it continues, of its own namespace
+            assert record.root == root
+            assert continues(record, common_prefix(record.tokens, tokens), len(tokens))
+        lease = self.store.lookup(tokens, root)
+        hot = [s.block for s in lease.segments if s.block is not None and s.block.tier is Tier.HOT]
+        self.running.append(Running(tokens, lease, hot, key, salt))
+
     @precondition(lambda self: self.running)
     @rule(data=st.data(), cut=st.integers(0, 14))
     def share_prompt(self, data, cut):
@@ -145,7 +170,7 @@ class StoreMachine(RuleBasedStateMachine):
         run = self.running[data.draw(st.integers(0, len(self.running) - 1))]
         tokens = run.tokens[: max(1, len(run.tokens) - cut)]
         if tokens:
-            self._commit(run.agent, tokens, run.salt if run.agent is None else "", True, run, TURN_START)
+            self._commit(run.agent, tokens, self._salt(run), True, run, TURN_START)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data(), extra=TOKENS, snapshot=st.booleans())
@@ -156,7 +181,7 @@ class StoreMachine(RuleBasedStateMachine):
         tokens = run.tokens + extra
         self.store.release(run.lease)  # as the engine does: release, then commit
         if tokens:
-            self._commit(run.agent, tokens, run.salt if run.agent is None else "", snapshot, run)
+            self._commit(run.agent, tokens, self._salt(run), snapshot, run)
         self.store.let_go(run.snapshots)
 
     @precondition(lambda self: self.running)
@@ -271,6 +296,20 @@ class StoreMachine(RuleBasedStateMachine):
         tenants = [store.totals(t) for t in {b.tenant for b in pool.blocks.values()} | {a.tenant for a in store.agents}]
         assert sum(t["hot_bytes"] for t in tenants) == pool.hot_bytes
         assert sum(t["agents"] for t in tenants) == len(store.agents)
+        # Each block's retention weight is its references' (a one-off's count less), exactly.
+        weights = {h: 0.0 for h in pool.blocks}
+        for key, record in store.agents.items():
+            for h in [*record.blocks, *record.snapshots]:
+                weights[h] += retention_weight(key.kind, record.turns)
+        assert all(b.weight == weights[h] for h, b in pool.blocks.items())
+        # Unnamed conversations are filed for recognition, each under its anchors, and nothing else is;
+        # each stays in its tenant's namespace.
+        conversations = store.conversations
+        unnamed = {k for k in store.agents if k.kind == UNNAMED}
+        assert set(conversations.filed) == unnamed
+        assert {k for keys in conversations.anchors.values() for k in keys} == unnamed
+        assert all(k in conversations.anchors[a] for k, anchors in conversations.filed.items() for a in anchors)
+        assert all(self.tenant_of[store.agents[k].root] == k.tenant for k in unnamed)
         # 4: ended agents are gone.
         assert not (self.ended & set(store.agents))
         # 5: blocks pinned by running sequences stay hot.

@@ -14,7 +14,7 @@ import hashlib
 import logging
 import time
 
-from agent_memory.agent_key import AgentKey
+from agent_memory.agent_key import UNNAMED, AgentKey, key_label
 
 log = logging.getLogger("agent_memory.requests")
 
@@ -24,6 +24,10 @@ AGENT_PATH = "/v1/agents/"
 
 
 def shown_agent(agent: AgentKey | None, log_ids: bool) -> str | None:
+    """An agent as the log shows it: hashed unless `log_ids`; an unnamed conversation by its id,
+    a hash of content already (agent_key.key_label)."""
+    if agent is not None and agent.kind == UNNAMED:
+        return key_label(agent)
     if agent is None or log_ids:
         return agent.id if agent is not None else None
     return hashlib.blake2b(f"{agent.tenant}\0{agent.id}".encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()

@@ -1,5 +1,6 @@
 """Agent lifecycle over HTTP: list agents, show one, end one (frees what it alone holds), over
-every served model's engine."""
+every served model's engine. Unnamed conversations (memory/index/conversations.py) are agents
+of kind "unnamed", listed with a `~` before their id and named by it with or without."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 from fastapi import APIRouter, Depends, Request
 from starlette.convertors import PathConvertor, register_url_convertor
 
-from agent_memory.agent_key import AgentKey, shown_id
+from agent_memory.agent_key import UNNAMED, UNNAMED_MARK, AgentKey, shown_id
 from agent_memory.api.agent_ids import refusal
 from agent_memory.api.errors import APIError
 from agent_memory.api.serving.speaker import tenant
@@ -34,8 +35,11 @@ def agent_dict(info: AgentInfo, model: str) -> dict:
     last = info.misses[-1] if info.misses else None
     return {
         "id": info.id,
-        "display_id": shown_id(info.id),  # what people see: escaped where it would hide a character
+        # What people see: escaped where it would hide a character; an unnamed conversation's marked.
+        "display_id": UNNAMED_MARK + info.id if info.kind == UNNAMED else shown_id(info.id),
         "object": "agent",
+        "kind": info.kind,  # "agent" (named by its requests) or "unnamed" (recognised by its content)
+        "turns": info.turns,
         "model": model,  # the served model whose memory it is: an agent of two models is two
         "tokens": info.tokens,
         "blocks": info.blocks,
@@ -90,11 +94,11 @@ async def get_agent(
 ) -> dict:
     """`?model=`: the agent of that model (an agent of two models is two); else the first found.
     With its latest misses, oldest first (docs/usage.md, "Why a request missed")."""
-    key = AgentKey(agent_id, tenant(request))
     for model in models_named(state, model):
-        info = await asyncio.to_thread(model.engine.agent, key)
-        if info is not None:  # the caller's tenant's own agent: its misses' text too
-            return {**agent_dict(info, model.id), "misses": [_miss(m) for m in info.misses]}
+        for key in _keys(agent_id, tenant(request)):
+            info = await asyncio.to_thread(model.engine.agent, key)
+            if info is not None:  # the caller's tenant's own agent: its misses' text too
+                return {**agent_dict(info, model.id), "misses": [_miss(m) for m in info.misses]}
     raise _not_found(agent_id)
 
 
@@ -104,11 +108,25 @@ async def delete_agent(
 ) -> dict:
     """Ends the agent in every model, or in the one `?model=` names."""
     # Freeing KV arrays is MLX work: each engine does it on its own thread.
-    key = AgentKey(agent_id, tenant(request))
-    ended = [await asyncio.wrap_future(m.engine.end_agent(key)) for m in models_named(state, model)]
+    ended = [await _end_first(m, _keys(agent_id, tenant(request))) for m in models_named(state, model)]
     if not any(ended):
         raise _not_found(agent_id)
     return {"id": agent_id, "object": "agent.deleted", "deleted": True}
+
+
+async def _end_first(model: ServedModel, keys: list[AgentKey]) -> bool:
+    """End the first of `keys` the model holds: a named agent before an unnamed one of that id."""
+    for key in keys:
+        if await asyncio.wrap_future(model.engine.end_agent(key)):
+            return True
+    return False
+
+
+def _keys(agent_id: str, own: str) -> list[AgentKey]:
+    """The agents an id in a path may name: a named agent's, then an unnamed conversation's
+    (its id with or without its mark)."""
+    unnamed = AgentKey(agent_id.removeprefix(UNNAMED_MARK), own, UNNAMED)
+    return [unnamed] if agent_id.startswith(UNNAMED_MARK) else [AgentKey(agent_id, own), unnamed]
 
 
 def _not_found(agent_id: str) -> APIError:

@@ -141,7 +141,7 @@ class BatchEngine(EngineClient):
         return self._model.parts.store.totals(tenant) if self._model.parts is not None else {}
 
     def heads(self, tenant: str | None) -> list[AgentInfo]:
-        return self._model.parts.store.all_agents(tenant, HEAD) if self._model.parts is not None else []
+        return self._model.parts.store.all_agents(tenant, (HEAD,)) if self._model.parts is not None else []
 
     def pin(self, key: AgentKey, on: bool) -> PinResult:
         return self._model.parts.store.pin(key, on) if self._model.parts is not None else PinResult(False, False)

@@ -101,16 +101,22 @@ def new_sequence(
 ) -> Sequence:
     """A request as the engine runs it: its request side (generation.py), working cache, agent
     and namespace; a guess at its new work for the scheduler. A prefill-only request (a
-    follow-up, or the API's settle) computes its prompt's KV for its agent and ends."""
+    follow-up, or the API's settle) computes its prompt's KV for its agent and ends. A client's
+    request that names no agent, and is to be remembered, joins the unnamed conversation it
+    continues, or starts one (memory/index/conversations.py)."""
     prefill_only = request.prefill_only
+    root = store.names.root(namespace(request.tenant, request.cache_salt))
+    agent = request.agent
+    if agent is None and not prefill_only and request.remember:
+        agent = store.recognise(request.prompt, root, request.tenant, request.extra_keys)
     seq = Sequence(
         id=seq_id,
         request=request,
         generation=new_generation(request, sink, loaded),
         submitted=submitted,
         cache=layers.new_cache(working),
-        agent=request.agent,
-        root=store.names.root(namespace(request.tenant, request.cache_salt)),
+        agent=agent,
+        root=root,
         prefill_only=prefill_only,
     )
     seq.generation.usage.agent = seq.agent

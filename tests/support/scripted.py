@@ -19,6 +19,7 @@ RoPE's base is raised so the attending pair of dimensions does not rotate over 3
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -50,10 +51,17 @@ CLOSERS = {'"': 14.0, "}": 12.0}
 EMPTY_OBJECT = 20.0
 
 
-def scripted_model(root: Path, *, tool: str | None, answer: str = "Done.", context: int = CONTEXT) -> Path:
+def scripted_model(
+    root: Path, *, tool: str | None, answer: str | tuple[str, ...] = "Done.", context: int = CONTEXT
+) -> Path:
     """A model folder under `root`: with `tool`, its first turn calls `tool`; with None, it answers
-    `answer` at once. After a tool result it always answers `answer`. `context`: its window."""
+    `answer` at once. After a tool result it always answers `answer`. `context`: its window.
+    `answer` as pieces: it writes each as the tokenizer writes it alone, so the text, tokenized
+    whole, comes back as other tokens (what a follow-up makes canonical: engine/sequence.py)."""
+    pieces = (answer,) if isinstance(answer, str) else answer
     name = f"scripted-{tool or 'answer'}" + ("" if context == CONTEXT else f"-{context}")
+    if pieces != ("Done.",):
+        name += "-" + hashlib.blake2b("\0".join(pieces).encode(), digest_size=4).hexdigest()
     out = root / name
     if (out / "model.safetensors").exists():
         return out
@@ -69,7 +77,7 @@ def scripted_model(root: Path, *, tool: str | None, answer: str = "Done.", conte
     config = json.loads((work / "config.json").read_text())
     tokenizer = Tokenizer.from_file(str(work / "tokenizer.json"))
     weights = load_file(str(work / "model.safetensors"))
-    save_file(_weights(weights, config, tokenizer, tool, answer), str(work / "model.safetensors"))
+    save_file(_weights(weights, config, tokenizer, tool, pieces), str(work / "model.safetensors"))
     work.rename(out)
     return out
 
@@ -80,14 +88,14 @@ def _id(tokenizer: Tokenizer, text: str) -> int:
     return ids[0]
 
 
-def _weights(weights: dict, config: dict, tokenizer: Tokenizer, tool: str | None, answer: str) -> dict:
+def _weights(weights: dict, config: dict, tokenizer: Tokenizer, tool: str | None, pieces: tuple[str, ...]) -> dict:
     hidden, vocab, head = config["hidden_size"], config["vocab_size"], config["head_dim"]
     dtype = weights["model.embed_tokens.weight"].dtype
     out = {key: np.zeros_like(value) for key, value in weights.items()}
     for key in out:
         if key.endswith("norm.weight"):
             out[key][:] = 1.0
-    answer_ids = tokenizer.encode(answer, add_special_tokens=False).ids
+    answer_ids = [i for piece in pieces for i in tokenizer.encode(piece, add_special_tokens=False).ids]
     assert len(set(answer_ids)) == len(answer_ids) and ANSWER_DIM + len(answer_ids) <= hidden, answer_ids
     result, opener = _id(tokenizer, "<tool_response>"), _id(tokenizer, "<tool_call>")
     end = _id(tokenizer, "<|im_end|>")

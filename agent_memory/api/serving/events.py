@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
+from agent_memory.api.access_log import shown_agent
 from agent_memory.api.errors import failure
 from agent_memory.api.state import ServedModel, ServerState
 from agent_memory.engine.requests import Event, Failed, Finished, GenerationRequest, TextDelta
@@ -46,6 +47,8 @@ async def events(state: ServerState, model: ServedModel, generation: GenerationR
                 u = event.usage
                 trace.update(cached_tokens=u.cached_tokens, hot_tokens=u.hot_tokens, warm_tokens=u.warm_tokens)
                 trace.update(completion_tokens=u.completion_tokens, finish=event.reason)
+                if u.agent is not None and generation.agent is None:  # it joined an unnamed conversation
+                    trace["agent"] = shown_agent(u.agent, state.log_agent_ids)
                 if u.miss is not None:
                     trace["miss"] = u.miss.logged()
                 if u.accepted_prediction_tokens or u.rejected_prediction_tokens:

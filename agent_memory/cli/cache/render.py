@@ -109,14 +109,14 @@ def ls(root: Path, rows: list[AgentRow], folders: list[ModelFolder], responses: 
         emit_json({"cache_dir": str(root), "agents": [asdict(r) for r in rows], "stored_responses": responses})
     elif fmt is Format.quiet:
         for row in rows:
-            typer.echo(shown_id(row.id))
+            typer.echo(shown_id(row.label))
     else:
         now = time.time()
         table(
             ("id", "model", "tokens", "blocks", "size", "last_used", "where"),
             [
                 (
-                    r.id,
+                    r.label,
                     r.model,
                     str(r.tokens),
                     f"{r.on_disk} + {r.cold} cold" if r.cold else str(r.on_disk),

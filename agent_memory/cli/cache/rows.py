@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent_memory.agent_key import AGENT, RESPONSE
+from agent_memory.agent_key import AGENT, RESPONSE, UNNAMED, AgentKey, key_label
 from agent_memory.memory.warm.admin.model_folder import ModelFolder
 from agent_memory.memory.warm.format.records import Manifest
 
@@ -26,6 +26,12 @@ class AgentRow:
     manifest: str  # "" for an agent only in its server's memory so far
     tenant: str = ""
     where: str = "disk"  # "disk"; "disk+server": its folder's running server holds it too; "server": only there
+    kind: str = AGENT  # or UNNAMED: a conversation no request named (memory/index/conversations.py)
+
+    @property
+    def label(self) -> str:
+        """Its id as listed: an unnamed conversation's marked `~`."""
+        return key_label(AgentKey(self.id, self.tenant, self.kind))
 
     @classmethod
     def in_server(cls, folder: ModelFolder, agent: dict) -> AgentRow:
@@ -44,6 +50,7 @@ class AgentRow:
             last_used=agent["last_used"],
             manifest="",
             where="server",
+            kind=agent.get("kind", AGENT),
         )
 
     @classmethod
@@ -62,6 +69,7 @@ class AgentRow:
             last_used=manifest.last_used,
             manifest=str(manifest.path),
             tenant=manifest.key.tenant,
+            kind=manifest.key.kind,
         )
 
 
@@ -87,7 +95,7 @@ class FolderStats:
         return cls(
             model=f.name,
             folder=f.folder,
-            agents=sum(1 for m in files.manifests if m.key.kind == AGENT),
+            agents=sum(1 for m in files.manifests if m.key.kind in (AGENT, UNNAMED)),
             stored_responses=sum(1 for m in files.manifests if m.key.kind == RESPONSE),
             block_files=len(files.blocks),
             bytes=sum(i.size for i in files.blocks.values()),

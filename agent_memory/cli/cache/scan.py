@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from agent_memory.agent_key import AGENT, AgentKey, shown_id
+from agent_memory.agent_key import AGENT, UNNAMED, AgentKey, key_label, shown_id
 from agent_memory.cli.cache.rows import AgentRow
 from agent_memory.cli.cache.server import LiveServer
 from agent_memory.cli.common import fail, settings
@@ -67,9 +67,13 @@ def find_agent(folders: list[ModelFolder], agent: str, tenant: str | None = None
 def locate_agent(
     folders: list[ModelFolder], agent: str, tenant: str | None = None
 ) -> tuple[ModelFolder, Manifest] | str:
-    """The one manifest of the agent (of `tenant`, if given), or why there is none."""
+    """The one manifest of the agent (of `tenant`, if given), or why there is none; an unnamed
+    conversation's by its id with or without its `~`."""
     found = [
-        (f, m) for f in folders for m in f.files.manifests if m.key.id == agent and tenant in (None, m.key.tenant)
+        (f, m)
+        for f in folders
+        for m in f.files.manifests
+        if agent in (m.key.id, key_label(m.key)) and tenant in (None, m.key.tenant)
     ]
     if len(found) == 1:
         return found[0]
@@ -135,13 +139,13 @@ def agent_rows(folder: ModelFolder, key_of: Callable[[str], str | None]) -> list
     """The folder's agents as `ls` lists them: each manifest on disk (stored responses are not
     agents), and, while a server runs on the folder, the agents it holds in memory only so far,
     so that `ls` counts what /v1/agents, /metrics and the dashboard count."""
-    rows = [AgentRow.of(folder, m) for m in folder.files.manifests if m.key.kind == AGENT]
+    rows = [AgentRow.of(folder, m) for m in folder.files.manifests if m.key.kind in (AGENT, UNNAMED)]
     record = folder.layout.read_server_json()
     if record is None:
         return rows
-    held = {a["id"]: a for a in LiveServer(record, key_of, folder.name).agent_list()}
+    held = {(a["id"], a.get("kind", AGENT)): a for a in LiveServer(record, key_of, folder.name).agent_list()}
     for row in rows:
-        if row.tenant == "" and row.id in held:
+        if row.tenant == "" and (row.id, row.kind) in held:
             row.where = "disk+server"
-    on_disk = {row.id for row in rows if row.tenant == ""}
+    on_disk = {(row.id, row.kind) for row in rows if row.tenant == ""}
     return rows + [AgentRow.in_server(folder, a) for i, a in held.items() if i not in on_disk]

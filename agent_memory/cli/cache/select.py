@@ -44,7 +44,7 @@ SORT_KEYS: dict[str, tuple[Callable[[AgentRow], object], bool]] = {
     "model": (lambda r: r.model, False),
 }
 NUMBER_KEYS = {"last_used", "size", "tokens", "blocks", "cold"}
-TEXT_KEYS = {"id", "model", "tenant"}
+TEXT_KEYS = {"id", "model", "tenant", "kind"}
 ALIASES = {"accessed": "last_used", "last-used": "last_used", "bytes": "size", "name": "id"}
 SORT_HELP = (
     "Sort by last_used, size, tokens, blocks (largest/newest first), id or model (A to Z); "
@@ -52,7 +52,7 @@ SORT_HELP = (
 )
 FILTER_HELP = (
     'Keep agents matching KEY OP VALUE, e.g. "last_used>7d" (unused for over 7 days), "size>10MB", '
-    '"tokens<=2000", "cold>0", "id=planner-*", "model=tiny"; repeat to combine. Ops: = != > >= < <=.'
+    '"tokens<=2000", "cold>0", "id=planner-*", "model=tiny", "kind=unnamed"; repeat to combine. Ops: = != > >= < <=.'
 )
 
 

@@ -64,7 +64,7 @@ class Trace(NoTrace):
     def _seq(self, seq: Sequence) -> dict:
         record = self._seqs.get(seq.id)
         if record is None:
-            agent = seq.request.agent.id if seq.request.agent is not None else None
+            agent = seq.agent.id if seq.agent is not None else None  # an unnamed one once recognised
             record = self._seqs[seq.id] = {
                 "seq": seq.id,
                 "agent": agent,

@@ -2,7 +2,8 @@
 one lock. Two writers change it: the store (store.py), as this server's requests run and end,
 and the shared tier's sync (shared_sync.py), as other servers' turns arrive; HTTP handlers read
 it (`agent_info`, `all_agents`). An agent holds a reference on each of its blocks; a block no
-agent refers to lives on only in memory, for anonymous reuse."""
+agent refers to lives on only in memory, for anonymous reuse. A request that names no agent is
+given the unnamed conversation it continues (`recognise`: conversations.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import secrets
 import threading
 from collections.abc import Sequence
 
-from agent_memory.agent_key import AGENT, RESPONSE, AgentKey
+from agent_memory.agent_key import AGENT, RESPONSE, UNNAMED, AgentKey
 from agent_memory.cache_miss import Miss
 from agent_memory.memory.hashing import BlockNames, SpanKey
 from agent_memory.memory.index import pins
 from agent_memory.memory.index.blocks import Block, BlockPool, Tier
+from agent_memory.memory.index.conversations import ConversationIndex
+from agent_memory.memory.index.eviction import retention_weight
 from agent_memory.memory.index.prefix import common_prefix
-from agent_memory.memory.index.store_records import AgentInfo, AgentRecord
+from agent_memory.memory.index.store_records import AgentInfo, AgentRecord, Turn
 from agent_memory.memory.warm.format.records import Manifest
 from agent_memory.memory.warm.tier import WarmTier
 
@@ -29,6 +32,7 @@ class AgentIndex:
         self.pool = BlockPool()
         self.names = BlockNames(salt, block_tokens)
         self.agents: dict[AgentKey, AgentRecord] = {}
+        self.conversations = ConversationIndex(self.names)
         self.warm = warm
         self.shared = warm is not None and warm.shared
 
@@ -39,6 +43,21 @@ class AgentIndex:
             record = self.agents.get(agent) if agent is not None else None
             return common_prefix(record.tokens, tokens) if record is not None else 0
 
+    def recognise(self, tokens: Sequence[int], root: str | None, tenant: str, extras: Sequence[SpanKey] = ()) -> AgentKey:
+        """The unnamed conversation a request that names no agent continues, or a new one
+        (conversations.py); `root`: its namespace, of `tenant` and its cache salt."""
+        chain = self.names.chain(tokens, root, tuple(sorted(extras)))
+        with self.lock:
+            return self.conversations.recognise(tokens, chain, root, tenant, self.agents)
+
+    def started(self, agent: AgentKey, prompt: int) -> Turn:
+        """The agent's turn once a client turn committed `prompt` tokens: a new one unless it
+        is its latest turn again (a resend or a retry). The caller holds the lock (store.commit)."""
+        old = self.agents.get(agent)
+        if old is None:
+            return Turn(prompt, 1)
+        return Turn(prompt, old.turns + (prompt != old.turn_start))
+
     def point_agent(
         self,
         agent: AgentKey,
@@ -48,24 +67,33 @@ class AgentIndex:
         snapshots: Sequence[Block] = (),
         extras: tuple[SpanKey, ...] = (),
         roles: dict[str, str] | None = None,
+        turn: Turn | None = None,
     ) -> None:
         """Make `blocks` (and `snapshots` along them, `roles` naming some: snapshots.py) the
-        agent's latest sequence, keeping its manifest versions."""
+        agent's latest sequence, keeping its manifest versions; `turn`: where its latest client
+        turn started, if this is one (else as before)."""
+        old = self.agents.get(agent)
+        turn = turn or (Turn(old.turn_start, old.turns) if old is not None else Turn(0, 0))
+        record = self.agents[agent] = AgentRecord(
+            tokens, [b.hash for b in blocks], root, snapshots=[s.hash for s in snapshots], roles=dict(roles or {}),
+            extras=extras, turn_start=turn.start, turns=turn.count,
+        )
+        weight = retention_weight(agent.kind, record.turns)
         for block in [*blocks, *snapshots]:
             block.refs += 1
+            block.weight += weight
             block.orphan = False
-        old = self.agents.get(agent)
-        self.agents[agent] = AgentRecord(
-            tokens, [b.hash for b in blocks], root, snapshots=[s.hash for s in snapshots], roles=dict(roles or {}),
-            extras=extras,
-        )
         if old is not None:
-            self.agents[agent].etag, self.agents[agent].stored = old.etag, old.stored
-            self.agents[agent].misses = old.misses
-            record = self.agents[agent]
+            record.etag, record.stored, record.misses = old.etag, old.stored, old.misses
             record.keep_until, record.keep_on_disk_until = old.keep_until, old.keep_on_disk_until
-            pins.move_hold(self.pool, old, self.agents[agent])  # a pinned agent's new blocks are held instead
-            self._unref([*old.blocks, *old.snapshots])
+            pins.move_hold(self.pool, old, record)  # a pinned agent's new blocks are held instead
+            self._unref([*old.blocks, *old.snapshots], retention_weight(agent.kind, old.turns))
+        self.conversations.file(agent, record)
+
+    def still_used(self, hashes: list[str]) -> set[str]:
+        """Of blocks a shared tier's manifests no longer name, those this server still uses."""
+        with self.lock:
+            return {h for h in hashes if (b := self.pool.get(h)) is not None and (b.refs or b.pins)}
 
     def manifest(self, agent: AgentKey) -> tuple[Manifest, str | None, str | None]:
         """The agent's record as the warm tier stores it, with the version it replaces and its
@@ -74,7 +102,7 @@ class AgentIndex:
         manifest = Manifest(
             agent, self.warm.fingerprint, record.tokens, record.blocks, record.last_used, root=record.root,
             snapshots=[(self.pool.blocks[h].start, h) for h in record.snapshots], extras=record.extras,
-            roles=record.roles, pinned=record.pinned,
+            roles=record.roles, pinned=record.pinned, turn=Turn(record.turn_start, record.turns),
         )
         if not self.shared:
             return manifest, None, None
@@ -92,16 +120,28 @@ class AgentIndex:
         record = self.agents.pop(agent, None)
         if record is not None:
             pins.hold(self.pool, record, -1 if record.pinned else 0)
-            self._unref([*record.blocks, *record.snapshots])
+            self.conversations.remove(agent)
+            self._unref([*record.blocks, *record.snapshots], retention_weight(agent.kind, record.turns))
         return record is not None
 
-    def _unref(self, hashes: Sequence[str]) -> None:
+    def drop_cold_one_offs(self) -> None:
+        """Unnamed one-offs none of whose blocks has KV left in any tier go, manifest and all:
+        the first agents to leave under the budgets (eviction.retention_weight)."""
+        for key, record in list(self.agents.items()):
+            if key.kind == UNNAMED and record.turns < 2:
+                if all(self.pool.blocks[h].tier is Tier.COLD for h in record.blocks):
+                    self.forget(key)
+                    if self.warm is not None:
+                        self.warm.delete_agent(key)
+
+    def _unref(self, hashes: Sequence[str], weight: float) -> None:
         """Drop an agent's references. Blocks it alone held and no longer uses go at once: a
         superseded tail, the end of a reply that re-tokenized differently, an abandoned branch.
         Kept, they would be memory that no request of the agent's can reach any more."""
         for h in hashes:
             block = self.pool.blocks[h]
             block.refs -= 1
+            block.weight -= weight
             block.orphan = not block.refs  # pinned meanwhile, it goes with its last pin
             self.drop_if_unused(block, forget=True)
 
@@ -142,6 +182,8 @@ class AgentIndex:
                 snapshot_bytes=sum(s.hot_bytes for s in snapshots),
                 misses=list(record.misses),
                 pinned=bool(record.pinned),
+                kind=agent.kind,
+                turns=record.turns,
             )
 
     def counts(self, tenant: str | None = None) -> dict[str, int]:
@@ -153,11 +195,12 @@ class AgentIndex:
             responses = sum(1 for a in held if a.kind == RESPONSE)
             return {"agents": sum(1 for a in held if a.kind == AGENT), "stored_responses": responses}
 
-    def all_agents(self, tenant: str | None = "", kind: str = AGENT) -> list[AgentInfo]:
-        """A tenant's agents (None: every tenant's), or its heads (`kind` HEAD); stored responses are not agents."""
+    def all_agents(self, tenant: str | None = "", kinds: tuple[str, ...] = (AGENT, UNNAMED)) -> list[AgentInfo]:
+        """A tenant's agents, named and unnamed (None: every tenant's), or its heads (`kinds`
+        (HEAD,)); stored responses are not agents."""
         with self.lock:
             return [
                 self.agent_info(a)
                 for a in sorted(self.agents)
-                if (tenant is None or a.tenant == tenant) and a.kind == kind
+                if (tenant is None or a.tenant == tenant) and a.kind in kinds
             ]

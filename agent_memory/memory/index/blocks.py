@@ -35,6 +35,7 @@ class Block:
     exact: bool = False  # HOT at the precision it was computed at, not yet quantized
     disk_bytes: int = 0  # size of its warm copy (a file, or a Redis value); 0 when none
     refs: int = 0  # agents whose latest sequence uses the block
+    weight: float = 0.0  # their references' worth to eviction (eviction.retention_weight)
     pins: int = 0  # running sequences using it: never evicted while > 0
     held: int = 0  # pinned agents and heads using it (memory/index/pins.py): never evicted while > 0
     # No agent uses it any more, but a running sequence did when its last agent let go (an

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agent_memory.agent_key import UNNAMED
 from agent_memory.cache_miss import EVICTED_DISK, EVICTED_HOT
 from agent_memory.fair_share import fair_order
 from agent_memory.memory.index.blocks import Block, BlockPool, Tier
@@ -26,6 +27,14 @@ from agent_memory.memory.warm.tier import WarmTier
 KVDemoter = Callable[[Any], tuple[Any, int]]
 # Reloading a block from disk costs this fraction of recomputing it.
 DISK_RELOAD_COST = 0.05
+# What an unnamed one-off (a request no later one continued) adds to its blocks' retention, where
+# an agent or a conversation that came back adds 1: among equally idle blocks its go first.
+ONE_OFF_WEIGHT = 0.25
+
+
+def retention_weight(kind: str, turns: int) -> float:
+    """What an agent's reference adds to the retention value of each block it holds."""
+    return ONE_OFF_WEIGHT if kind == UNNAMED and turns < 2 else 1.0
 
 
 class Evictor:
@@ -40,12 +49,15 @@ class Evictor:
         warm: WarmTier | None,
         drop_if_unused: Callable[[Block], None],
         moves: collections.Counter[tuple[str, str, str]],
+        cooled: Callable[[], None] = lambda: None,
     ) -> None:
         """pool: the store's blocks; attention_tokens: the context length at which a token's
         attention costs as much as its matmuls; demote: how an exact hot block cools to the
         rest precision (None: it leaves memory); warm: the tier whose copies the disk budget
         bounds (a shared one bounds itself); drop_if_unused: the index's way to let a block
-        nobody holds go; moves: the store's count of blocks cooled, by (from, to, reason)."""
+        nobody holds go; moves: the store's count of blocks cooled, by (from, to, reason);
+        cooled: called once blocks went COLD for good (over the disk budget, or the hot one with no
+        warm tier): the index lets unnamed one-offs go with them."""
         self.pool = pool
         self.hot_budget_bytes = hot_budget_bytes
         self.disk_budget_bytes = disk_budget_bytes
@@ -55,6 +67,7 @@ class Evictor:
         self.shared = warm is not None and warm.shared
         self.drop_if_unused = drop_if_unused
         self.moves = moves
+        self.cooled = cooled
 
     def retention_value(self, block: Block, now: float, nbytes: int, on_disk: bool) -> float:
         """What keeping the block saves, per byte per idle second; the lowest leaves first.
@@ -68,7 +81,7 @@ class Evictor:
         if on_disk:
             cost *= DISK_RELOAD_COST
         idle = now - block.last_used + 1.0
-        return cost * (1 + block.refs) / (max(nbytes, 1) * idle)
+        return cost * (1 + block.weight) / (max(nbytes, 1) * idle)
 
     def evict_hot(self) -> None:
         """Over the hot budget, the blocks worth least per byte cool a step each: an exact
@@ -76,7 +89,7 @@ class Evictor:
         memory (WARM with a file, else COLD)."""
         if self.pool.hot_bytes <= self.hot_budget_bytes:
             return
-        now, wall = time.monotonic(), time.time()
+        now, wall, went_cold = time.monotonic(), time.time(), False
         held = self.pool.in_tier(Tier.HOT)
         for block in fair_order(
             held,
@@ -93,13 +106,16 @@ class Evictor:
             self.pool.drop_payload(block)
             if block.tier is Tier.COLD:
                 block.cooled_by = EVICTED_HOT
+                went_cold = True
             self.drop_if_unused(block)
             self.moves["hot", block.tier.value if block.hash in self.pool else "gone", "hot_budget"] += 1
+        if went_cold and self.warm is None:  # with a warm tier, a block written meanwhile is WARM again
+            self.cooled()
 
     def evict_disk(self) -> None:
         if self.shared or self.pool.disk_bytes <= self.disk_budget_bytes:
             return  # a shared tier is bounded by its own maxmemory (warm/redis/backend.py)
-        now, wall = time.monotonic(), time.time()
+        now, wall, went_cold = time.monotonic(), time.time(), False
         held = [b for b in self.pool.blocks.values() if b.disk_bytes]
         value = lambda b: (b.keep_on_disk_until > wall, self.retention_value(b, now, b.disk_bytes, False))  # noqa: E731
         for block in fair_order(held, lambda b: b.disk_bytes, value, unpinned):
@@ -109,7 +125,10 @@ class Evictor:
             self.pool.drop_disk(block)  # agents still refer to it: it becomes COLD, not gone
             if block.tier is Tier.COLD:
                 block.cooled_by = EVICTED_DISK
+                went_cold = True
             self.moves["warm", block.tier.value, "disk_budget"] += 1
+        if went_cold:
+            self.cooled()
 
     # -- what the API shows ----------------------------------------------------------------
 

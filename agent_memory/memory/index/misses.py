@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from agent_memory.agent_key import AgentKey
+from agent_memory.agent_key import UNNAMED, AgentKey
 from agent_memory.cache_miss import (
     ANOTHER_EXTRA_KEY, ANOTHER_MODEL, ANOTHER_NAMESPACE, EVICTED_DISK, EXCERPT_AFTER, EXCERPT_BEFORE,
     NEW_CONVERSATION, NO_SNAPSHOT, NONE, REWRITTEN, Miss,
@@ -58,7 +58,8 @@ def explain(
             return Miss(why, at, max(0, known - cached))
     if rewritten:
         return Miss(REWRITTEN, followed, len(record.tokens) - followed, _excerpt(record, tokens, followed, decode))
-    if record is not None or (agent is None and at >= len(tokens)):  # unnamed: no history to follow
+    unnamed = agent is None or agent.kind == UNNAMED  # a new unnamed conversation: no history to follow
+    if record is not None or (unnamed and at >= len(tokens)):
         return Miss(NONE, at)
     folder = _held_elsewhere(index, agent)
     if folder is not None:

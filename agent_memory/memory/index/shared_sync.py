@@ -26,6 +26,7 @@ from agent_memory.memory.hashing import SpanKey, covering
 from agent_memory.memory.index.agents import AgentIndex
 from agent_memory.memory.index import snapshots
 from agent_memory.memory.index.blocks import Block, Tier
+from agent_memory.memory.index.store_records import Turn
 from agent_memory.memory.warm.backend import Probe
 from agent_memory.memory.warm.tier import WarmTier
 
@@ -178,7 +179,9 @@ class SharedTierSync:
                 if kept[-1].tier is Tier.COLD:
                     index.pool.set_disk(kept[-1], self.tier.file_bytes(self.tier.layout(kept[-1])))
         roles = {r: h for r, h in manifest.roles.items() if h in {s.hash for s in kept}}
-        index.point_agent(d.agent, list(manifest.tokens), blocks, manifest.root, kept, manifest.extras, roles)
+        index.point_agent(
+            d.agent, list(manifest.tokens), blocks, manifest.root, kept, manifest.extras, roles, Turn(*manifest.turn)
+        )
         record = index.agents[d.agent]
         record.etag = record.stored = etag
         record.last_used = manifest.last_used

@@ -27,7 +27,7 @@ from agent_memory.memory.index.blocks import Block, Tier
 from agent_memory.memory.index.eviction import Evictor, KVDemoter
 from agent_memory.memory.index.prefix import PrefixMatcher
 from agent_memory.memory.index.shared_sync import SharedTierSync
-from agent_memory.memory.index.store_records import Lease, Persist, Segment
+from agent_memory.memory.index.store_records import Lease, Persist, Segment, Turn
 from agent_memory.memory.warm.format.records import BlockRecord
 from agent_memory.memory.warm.scan import FolderScan
 from agent_memory.memory.warm.tier import WarmTier
@@ -69,6 +69,7 @@ class AgentCacheStore(AgentIndex):
             warm=warm,
             drop_if_unused=self.drop_if_unused,
             moves=self.moves,
+            cooled=self.drop_cold_one_offs,
         )
         self.sync = SharedTierSync(self, warm) if self.shared else None
 
@@ -200,7 +201,8 @@ class AgentCacheStore(AgentIndex):
                 named = [*(old.snapshots if old is not None else ()), *made, *filter(None, [resumed, persist.snapshot])]
                 along = snapshots.along(self.pool, self.names, chain, tokens, named, extras)
                 kept, roles = snapshots.choose(along, roles)
-                self.point_agent(agent, list(tokens), blocks, root, kept, extras, roles)
+                turn = self.started(agent, len(tokens)) if role == snapshots.TURN_START else None
+                self.point_agent(agent, list(tokens), blocks, root, kept, extras, roles, turn)
                 if self.warm is not None:
                     persist.blocks = [
                         (BlockRecord(b.hash, b.parent, b.start, b.tokens, b.snapshot, b.extras), b.payload)
@@ -265,18 +267,14 @@ class AgentCacheStore(AgentIndex):
                         if not kept[-1].disk_bytes:
                             self.pool.set_disk(kept[-1], scan.blocks[h].size)
                 roles = {r: h for r, h in manifest.roles.items() if h in {s.hash for s in kept}}
-                self.point_agent(manifest.key, manifest.tokens, blocks, manifest.root, kept, manifest.extras, roles)
+                turn = Turn(*manifest.turn)
+                self.point_agent(manifest.key, manifest.tokens, blocks, manifest.root, kept, manifest.extras, roles, turn)
                 self.agents[manifest.key].last_used = manifest.last_used
             for h in scan.blocks:
                 if h not in self.pool:
                     self.warm.delete_block(h)
             pins.restore(self, scan.manifests, self.evictor.hot_budget_bytes)
             self.evictor.evict_disk()
-
-    def still_used(self, hashes: list[str]) -> set[str]:
-        """Of blocks a shared tier's manifests no longer name, those this server still uses."""
-        with self.lock:
-            return {h for h in hashes if (b := self.pool.get(h)) is not None and (b.refs or b.pins)}
 
     # -- agents -------------------------------------------------------------------------
 

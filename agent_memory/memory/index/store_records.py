@@ -8,8 +8,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from agent_memory.agent_key import AGENT
 from agent_memory.cache_miss import Miss
 from agent_memory.memory.hashing import SpanKey
 from agent_memory.memory.index.blocks import Block
@@ -39,6 +40,16 @@ class AgentRecord:
     keep_until: float = 0.0
     keep_on_disk_until: float = 0.0
     pinned: float = 0.0  # when it was pinned against eviction (wall clock; pins.py), 0: not pinned
+    turn_start: int = 0  # the prompt tokens its latest client turn committed before decoding
+    turns: int = 0  # its client turns (a resend is not another): an unnamed one-off has one
+
+
+class Turn(NamedTuple):
+    """Where an agent's latest client turn started (its prompt's committed length), and how many
+    turns it has had: what conversations.py recognises a resend by, and eviction a one-off."""
+
+    start: int
+    count: int
 
 
 @dataclass
@@ -98,3 +109,5 @@ class AgentInfo:
     snapshot_bytes: int = 0  # the hot ones' part of hot_bytes
     misses: list[Miss] = field(default_factory=list)  # its requests' latest misses, oldest first
     pinned: bool = False  # kept against eviction (memory/index/pins.py)
+    kind: str = AGENT  # agent_key.py: a named agent, or an unnamed conversation
+    turns: int = 0

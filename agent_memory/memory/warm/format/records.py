@@ -134,6 +134,10 @@ class Manifest:
     # When it was pinned against eviction (memory/index/pins.py; wall clock), 0: not pinned.
     # Written only when pinned, a field older versions pass over.
     pinned: float = 0.0
+    # (prompt tokens its latest client turn committed, client turns so far): how an unnamed
+    # conversation's resend is recognised and a one-off told apart (memory/index/conversations.py);
+    # written only when set, read as (0, 0) from older manifests.
+    turn: tuple[int, int] = (0, 0)
 
     def extends(self, theirs: Manifest) -> bool:
         """Whether this sequence contains theirs: the same namespace, their tokens a prefix of ours."""
@@ -172,6 +176,8 @@ class Manifest:
             data["keep_until"] = self.keep_until
         if self.pinned:
             data["pinned"] = self.pinned
+        if any(self.turn):
+            data["turn"] = list(self.turn)
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
@@ -221,6 +227,11 @@ class Manifest:
             isinstance(r, str) and isinstance(h, str) and h in {s[1] for s in snapshots} for r, h in roles.items()
         ):
             raise ValueError("roles must name its snapshots")
+        turn = data.get("turn", [0, 0])
+        if not (isinstance(turn, list) and len(turn) == 2 and all(type(n) is int and n >= 0 for n in turn)):
+            raise ValueError("turn must be [prompt tokens, turns]")
+        if turn[0] > len(tokens):
+            raise ValueError("turn must start within its tokens")
         last_used = data.get("last_used")
         if type(last_used) not in (int, float) or not isinstance(data.get("fingerprint"), str):
             raise ValueError("missing fingerprint or last_used")
@@ -234,7 +245,7 @@ class Manifest:
             raise ValueError("pinned is not a time")
         return cls(
             key, data["fingerprint"], tokens, blocks, float(last_used), path, root, [(p, h) for p, h in snapshots],
-            extras, roles, float(keep_until), float(pinned),
+            extras, roles, float(keep_until), float(pinned), (turn[0], turn[1]),
         )
 
 
