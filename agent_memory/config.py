@@ -148,9 +148,7 @@ class Settings(BaseSettings):
     )
     image_url_timeout_s: int = Field(10, ge=1, description="Most seconds to fetch one image URL (--image-urls).")
     memory_limit_mb: int | None = Field(
-        None,
-        ge=256,
-        description="Memory for the model, cached KV and running requests, in MiB (default: 3/4 of RAM).",
+        None, ge=256, description="Memory for the model, cached KV and running requests, in MiB (default: 3/4 of RAM)."
     )
     api_key: SecretStr | None = Field(
         None, description="Require this key (Bearer or x-api-key) on every route but /health."
@@ -166,8 +164,7 @@ class Settings(BaseSettings):
         None, description="Append where the engine's time goes to this file, one JSON line per event."
     )
     api_keys_file: Path | None = Field(
-        None,
-        description="A file of 'name key' lines: each key a tenant with its own agents and cached blocks.",
+        None, description="A file of 'name key' lines: each key a tenant with its own agents and cached blocks."
     )
     warm_prompts: Path | None = Field(
         None,
