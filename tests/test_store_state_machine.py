@@ -159,7 +159,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert continues(record, common_prefix(record.tokens, tokens), len(tokens))
         lease = self.store.lookup(tokens, root)
         hot = [s.block for s in lease.segments if s.block is not None and s.block.tier is Tier.HOT]
-        self.running.append(Running(tokens, lease, hot, key, salt))
+        self.running.append(Running(tokens, lease, hot, key, salt, held=[b.hash for b in lease.blocks if b.held]))
 
     @precondition(lambda self: self.running)
     @rule(data=st.data(), cut=st.integers(0, 14))

@@ -193,7 +193,7 @@ class AgentIndex:
         with self.lock:
             held = [a for a in self.agents if tenant is None or a.tenant == tenant]
             responses = sum(1 for a in held if a.kind == RESPONSE)
-            return {"agents": sum(1 for a in held if a.kind == AGENT), "stored_responses": responses}
+            return {"agents": sum(1 for a in held if a.kind in (AGENT, UNNAMED)), "stored_responses": responses}
 
     def all_agents(self, tenant: str | None = "", kinds: tuple[str, ...] = (AGENT, UNNAMED)) -> list[AgentInfo]:
         """A tenant's agents, named and unnamed (None: every tenant's), or its heads (`kinds`
