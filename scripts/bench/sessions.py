@@ -64,7 +64,7 @@ SHAPES = {s.name: s for s in (
     Shape("codex", "responses", 15_000, note="Responses, store false, function_call -> function_call_output"),
     Shape("opencode", "chat", 11_600, note="chat completions with tools (setCacheKey: prompt_cache_key)"),
     Shape("qwen-code", "chat", 17_500, by="X-Agent-Id", side_head=17_000,
-          note="chat with tools; a second request of another head each turn (the same header on both)"),
+          note="chat with tools; a second request of another head each turn (named: an id of its own)"),
     Shape("aider", "chat", 700, tools=False, by="X-Agent-Id", files=300,
           note="chat, the files after the history"),
     Shape("llm", "chat", 0, tools=False, by="X-Agent-Id", note="`llm -c`: short chat, no system, no tools"),
@@ -111,15 +111,18 @@ class Session:
 
     # -- what a request carries -------------------------------------------------------------
 
-    def _named(self, body: dict, headers: dict) -> None:
+    def _named(self, body: dict, headers: dict, side: bool) -> None:
+        """The agent id where the shape sends one; Qwen Code's second request under an id of its
+        own (one id on both makes them one agent whose each request replaces the other's memory)."""
         if self.agent is None:
             return
+        agent = self.agent + "-2nd" if side else self.agent
         if self.shape.by == "X-Agent-Id":
-            headers["X-Agent-Id"] = self.agent
+            headers["X-Agent-Id"] = agent
         elif self.shape.by == "metadata.user_id":
-            body["metadata"] = {"user_id": self.agent}
+            body["metadata"] = {"user_id": agent}
         else:
-            body[self.shape.by] = self.agent
+            body[self.shape.by] = agent
 
     def request(self, turn: int, side: bool = False) -> tuple[str, dict, dict]:
         """(path, body, headers) of this turn's request: a tool call forced on turns 1-2 (a
@@ -127,7 +130,7 @@ class Session:
         forced = turn <= 2 and self.tools and not side
         body: dict = {"model": "local", "temperature": 0}
         headers: dict = {}
-        self._named(body, headers)
+        self._named(body, headers, side)
         wire = self.shape.wire
         items = list(self.history)
         if side:  # Qwen Code's second request: another head, the conversation, one question
