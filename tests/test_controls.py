@@ -157,6 +157,18 @@ def test_prompt_cache_retention_outlives_an_equal_flood(tight, retention):
         assert "keep_until" not in mine
 
 
+def test_a_24h_retention_is_kept_across_a_restart_and_shown(tiny_model, tmp_path):
+    with InProcessServer(tiny_model, tmp_path) as s:
+        chat(s, short(0, "kept-restart"), "kept-restart", prompt_cache_retention="24h")
+        chat(s, short(0, "plain-restart"), "plain-restart")
+    with InProcessServer(tiny_model, tmp_path) as s:  # restored from its manifest
+        kept = httpx.get(s.base_url + "/v1/agents/kept-restart").json()
+        plain = httpx.get(s.base_url + "/v1/agents/plain-restart").json()
+    assert 86000 < kept["kept_on_disk_until"] - time.time() <= 86400
+    assert kept["kept_until"] == kept["kept_on_disk_until"]
+    assert plain["kept_until"] is None and plain["kept_on_disk_until"] is None
+
+
 def test_a_manifests_keep_until_is_written_only_when_asked_and_checked():
     key = AgentKey("kept")
     stem = agent_file_stem(key)

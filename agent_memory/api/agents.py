@@ -5,6 +5,7 @@ of kind "unnamed", listed with a `~` before their id and named by it with or wit
 from __future__ import annotations
 
 import asyncio
+import time
 
 from fastapi import APIRouter, Depends, Request
 from starlette.convertors import PathConvertor, register_url_convertor
@@ -53,8 +54,15 @@ def agent_dict(info: AgentInfo, model: str) -> dict:
         },
         "last_used": round(info.last_used, 3),
         "pinned": info.pinned,  # kept against eviction (docs/usage.md, "Pinning")
+        # Kept with priority until (prompt_cache_retention: docs/usage.md, "Controls"), or null.
+        "kept_until": _until(info.keep_until),
+        "kept_on_disk_until": _until(info.keep_on_disk_until),
         "last_miss": _miss(last, with_detail=False) if last is not None else None,
     }
+
+
+def _until(when: float) -> float | None:
+    return round(when, 3) if when > time.time() else None
 
 
 async def heads_of(state: ServerState, own: str) -> list[dict]:

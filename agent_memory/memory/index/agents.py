@@ -184,6 +184,8 @@ class AgentIndex:
                 pinned=bool(record.pinned),
                 kind=agent.kind,
                 turns=record.turns,
+                keep_until=record.keep_until,
+                keep_on_disk_until=record.keep_on_disk_until,
             )
 
     def counts(self, tenant: str | None = None) -> dict[str, int]:

@@ -111,3 +111,7 @@ class AgentInfo:
     pinned: bool = False  # kept against eviction (memory/index/pins.py)
     kind: str = AGENT  # agent_key.py: a named agent, or an unnamed conversation
     turns: int = 0
+    # Until when its memory is kept with priority (wall clock: prompt_cache_retention, keep.py), hot
+    # and on disk; 0: not asked.
+    keep_until: float = 0.0
+    keep_on_disk_until: float = 0.0
