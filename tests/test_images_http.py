@@ -8,9 +8,15 @@ a new agent reuses its prefix; the image's tokens are counted in `prompt_tokens`
 
 from __future__ import annotations
 
+import io
+import time
+
 import anthropic
 import httpx
 import pytest
+from PIL import Image
+
+from agent_memory.chat.images import ChatImage
 
 from agent_memory.models.tiny_vision import build_tiny_vision
 from tests.support.images import b64, data_url, encoded, picture
@@ -49,6 +55,19 @@ def chat(server, messages: list[dict], agent: str):
     )
 
 
+def logged(server, text: str) -> str:
+    """The access log line holding `text` (written just after its response is sent)."""
+    deadline = time.monotonic() + 30
+    while not (lines := [x for x in server.log().splitlines() if "agent_memory.requests" in x and text in x]):
+        assert time.monotonic() < deadline, f"no access log line with {text!r}"
+        time.sleep(0.05)
+    return lines[-1]
+
+
+def digest(png: bytes) -> str:
+    return ChatImage.of(Image.open(io.BytesIO(png)).convert("RGB"), "").digest
+
+
 def cached(response) -> int:
     return response.usage.prompt_tokens_details.cached_tokens
 
@@ -81,6 +100,21 @@ def test_chat_another_image_of_the_same_size_reuses_nothing_past_its_first_token
     start = image_start(server, [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe it."}]}])
     assert cached(blue) <= start
     assert tower_runs(server) == runs + 1  # blue's own pixels through the tower
+
+
+def test_chat_the_same_agent_sending_another_image_misses_at_the_image(server):
+    ask = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which one?"}]}]
+    red = chat(server, look(RED, "Which one?"), "changed its mind")
+    blue = chat(server, look(BLUE, "Which one?"), "changed its mind")
+    start = image_start(server, ask)
+    assert cached(blue) <= start
+    assert miss(blue) == {
+        "reason": "another_image",
+        "at": cached(blue),
+        "lost": red.usage.prompt_tokens - 1 - cached(blue),  # the memory held the prompt, but its last token
+        "detail": {"cached": digest(RED), "sent": digest(BLUE), "image_at": str(start)},
+    }
+    assert "images=1" in logged(server, f"miss=another_image@{cached(blue)}")
 
 
 def test_chat_the_same_image_in_a_new_agent_reuses_its_prefix(server):
