@@ -9,16 +9,19 @@ a new agent reuses its prefix; the image's tokens are counted in `prompt_tokens`
 from __future__ import annotations
 
 import io
+import json
 import time
 
 import anthropic
 import httpx
 import pytest
 from PIL import Image
+from typer.testing import CliRunner
 
 from agent_memory.chat.images import ChatImage
 
 from agent_memory.models.tiny_vision import build_tiny_vision
+from agent_memory.cli.cache.commands import cache_app
 from tests.support.images import b64, data_url, encoded, picture
 from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
@@ -30,8 +33,12 @@ RED, BLUE = encoded(picture(seed=1)), encoded(picture(seed=2))  # the same size:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    folder = build_tiny_vision(tmp_path_factory.mktemp("models") / MODEL, arch="gemma3")
+def folder(tmp_path_factory):
+    return build_tiny_vision(tmp_path_factory.mktemp("models") / MODEL, arch="gemma3")
+
+
+@pytest.fixture(scope="module")
+def server(folder, tmp_path_factory):
     with InProcessServer(folder, tmp_path_factory.mktemp("cache"), "--disk-budget-mb", "0") as s:
         yield s
 
@@ -76,11 +83,20 @@ def miss(response) -> dict:
     return response.usage.prompt_tokens_details.model_extra["cache_miss"]
 
 
-def test_the_image_tokens_are_counted_in_prompt_tokens(server):
+def test_models_says_the_model_takes_images_and_within_which_limits(server):
+    (model,) = httpx.get(server.base_url + "/v1/models").json()["data"]
+    assert model["input"] == ["text", "image"]
+    assert model["image_limits"] == {"max_images": 16, "max_image_bytes": 10 << 20, "max_image_pixels": 1 << 25, "urls": False}
+
+
+def test_the_image_tokens_are_counted_in_prompt_tokens_the_log_and_metrics(server):
     question = [{"role": "user", "content": "What is in this picture?"}]
+    images = metric(server, "agent_memory_prompt_images_total")
     with_image, without = chat(server, look(RED), "counted"), chat(server, question, "counted text")
     # the placeholder's own tokens, expanded to the image's: at least its 4 tokens more
     assert with_image.usage.prompt_tokens >= without.usage.prompt_tokens + IMAGE_TOKENS
+    assert "images=1" in logged(server, f"prompt_tokens={with_image.usage.prompt_tokens} ")
+    assert metric(server, "agent_memory_prompt_images_total") == images + 1  # its settle is not a prompt received
 
 
 def test_chat_the_same_image_next_turn_reuses_the_whole_turn_without_the_tower(server):
@@ -221,3 +237,18 @@ def test_responses_a_view_image_output_is_answered_and_reused_next_turn(server):
     second = turn(items + answered + [user])
     assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens + first.usage.output_tokens
     assert tower_runs(server) == runs
+
+
+def test_cache_show_says_which_blocks_cover_which_image(folder, tmp_path):
+    cache = tmp_path / "cache"
+    with InProcessServer(folder, cache) as s:  # a warm folder: written by the time it stops
+        chat(s, look(RED, "Keep this one."), "album")
+    run = lambda *args: CliRunner().invoke(cache_app, ["show", "album", "--cache-dir", str(cache), *args])  # noqa: E731
+    shown = json.loads(run("--format", "json").output)
+    (image,) = shown["images"]
+    assert image["digest"] == digest(RED) and image["end"] - image["start"] == IMAGE_TOKENS
+    covering = [b for b in shown["blocks"] if b["start"] < image["end"] and b["start"] + b["tokens"] > image["start"]]
+    assert covering and all(b["images"] == [digest(RED)] for b in covering)
+    assert all(b["images"] == [] for b in shown["blocks"] if b not in covering)
+    human = run().output
+    assert "images" in human and f"1 image (SHA-256 of its pixels, tokens): {digest(RED)[:12]} at {image['start']}-" in human
