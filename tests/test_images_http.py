@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -27,6 +31,7 @@ from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
 from tests.support.vision import image_start, settle
 
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "usage.md"
 MODEL = "gemma3"
 IMAGE_TOKENS = 4  # the tiny Gemma 3's tokens an image (a real one's: 256)
 RED, BLUE = encoded(picture(seed=1)), encoded(picture(seed=2))  # the same size: the same token ids
@@ -252,3 +257,16 @@ def test_cache_show_says_which_blocks_cover_which_image(folder, tmp_path):
     assert all(b["images"] == [] for b in shown["blocks"] if b not in covering)
     human = run().output
     assert "images" in human and f"1 image (SHA-256 of its pixels, tokens): {digest(RED)[:12]} at {image['start']}-" in human
+
+
+def test_the_usage_docs_image_examples_answer_with_a_vision_model(server):
+    """docs/usage.md "Images": its OpenAI and Anthropic examples, run as written (the docs' URL and
+    model made this server's), answer instead of printing the 400 a text-only model gives."""
+    section = DOCS.read_text().split("\n## Images\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```python\n(.*?)^```", section, re.S | re.M)
+    assert len(blocks) == 2
+    for code in blocks:
+        code = code.replace("http://127.0.0.1:8000", server.base_url).replace('"demo"', f'"{MODEL}"')
+        ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert ran.returncode == 0, ran.stderr
+        assert "images_not_supported" not in ran.stdout and "takes no images" not in ran.stdout
