@@ -25,8 +25,8 @@ its defaults) on the same model and pictures.
 TTFT is measured at the client, streamed: from sending to the first chunk with text (what a user
 waits: the picture's decoding included), and for our servers read from their access log too
 (`ttft_ms` by the request id sent: arrival to first token, without HTTP). Greedy, 4
-tokens each; both of our servers' engines are idle before each measured request (`/metrics`). Prints a table (median over repeats, and each repeat) and, with
-`--json`, writes the numbers.
+tokens each; both of our servers' engines are idle before each measured request (`/metrics`).
+Prints a table (median over repeats, and each repeat) and, with `--json`, writes the numbers.
 """
 
 from __future__ import annotations
@@ -163,7 +163,8 @@ def median(rows: list[dict], *path: str) -> float:
 
 def report(model: str, side: int, cold: list[dict], kept: list[dict], towered: list[dict], peer: list[dict]) -> str:
     lines = [
-        f"model {model}; pictures {side}x{side} PNG; {len(cold)} repeats; TTFT at the client, streamed: median (each repeat)",
+        f"model {model}; pictures {side}x{side} PNG; {len(cold)} repeats;"
+        " TTFT at the client, streamed: median (each repeat)",
         "",
         "| measure | prompt tokens | cached | TTFT ms at the client | TTFT ms, server's log |",
         "|---|---:|---:|---:|---:|",
@@ -174,7 +175,8 @@ def report(model: str, side: int, cold: list[dict], kept: list[dict], towered: l
         ("the same prompt cold (its own cache_salt, no features kept)", cold, ("cold",)),
         ("image repeated in a new prompt, features kept", kept, ()),
         ("image repeated in a new prompt, --vision-cache-mb 0", towered, ()),
-        *((("mlx-vlm server: turn 1", peer, ("first",)), ("mlx-vlm server: turn 2", peer, ("returning",))) if peer else ()),
+        *((("mlx-vlm server: turn 1", peer, ("first",)), ("mlx-vlm server: turn 2", peer, ("returning",)))
+          if peer else ()),
     ):
         first = _at(rows[0], p)
         logged = f"{median(rows, *p, 'server_ttft_ms'):.1f}" if first["server_ttft_ms"] is not None else "-"
@@ -183,7 +185,8 @@ def report(model: str, side: int, cold: list[dict], kept: list[dict], towered: l
     lines += [
         "",
         f"cold / returning TTFT: {median(cold, 'ratio'):.2f}x at the client (each: {each(cold, 'ratio')}),"
-        f" {median(cold, 'cold', 'server_ttft_ms') / median(cold, 'returning', 'server_ttft_ms'):.2f}x in the server's log;"
+        f" {median(cold, 'cold', 'server_ttft_ms') / median(cold, 'returning', 'server_ttft_ms'):.2f}x"
+        " in the server's log;"
         f" tower runs for the repeated image: kept {sum(k['tower_runs'] for k in kept):.0f},"
         f" without the feature cache {sum(t['tower_runs'] for t in towered):.0f}",
     ]
@@ -207,8 +210,9 @@ def main() -> None:
         env = clean_env(PYTHONPATH=str(Path(__file__).resolve().parent.parent))
 
         def serve(name: str, *flags: str) -> ServerProcess:
-            command = lambda port: ours_command(port, [model], Path(tmp) / name, "--disk-budget-mb", "0", *flags)  # noqa: E731
-            return ServerProcess(name, command, env, Path(tmp)).start(600)
+            flags = ("--disk-budget-mb", "0", *flags)
+            return ServerProcess(name, lambda port: ours_command(port, [model], Path(tmp) / name, *flags), env,
+                                 Path(tmp)).start(600)
 
         with serve("keeps") as keeps, serve("no-features", "--vision-cache-mb", "0") as bare:
             served = httpx.get(keeps.url + "/v1/models").json()["data"][0]["id"]

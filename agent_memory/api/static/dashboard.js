@@ -308,7 +308,11 @@
         : `no prompts ${span}`;
     // Images (vision models): in prompts, and those the vision tower had to see (the rest came from memory).
     const images = last.images - first.images;
-    if (images > 0) $("hit-detail").textContent += `; ${fmtInt(images)} images in prompts, ${fmtInt(last.towered - first.towered)} through the vision tower`;
+    const towered = last.towered - first.towered;
+    if (images > 0) {
+      $("hit-detail").textContent +=
+        `; ${fmtInt(images)} image${images === 1 ? "" : "s"} in prompts, ${fmtInt(towered)} through the vision tower`;
+    }
     const hitPoints = trailing((a, b) => (b.prompt > a.prompt ? (b.hot + b.warm - a.hot - a.warm) / (b.prompt - a.prompt) : null));
     sparkline($("hit-spark"), hitPoints, { label: "Cache hit ratio", fmt: fmtPercent, max: 1 });
 
