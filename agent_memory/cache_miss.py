@@ -15,14 +15,14 @@ EVICTED_HOT = "evicted_hot"  # its KV left memory for the hot budget, with no co
 EVICTED_DISK = "evicted_disk"  # its copy on disk went for the disk budget (or was never written)
 UNREADABLE = "unreadable"  # its copy on disk could not be read back
 NO_SNAPSHOT = "no_snapshot"  # window/recurrent layers: no snapshot where the reuse could go on
-ANOTHER_EXTRA_KEY = "another_extra_key"  # the same tokens, fixed otherwise (memory/hashing.py SpanKey)
+ANOTHER_IMAGE = "another_image"  # the same tokens, another image's there (its digest: memory/hashing.py SpanKey)
 ANOTHER_NAMESPACE = "another_namespace"  # the agent's memory is under another cache_salt
 ANOTHER_MODEL = "another_model"  # unknown to this model; another model's warm folder holds the agent
 
 # Every reason, in the order the docs list them; /metrics exports each but NONE from the start.
 REASONS = (
     NONE, NEW_CONVERSATION, REWRITTEN, EVICTED_HOT, EVICTED_DISK, UNREADABLE, NO_SNAPSHOT,
-    ANOTHER_EXTRA_KEY, ANOTHER_NAMESPACE, ANOTHER_MODEL,
+    ANOTHER_IMAGE, ANOTHER_NAMESPACE, ANOTHER_MODEL,
 )
 EXCERPT_BEFORE, EXCERPT_AFTER = 8, 24  # tokens of text either side of a rewrite, in its excerpt
 
@@ -31,8 +31,8 @@ EXCERPT_BEFORE, EXCERPT_AFTER = 8, 24  # tokens of text either side of a rewrite
 class Miss:
     """Where the prompt left what the memory held (`at`, a token position) and why; `lost`: the
     tokens the memory held past `at` that this request did not reuse; `detail`: for a rewrite the
-    memory's text and the prompt's around `at` (the agent's own tenant's only), for another
-    model the folder that holds the agent."""
+    memory's text and the prompt's around `at` (the agent's own tenant's only), for another image
+    the two images' digests (never pixels), for another model the folder that holds the agent."""
 
     reason: str
     at: int

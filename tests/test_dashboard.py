@@ -211,3 +211,30 @@ def test_with_several_models_each_agent_row_names_its_model(browser, two_models)
     names = lambda d: sorted(e.text for e in d.find_elements(By.CSS_SELECTOR, "#agents tbody th.id"))  # noqa: E731
     until(browser, lambda d: {"walker · qwen3_5", "walker · tiny"} <= set(names(d)), message=str(names(browser)))
     assert no_page_errors(browser) == []
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory):
+    """The tiny Gemma 3 vision model (models/tiny_vision.py)."""
+    from agent_memory.models.tiny_vision import build_tiny_vision
+
+    root = tmp_path_factory.mktemp("dash-vision")
+    with InProcessServer(build_tiny_vision(root / "gemma3", arch="gemma3"), root / "cache") as s:
+        yield s
+
+
+def test_images_in_prompts_are_counted_on_the_cache_card(browser, vision):
+    """How many images came in, and how many the vision tower had to see (the rest: from memory)."""
+    from tests.support.images import data_url, encoded, picture
+
+    browser.get(vision.base_url + "/dashboard")
+    until(browser, lambda d: "collecting" not in d.find_element("id", "hit-detail").text, message="no rates")
+    look = [{"type": "image_url", "image_url": {"url": data_url(encoded(picture()))}}, {"type": "text", "text": "Hi"}]
+    messages = [{"role": "user", "content": look}]
+    for _ in range(2):  # the second time its image's tokens come from memory: no tower
+        vision.client().chat.completions.create(
+            model="gemma3", messages=messages, max_tokens=4, temperature=0, extra_body={"prompt_cache_key": "viewer"}
+        )
+    shown = lambda d: d.find_element("id", "hit-detail").text  # noqa: E731
+    until(browser, lambda d: "2 images in prompts, 1 through the vision tower" in shown(d), message="no images shown")
+    assert no_page_errors(browser) == []

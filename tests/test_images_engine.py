@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from agent_memory.api.errors import APIError
 from agent_memory.api.serving.prompt import encode_prompt
 from agent_memory.models.tiny_vision import build_tiny_vision
+from agent_memory.vision.processing import preparer
 from agent_memory.vision.prompt import vision_prompt
 from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
@@ -46,6 +48,25 @@ def test_the_processor_expands_each_image_into_its_tokens_and_keys_them_by_diges
     assert span.end - span.start == TOKENS[server.family]  # the image's tokens, all in the prompt
     assert answer.finished.usage.prompt_tokens == len(answer.prompt)  # images' tokens counted
     assert answer.inputs.keys[0].key == bytes.fromhex(RED.digest)
+
+
+def test_the_processor_runs_without_mlx_as_mlx_vlms_own_would(server):
+    """vision/processing.py: mlx-vlm's processor's parts, numpy only (its own call makes MLX
+    arrays, off the engine thread); the same ids and arrays as its call, two sizes of image."""
+    (served,) = server.app.state.server.models.values()
+    vision, wide = served.facts.vision, picture((30, 200, 30), size=(90, 20))
+    two = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]}]
+    text = served.facts.tokenizer.apply_chat_template(two, add_generation_prompt=True, tokenize=False)
+    ids, arrays = vision.run(text, [RED.image, wide.image])
+    theirs = vision.processor(text=[text], images=[[RED.image, wide.image]], add_special_tokens=False)
+    assert ids == np.array(theirs["input_ids"]).reshape(-1).tolist()
+    assert set(arrays) == set(theirs) - {"input_ids", "attention_mask"}
+    for name, array in arrays.items():
+        assert isinstance(array, np.ndarray) and np.array_equal(array, np.array(theirs[name])), name
+
+
+def test_a_processor_that_cannot_run_without_mlx_is_not_run():
+    assert preparer(object()) is None  # neither transformers' own nor one vision/processing.py expands
 
 
 def test_text_only_requests_to_a_vision_model_run_no_tower(server):

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from agent_memory.agent_key import AgentKey
-from agent_memory.cache_miss import ANOTHER_EXTRA_KEY, Miss
+from agent_memory.cache_miss import ANOTHER_IMAGE, Miss
 from agent_memory.memory.hashing import SpanKey
 from agent_memory.memory.index.misses import explain
 from agent_memory.memory.index.store import AgentCacheStore
@@ -188,8 +188,8 @@ def test_other_tenants_never_see_a_rewrite_text(tiny_model, tmp_path):
         assert "42:01" not in str(as_bob) and [m["reason"] for m in as_bob["misses"]] == ["new_conversation"]
 
 
-def test_the_same_tokens_under_another_extra_key_miss_where_the_key_differs():
-    # No API sets extra keys yet (images will): the store is driven as the engine drives it.
+def test_the_same_tokens_with_another_image_miss_where_the_image_is():
+    # The store driven as the engine drives it; over HTTP: tests/test_images_http.py.
     store = AgentCacheStore(block_tokens=4, salt="test", hot_budget_bytes=1 << 20, attention_tokens=50.0)
     agent, tokens = AgentKey("pictures"), list(range(100, 120))
     cut = lambda start, end: (object(), (end - start) * 10, False)  # noqa: E731
@@ -198,7 +198,8 @@ def test_the_same_tokens_under_another_extra_key_miss_where_the_key_differs():
     lease = store.lookup(prompt, None, dog)
     with store.lock:
         found = explain(store, agent, prompt, None, dog, lease, str, False)
-    assert found == Miss(ANOTHER_EXTRA_KEY, 6, len(prompt) - 6)  # the image starts at 6
+    detail = {"cached": b"a cat".hex(), "sent": b"a dog".hex(), "image_at": "6"}
+    assert found == Miss(ANOTHER_IMAGE, 6, len(prompt) - 6, detail)  # the image starts at 6
 
 
 def test_an_agent_another_models_folder_holds(tiny_model, tmp_path):

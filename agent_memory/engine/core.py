@@ -258,6 +258,7 @@ class EngineCore:
             # compute, and nothing of its memory to read back from disk for it.
             return self._end(seq, "follow-up")
         self.metrics.prompt_tokens.inc(0 if request.prefill_only else len(request.prompt))  # a settle: none
+        self.metrics.prompt_images.inc(len(request.vision.spans) if request.vision and not request.prefill_only else 0)
         for queued in self.scheduler.superseded(self.seqs.values(), seq) if request.remember else ():
             self._end(queued, "superseded")
         self.seqs[seq_id] = seq

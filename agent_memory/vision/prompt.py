@@ -4,14 +4,14 @@ files) into the expanded token ids and pixel arrays, and one `SpanKey` per image
 
 The key is the image's digest (chat/images.py `ChatImage.digest`: its decoded pixels), so two
 images whose placeholder tokens are the same never share KV, and the same picture at the same
-place always does (memory/hashing.py). Runs on the model's tokenizer thread: the processor resizes
-and normalizes on the CPU in numpy; what it returns as MLX arrays (mlx-vlm converts its outputs)
-is turned back into numpy here, so that nothing computed with MLX leaves the engine thread.
+place always does (memory/hashing.py). Runs on the model's tokenizer thread, in numpy: the
+processor is run without MLX (vision/processing.py), which the engine thread alone runs.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,11 +19,10 @@ from typing import Any
 import numpy as np
 
 from agent_memory.memory.hashing import SpanKey
+from agent_memory.vision.processing import preparer
 
 log = logging.getLogger(__name__)
 
-# The processor's outputs that are the text's, not the images' (the engine reads the prompt's ids).
-TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # The tokens within an image's run beside its placeholder, by the processor's names (Pixtral's).
 IMAGE_MARKS = ("image_break_token", "image_end_token")
 
@@ -65,20 +64,19 @@ class VisionPrompt:
 
     processor: Any  # mlx-vlm's (transformers' ProcessorMixin): tokenizer + image processor
     image_token_ids: frozenset[int]  # an image's tokens: its placeholder's, and Pixtral's row breaks and end
+    run: Callable[[str, list], tuple[list[int], dict[str, np.ndarray]]]  # the processor without MLX (processing.py)
 
     def prepare(self, text: str, images: list) -> tuple[list[int], VisionInputs]:
         """The prompt's token ids with each image's placeholder expanded to its tokens, and its
         inputs; `images`: ChatImages (`image`: a PIL image, `digest`) in the prompt's order."""
         try:
-            out = self.processor(text=[text], images=[[i.image for i in images]], add_special_tokens=False)
+            tokens, pixels = self.run(text, [i.image for i in images])
         except (ValueError, TypeError) as e:
             raise VisionPromptError(f"the model's processor refused the images: {e}") from e
-        tokens = np.array(out["input_ids"]).reshape(-1).tolist()
         runs = image_runs(tokens, self.image_token_ids)
         if len(runs) != len(images):
             raise VisionPromptError(f"the prompt holds {len(runs)} images' tokens for {len(images)} images")
         spans = tuple(ImageSpan(s, e, i.digest) for (s, e), i in zip(runs, images))
-        pixels = {k: np.array(v) for k, v in out.items() if k not in TEXT_OUTPUTS and v is not None}
         return tokens, VisionInputs(pixels, spans)
 
 
@@ -114,9 +112,14 @@ def vision_prompt(path: Path, config: dict) -> VisionPrompt | None:
     except Exception as e:  # noqa: BLE001 - any of a processor's many ways to fail to load
         log.warning("%s: served text only: mlx-vlm cannot take its images (%s)", path.name, e)
         return None
+    run = preparer(processor)
+    if run is None:
+        log.warning("%s: served text only: its processor (%s) makes MLX arrays, which only the engine thread may",
+                    path.name, type(processor).__name__)
+        return None
     token = config.get("image_token_index", config.get("image_token_id"))
     if token is None:
         token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
     marks = [getattr(processor, name, None) for name in IMAGE_MARKS]
     ids = {processor.tokenizer.convert_tokens_to_ids(mark) for mark in marks if isinstance(mark, str)}
-    return VisionPrompt(processor, frozenset({int(token), *ids}))
+    return VisionPrompt(processor, frozenset({int(token), *ids}), run)

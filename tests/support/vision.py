@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import queue
+import time
 from dataclasses import dataclass
 
 from PIL import Image
@@ -14,6 +15,7 @@ from agent_memory.agent_key import AgentKey
 from agent_memory.api.serving.prompt import encode_prompt
 from agent_memory.vision.prompt import VisionInputs
 from agent_memory.engine.requests import Failed, Finished, GenerationRequest, SamplingParams, TextDelta
+from tests.support.metrics import metric
 
 
 @dataclass(frozen=True)
@@ -78,3 +80,22 @@ def generate(
         if isinstance(event, Finished):
             return Answer(text, event, tokens, inputs)
 
+
+
+def settle(server) -> None:
+    """Wait until the engine holds no sequence: a reply can come back before the follow-up its
+    turn queued (the reply's tokens as the template writes them back) is kept."""
+    deadline = time.monotonic() + 60
+    while any(metric(server, "agent_memory_sequences", state=s) for s in ("waiting", "prefilling", "decoding")):
+        assert time.monotonic() < deadline, "the engine did not go idle"
+        time.sleep(0.05)
+
+
+def image_start(server, messages: list[dict]) -> int:
+    """Where the first image's tokens begin in the served model's prompt of `messages` (chat
+    template items: `{"type": "image"}` for each image), as the API prepares it."""
+    (served,) = server.app.state.server.models.values()
+    text = served.facts.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    items = [i for m in messages if isinstance(m["content"], list) for i in m["content"] if i["type"] == "image"]
+    images = [picture((0, 0, 0)) for _ in items]
+    return encode_prompt(served, served.facts.tokenizer, text, images, "messages")[1].spans[0].start

@@ -57,9 +57,8 @@ def admit(state: ServerState, model: ServedModel, request: Request, prepared: Pr
         retention=asked.retention,
         extra_keys=prepared.vision.keys if prepared.vision else (),
         vision=prepared.vision,
-        # Chat turns are settled (serving/settle.py): not a request that keeps nothing, nor one with
-        # images (its text alone re-encoded would lose them: the engine's canonical follow-up keeps it).
-        settles=remember and prepared.conversation is not None and params.n == 1 and prepared.vision is None,
+        # Chat turns are settled (serving/settle.py), images and all: not a request that keeps nothing.
+        settles=remember and prepared.conversation is not None and params.n == 1,
     )
     state.waiting.add(generation)  # counted from now: requests admitted in one tick all count
     trace = {"agent": shown_agent(asked.agent, state.log_agent_ids), "prompt_tokens": len(prepared.prompt)}

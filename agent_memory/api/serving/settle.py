@@ -12,11 +12,13 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from agent_memory.api.serving.prompt import Prepared
+from agent_memory.api.errors import APIError
+from agent_memory.api.serving.prompt import Prepared, encode_prompt
 from agent_memory.api.serving.wire import Answer
 from agent_memory.api.state import ServedModel
 from agent_memory.chat.continuation import settled_history, settled_tokens
 from agent_memory.chat.render import RenderError
+from agent_memory.vision.prompt import VisionInputs
 from agent_memory.engine.requests import Event, Finished, GenerationRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -67,9 +69,25 @@ class Settle:
             return
         if text is None:
             return
-        tokens = await model.tokenize(lambda tok: settled_tokens(tok, text))
+        try:
+            tokens, vision = await model.tokenize(lambda tok: settled_prompt(model, tok, text, conversation.images()))
+        except APIError as e:  # the processor disagrees with the history's images: the engine's follow-up stands
+            log.warning("no settle for request %s: %s", self.generation.request_id, e.message)
+            return
         params = SamplingParams(max_tokens=0, temperature=0.0)
+        keys = vision.keys if vision is not None else ()
         settle = replace(
-            self.generation, prompt=tokens, params=params, agent=agent, grammar=None, settles=False, prefill_only=True
+            self.generation, prompt=tokens, params=params, agent=agent, grammar=None, settles=False, prefill_only=True,
+            extra_keys=keys, vision=vision,
         )
         model.engine.submit(settle, lambda event: None)
+
+
+def settled_prompt(model: ServedModel, tokenizer, text: str, images: list) -> tuple[list[int], VisionInputs | None]:
+    """The settled history's tokens less the last (it may merge with what follows it), and
+    with images the processor's: each image's tokens expanded and keyed as its request's were,
+    so a turn with images is kept whole too. On the tokenizer worker."""
+    if not images:
+        return settled_tokens(tokenizer, text), None
+    tokens, vision = encode_prompt(model, tokenizer, text, images, "messages")
+    return tokens[:-1], vision

@@ -137,6 +137,8 @@
       hot: sum("agent_memory_cached_tokens_total", { tier: "hot" }),
       warm: sum("agent_memory_cached_tokens_total", { tier: "warm" }),
       generated: sum("agent_memory_generated_tokens_total"),
+      images: sum("agent_memory_prompt_images_total"),
+      towered: sum("agent_memory_vision_images_total", { source: "tower" }),
       accepted: sum("agent_memory_speculation_accepted_tokens_total"),
       ttftSum: sum(ttft + "_sum"),
       ttftCount: sum(ttft + "_count"),
@@ -304,6 +306,13 @@
       prompt > 0
         ? `${fmtInt(hot + warm)} of ${fmtInt(prompt)} prompt tokens cached (memory ${fmtPercent(hot / prompt)}, disk ${fmtPercent(warm / prompt)}) ${span}`
         : `no prompts ${span}`;
+    // Images (vision models): in prompts, and those the vision tower had to see (the rest came from memory).
+    const images = last.images - first.images;
+    const towered = last.towered - first.towered;
+    if (images > 0) {
+      $("hit-detail").textContent +=
+        `; ${fmtInt(images)} image${images === 1 ? "" : "s"} in prompts, ${fmtInt(towered)} through the vision tower`;
+    }
     const hitPoints = trailing((a, b) => (b.prompt > a.prompt ? (b.hot + b.warm - a.hot - a.warm) / (b.prompt - a.prompt) : null));
     sparkline($("hit-spark"), hitPoints, { label: "Cache hit ratio", fmt: fmtPercent, max: 1 });
 

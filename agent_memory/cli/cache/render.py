@@ -32,6 +32,7 @@ class Format(str, Enum):
     quiet = "quiet"
 
 
+IMAGE_DIGEST = 12  # hex digits of an image's digest shown (the JSON has all 64)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "mo": 30 * 86400, "y": 365 * 86400}
 _DURATION = r"(\d+(?:\.\d+)?)(mo|y|[smhdw])"
 
@@ -148,7 +149,8 @@ def show(doc: dict, folder_path: Path) -> None:
     console.print(Text.assemble(("manifest  ", "bold"), doc["manifest"]))
     age = human_age(doc["last_used"], time.time())
     console.print(Text.assemble(("tokens    ", "bold"), f"{doc['tokens']}, last used {age}"))
-    columns = ("#", "block", "start", "tokens", "where", "size", "shared_with")
+    images = doc.get("images") or []  # a vision model's: the column only where there are some
+    columns = ("#", "block", "start", "tokens", "where", "size", "shared_with", *(("images",) if images else ()))
     table(
         columns,
         [
@@ -160,11 +162,15 @@ def show(doc: dict, folder_path: Path) -> None:
                 "disk" if b["on_disk"] else "cold",
                 human_bytes(b["bytes"]) if b["on_disk"] else "-",
                 plural(b["shared_with"], "agent") if b["shared_with"] else "-",
+                *((", ".join(d[:IMAGE_DIGEST] for d in b["images"]) or "-",) if images else ()),
             )
             for i, b in enumerate(doc["blocks"])
         ],
         right=("#", "start", "tokens", "size", "shared_with"),
     )
+    if images:
+        held = ", ".join(f"{i['digest'][:IMAGE_DIGEST]} at {i['start']}-{i['end']}" for i in images)
+        say(f"{plural(len(images), 'image')} (SHA-256 of its pixels, tokens): {held}")
     totals, snapshots = doc["totals"], doc.get("snapshots") or []
     if snapshots:  # a model with window or recurrent layers resumes only at one of these
         held = ", ".join(f"{s['position']} ({human_bytes(s['bytes'])})" for s in snapshots)

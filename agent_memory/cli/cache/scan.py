@@ -12,6 +12,7 @@ from agent_memory.cli.cache.rows import AgentRow
 from agent_memory.cli.cache.server import LiveServer
 from agent_memory.cli.common import fail, settings
 from agent_memory.config import Settings
+from agent_memory.memory.hashing import covering
 from agent_memory.memory.warm.folder.paths import Folder, model_folders, model_names
 from agent_memory.memory.warm.admin.model_folder import ModelFolder
 from agent_memory.memory.warm.format.records import Manifest, stems_of
@@ -94,8 +95,9 @@ def locate_agent(
 
 
 def describe_agent(folder: ModelFolder, manifest: Manifest) -> dict:
-    """One agent as `show` tells it: each block, on disk or cold, and whom it is shared with;
-    its snapshots (models with window or recurrent layers) by position."""
+    """One agent as `show` tells it: each block, on disk or cold, whom it is shared with and the
+    images whose tokens it covers (their digests: the manifest's extra keys, never pixels); its
+    snapshots (models with window or recurrent layers) by position."""
     blocks = [
         {
             "hash": h,
@@ -104,9 +106,11 @@ def describe_agent(folder: ModelFolder, manifest: Manifest) -> dict:
             "on_disk": h in folder.files.blocks,
             "bytes": folder.bytes_of([h]),
             "shared_with": folder.users[h] - 1,
+            "images": [s.key.hex() for s in covering(manifest.extras, start, start + count)],
         }
         for h, start, count in folder.spans(manifest)
     ]
+    images = [{"digest": s.key.hex(), "start": s.start, "end": s.end} for s in manifest.extras]
     on_disk = [b for b in blocks if b["on_disk"]]
     snapshots = [
         {"hash": h, "position": position, "bytes": folder.bytes_of([h])}
@@ -131,6 +135,7 @@ def describe_agent(folder: ModelFolder, manifest: Manifest) -> dict:
         "last_used": manifest.last_used,
         "blocks": blocks,
         "snapshots": snapshots,
+        "images": images,
         "totals": totals,
     }
 

@@ -104,6 +104,8 @@ class Metrics:
         self._features = None  # a vision model's kept image features
         self.finished = Counter("agent_memory_requests_finished", "Requests ended, by reason", ["reason"], registry=r)
         self.prompt_tokens = Counter("agent_memory_prompt_tokens", "Prompt tokens received", registry=r)
+        # however many turns ago each was sent, whether its KV was reused or computed (the dashboard's)
+        self.prompt_images = Counter("agent_memory_prompt_images", "Images in prompts received", registry=r)
         self.cached_tokens = Counter(
             "agent_memory_cached_tokens", "Prompt tokens whose KV was reused, by tier", ["tier"], registry=r
         )

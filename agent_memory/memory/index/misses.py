@@ -4,7 +4,7 @@ sequence and the prompt's own chain of blocks in the pool — and names the firs
 
 `at` is where the reuse stopped; when the memory knew the prompt's tokens past it, `lost` counts
 them and the block (or snapshot) there says why they were not reused: its KV cooled out of the
-tiers (`Block.cooled_by`), the same ids fixed by other extra keys, or (window and recurrent
+tiers (`Block.cooled_by`), the same ids under another image (extra keys), or (window and recurrent
 layers) no snapshot to resume at. Otherwise (and before a missing snapshot) the agent's history
 was rewritten where its prompt leaves the agent's tokens, or the conversation is new. The cost
 is one common prefix (slices compared) and the names of the prompt's blocks its agent's record
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from agent_memory.agent_key import UNNAMED, AgentKey
 from agent_memory.cache_miss import (
-    ANOTHER_EXTRA_KEY, ANOTHER_MODEL, ANOTHER_NAMESPACE, EVICTED_DISK, EXCERPT_AFTER, EXCERPT_BEFORE,
+    ANOTHER_IMAGE, ANOTHER_MODEL, ANOTHER_NAMESPACE, EVICTED_DISK, EXCERPT_AFTER, EXCERPT_BEFORE,
     NEW_CONVERSATION, NO_SNAPSHOT, NONE, REWRITTEN, Miss,
 )
 from agent_memory.memory.hashing import SpanKey, covering
@@ -54,6 +54,8 @@ def explain(
     rewritten = record is not None and followed < min(len(record.tokens), len(tokens))  # not a resend's prefix
     if known > at:
         why = _lost_why(index, record, names, at, known, extras, followed, state_layers)
+        if why == ANOTHER_IMAGE:
+            return Miss(why, at, max(0, known - cached), _images(record, extras, at))
         if why is not None and not (why == NO_SNAPSHOT and rewritten):  # a rewrite says more than its snapshot
             return Miss(why, at, max(0, known - cached))
     if rewritten:
@@ -123,7 +125,7 @@ def _lost_why(
     if mine is None and theirs is not None and at < followed:
         start, end = i * size, min((i + 1) * size, followed)
         if covering(record.extras, start, end) != covering(extras, start, end):
-            return ANOTHER_EXTRA_KEY
+            return ANOTHER_IMAGE
     block = mine or theirs
     if block is None:
         return None
@@ -137,6 +139,16 @@ def _lost_why(
     snapshots = [index.pool.blocks[h] for h in record.snapshots] if record is not None else []
     cooled = [b for b in [*held, *snapshots] if b is not None and at < b.end <= known and b.tier is Tier.COLD]
     return _cooled(min(cooled, key=lambda b: b.start)) if cooled else NO_SNAPSHOT
+
+
+def _images(record: AgentRecord, extras: tuple[SpanKey, ...], at: int) -> dict[str, str]:
+    """The digests of the image the memory held and of the one sent, at the first span from
+    `at` (the block's start) where they differ; hex, as chat/images.py writes an image's digest."""
+    held = {(s.start, s.end): s.key for s in record.extras}
+    sent = next((s for s in extras if s.end > at and held.get((s.start, s.end)) != s.key), None)
+    if sent is None:
+        return {}
+    return {"cached": held.get((sent.start, sent.end), b"").hex(), "sent": sent.key.hex(), "image_at": str(sent.start)}
 
 
 def _cooled(block: Block) -> str:
