@@ -123,6 +123,10 @@ def test_an_image_repeated_in_a_new_prompt_takes_its_kept_features(server):
     assert tower_runs(server) == runs
     assert metric(server, "agent_memory_vision_images_total", source="kept") == kept + 1
     assert metric(server, "agent_memory_vision_feature_bytes", of="budget") == 256 << 20
+    # Another namespace (a cache salt, as another tenant) never finds them: no timing tells it
+    # what others sent.
+    generate(server, text_first, [picture((30, 160, 30))], agent="green salted", salt="elsewhere")
+    assert tower_runs(server) == runs + 1
 
 
 def test_after_a_restart_the_same_image_is_reused_from_disk(tmp_path_factory):

@@ -71,7 +71,7 @@ class Prefiller:
         where an image's tokens are among them (vision/tower.py)."""
         ids = mx.array(seq.prompt[seq.pos : seq.pos + n])[None]
         vision = seq.request.vision
-        embeds = self.tower.chunk_embeddings(seq.prompt, seq.pos, seq.pos + n, vision) if vision else None
+        embeds = self.tower.chunk_embeddings(seq.prompt, seq.pos, seq.pos + n, vision, seq.root) if vision else None
         if embeds is None:
             self.model(ids, cache=seq.cache)
         else:

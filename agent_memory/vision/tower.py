@@ -6,8 +6,8 @@ kind, snapshot and tier a text model has; the two share the token embedding tabl
 A prefill chunk with an image's tokens in it is computed from input embeddings: the chunk's token
 embeddings with each image's rows put in (`chunk_embeddings`); any other chunk from its ids, as
 for a text model. An image's rows depend on its pixels alone, not on where it is, so they are kept
-by digest (`Features`, within --vision-cache-mb): a prompt that repeats a recent image, anywhere,
-runs no vision tower for it; a prompt whose image tokens all come from cached KV runs none at all.
+by digest within a namespace (`Features`, within --vision-cache-mb: a tenant or cache salt never
+finds another's): a prompt that repeats a recent image, anywhere, runs no vision tower for it; a prompt whose image tokens all come from cached KV runs none at all.
 """
 
 from __future__ import annotations
@@ -64,33 +64,38 @@ class VisionTower:
         # the tower again, whatever the budget dropped meanwhile.
         self.held: weakref.WeakKeyDictionary[VisionInputs, dict[str, mx.array]] = weakref.WeakKeyDictionary()
 
-    def chunk_embeddings(self, tokens: list[int], start: int, end: int, inputs: VisionInputs) -> mx.array | None:
+    def chunk_embeddings(
+        self, tokens: list[int], start: int, end: int, inputs: VisionInputs, scope: str | None
+    ) -> mx.array | None:
         """The input embeddings of tokens[start:end] (1, n, hidden) when an image's tokens are among
-        them, else None (its ids do)."""
+        them, else None (its ids do). `scope`: the request's namespace (tenant, cache salt): kept
+        features are found only within it, so no tenant learns from timing what another sent."""
         spans = [s for s in inputs.spans if s.start < end and s.end > start]
         if not spans:
             return None
-        rows = self._rows(tokens, inputs)
+        rows = self._rows(tokens, inputs, scope)
         embeds = self.vlm.get_input_embeddings(mx.array(tokens[start:end])[None]).inputs_embeds
         for s in spans:
             a, b = max(s.start, start), min(s.end, end)
             embeds[0, a - start : b - start] = rows[s.digest][a - s.start : b - s.start].astype(embeds.dtype)
         return embeds
 
-    def _rows(self, tokens: list[int], inputs: VisionInputs) -> dict[str, mx.array]:
+    def _rows(self, tokens: list[int], inputs: VisionInputs, scope: str | None) -> dict[str, mx.array]:
         """The prompt's images' rows by digest: held, kept, or every image through the tower."""
         held = self.held.get(inputs)
         if held is None:
-            kept = {s.digest: self.features.get(s.digest) for s in inputs.spans}
+            kept = {s.digest: self.features.get(f"{scope}:{s.digest}") for s in inputs.spans}
             if all(r is not None for r in kept.values()):
                 self.features.kept_images += len(kept)
                 held = kept
             else:
-                held = self._run(tokens, inputs, kept)
+                held = self._run(tokens, inputs, kept, scope)
             self.held[inputs] = held
         return held
 
-    def _run(self, tokens: list[int], inputs: VisionInputs, kept: dict[str, mx.array | None]) -> dict[str, mx.array]:
+    def _run(
+        self, tokens: list[int], inputs: VisionInputs, kept: dict[str, mx.array | None], scope: str | None
+    ) -> dict[str, mx.array]:
         """Every image of the prompt through the tower and projector, each one's rows kept by digest."""
         ids = mx.array(tokens)[None]
         arrays = {k: mx.array(v) for k, v in inputs.pixels.items()}
@@ -101,7 +106,7 @@ class VisionTower:
         rows = {s.digest: mx.contiguous(embeds[0, s.start : s.end]) for s in inputs.spans}  # not the prompt's buffer
         mx.eval(list(rows.values()))
         for digest, r in rows.items():
-            self.features.put(digest, r)
+            self.features.put(f"{scope}:{digest}", r)
         return rows
 
 
