@@ -88,8 +88,8 @@ def part_kills(args, model: Path, work: Path, deadline: float, figs: Figures, rn
     for round_ in range(args.kills + 1):  # every kill is followed by a restart that is checked
         server.start()
         if round_ == 0:
-            for a in agents:  # references: anonymous, before anything is on disk
-                probe[a] = text_of(chat(server.url, conversation(a, "Probe."), None, args.max_tokens))
+            for a in agents:  # references: remembered by no one, before anything is on disk
+                probe[a] = text_of(chat(server.url, conversation(a, "Probe."), None, args.max_tokens, remember=False))
         else:
             quarantined += server.log().count("quarantined ")
             listed = server.agents()
@@ -334,7 +334,7 @@ def part_load(args, model: Path, work: Path, deadline: float, figs: Figures) -> 
                 continue
             messages = conversation(r["i"], "List the last three ships.")
             try:
-                solo[r["i"]] = text_of(chat(server.url, messages, None, args.max_tokens, cache_salt=f"solo-{r['i']}"))
+                solo[r["i"]] = text_of(chat(server.url, messages, None, args.max_tokens, cache_salt=f"solo-{r['i']}", remember=False))
             except httpx.HTTPError:
                 continue  # no reference: not compared
     finally:

@@ -106,10 +106,12 @@ def test_two_models_each_with_its_own_agents(tiny_model, small, tmp_path):
             ("alice", "small"),
             ("alice", "tiny"),
         ]
+        # Each model's named agents, and the unnamed conversation its request with no agent began.
         assert [(m["id"], m["loaded"], m["agents"]) for m in agents["models"]] == [
-            ("tiny", True, 3),
-            ("small", True, 2),
+            ("tiny", True, 4),
+            ("small", True, 3),
         ]
+        assert sorted(a["model"] for a in agents["data"] if a["kind"] == "unnamed") == ["small", "tiny"]
         # The cache commands see each model's folder, and end an agent in its own model only.
         listed = cache(s, "ls", "--format", "json")["agents"]
         assert sorted((a["id"], a["model"]) for a in listed if a["id"] == "alice") == [

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from agent_memory.agent_key import AgentKey
+from agent_memory.agent_key import HEAD, AgentKey
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.batch.decode_batch import Token
 from agent_memory.engine.observability.metrics import Metrics
@@ -253,9 +253,7 @@ class EngineCore:
             log.exception("could not admit request %s", request.request_id)
             sink(Failed(f"the request could not be started: {e}"))
             return
-        if seq.prefill_only and seq.new_tokens == 0 and not self.parts.layers.has_state:
-            # Its agent already holds every token (a reply re-tokenized as it was fed): nothing to
-            # compute, and nothing of its memory to read back from disk for it.
+        if seq.prefill_only and self._settled_already(seq):
             return self._end(seq, "follow-up")
         self.metrics.prompt_tokens.inc(0 if request.prefill_only else len(request.prompt))  # a settle: none
         self.metrics.prompt_images.inc(len(request.vision.spans) if request.vision and not request.prefill_only else 0)
@@ -278,10 +276,22 @@ class EngineCore:
             else:  # waiting or prefilling: keep what was computed
                 self._end(seq, "cancelled", seq.cache, seq.prompt[: seq.pos])
 
+    def _settled_already(self, seq: Sequence) -> bool:
+        """A turn's settle with nothing to do: its agent was deleted meanwhile (it must not come
+        back), or holds every token already (a reply re-tokenized as it was fed) on a model with
+        no state layers to snapshot at its end. A head's prefill makes its record."""
+        if seq.agent is None or seq.agent.kind == HEAD:
+            return False
+        if seq.agent not in self.store.agents:
+            return True
+        return seq.new_tokens == 0 and not self.parts.layers.has_state
+
     def end_agent(self, agent: AgentKey) -> bool | Future:
-        for seq in self.seqs.values():
-            if seq.agent == agent:
-                seq.agent = None
+        for seq in [s for s in self.seqs.values() if s.agent == agent]:
+            if seq.prefill_only:  # a settle or follow-up for it alone: nothing to keep, no work
+                self._end(seq, "superseded")
+            else:  # its turn ends as nobody's
+                seq.agent = seq.generation.usage.agent = None
         return self.store.end_agent(agent)
 
     def shutdown(self) -> None:

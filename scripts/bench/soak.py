@@ -50,7 +50,9 @@ class Server:
         return httpx.get(self.url + "/health", timeout=10).json()
 
     def agents(self) -> list[str]:
-        return [a["id"] for a in httpx.get(self.url + "/v1/agents", timeout=30).json()["data"]]
+        """The named agents (an unnamed conversation's id is a hash of its content)."""
+        listed = httpx.get(self.url + "/v1/agents", timeout=30).json()["data"]
+        return [a["id"] for a in listed if a["kind"] == "agent"]
 
     def sequences(self) -> float:
         """Sequences the engine still holds (the metrics gauge, every state together)."""
