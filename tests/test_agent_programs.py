@@ -21,17 +21,22 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from tests.support.scripted import CONTEXT, scripted_model
+from tests.support.scripted import CONTEXT, LINE_END, scripted_model
 from tests.support.server import REPO, Server, free_port
 
 pytestmark = [pytest.mark.programs, pytest.mark.process]
 
 PROGRAMS = REPO / ".agent-programs"
-ANSWER = "Done."
-# A longer answer, its first word written a letter a token: tokenized whole, it comes back as
-# other tokens, as a real model's reply often does (the canonical follow-up's work).
-SPELLED = ("D", "o", "n", "e", ".", " The archive is in order; each ledger sits by year, with nothing missing")
-LONG_ANSWER = "".join(SPELLED)
+# The programs' final answer: three sentences on two lines (the first ends with the scripted
+# tokenizer's LINE_END), its first word written a letter a token: tokenized whole, it comes back
+# as other tokens, as a real model's reply often does (the canonical follow-up's work).
+REPLY = (
+    *("D", "o", "n", "e", "."),
+    " The archive is in order; each ledger sits by year, with nothing missing",
+    LINE_END,
+    "Shall I check the totals against last winter's report?",
+)
+ANSWER = "".join(REPLY)
 RUN_LIMIT = 300  # seconds; a run takes a few
 
 
@@ -85,16 +90,15 @@ def launch(binary: Path, args: list[str], cwd: Path, env: dict[str, str], code: 
 def models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("scripted")
     return {
-        "calls": scripted_model(root, tool="get_goal"),
-        "answers": scripted_model(root, tool=None),
-        "long": scripted_model(root, tool=None, answer=SPELLED),
+        "calls": scripted_model(root, tool="get_goal", answer=REPLY),
+        "answers": scripted_model(root, tool=None, answer=REPLY),
     }
 
 
 def whole(turn: dict[str, str], model: Path) -> int:
-    """A logged turn of LONG_ANSWER's model: its prompt and its reply as the tokenizer writes the
-    text (what the next turn sends back first, and the server keeps), in tokens."""
-    reply = Tokenizer.from_file(str(model / "tokenizer.json")).encode(LONG_ANSWER, add_special_tokens=False).ids
+    """A logged turn: its prompt and its reply as the tokenizer writes the text (what the next turn
+    sends back first, and the server keeps), in tokens."""
+    reply = Tokenizer.from_file(str(model / "tokenizer.json")).encode(ANSWER, add_special_tokens=False).ids
     return int(turn["prompt_tokens"]) + len(reply)
 
 
@@ -206,7 +210,7 @@ def test_claude_code_compacts_on_prompt_too_long(tmp_path):
     and says why."""
     claude = program("claude-latest", "claude")
     context = 20480  # holds Claude Code's first turn (~19.6k tokens of this tokenizer), not a long second
-    model = scripted_model(tmp_path / "models", tool=None, context=context)
+    model = scripted_model(tmp_path / "models", tool=None, answer=REPLY, context=context)
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -230,7 +234,7 @@ def test_claude_code_sub_agents_each_reuse_their_own_turns(tmp_path):
     here, named by its session and its x-claude-code-agent-id), which call a tool and answer,
     and then the main loop answers. Every request reuses all of its agent's previous one."""
     claude = program("claude-latest", "claude")
-    model = scripted_model(tmp_path / "models", tool="Agent")
+    model = scripted_model(tmp_path / "models", tool="Agent", answer=REPLY)
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -350,24 +354,24 @@ def test_opencode_without_a_session_key_is_remembered_whole_and_after_a_restart(
     home.mkdir()
     work.mkdir()
     env = {"HOME": str(home)}
-    with Server(models["long"], tmp_path / "cache") as server:
+    with Server(models["answers"], tmp_path / "cache") as server:
         opencode_by_hand(work, server)
         first = run([str(opencode), "run", "Say hello."], work, env)
         one = logged_requests(server, "/v1/chat/completions")
         second = run([str(opencode), "run", "--continue", "Once more."], work, env)
         two = logged_requests(server, "/v1/chat/completions")[len(one) :]
-    with Server(models["long"], tmp_path / "cache") as server:
+    with Server(models["answers"], tmp_path / "cache") as server:
         opencode_by_hand(work, server)
         third = run([str(opencode), "run", "--continue", "And again."], work, env)
         three = logged_requests(server, "/v1/chat/completions")
 
-    assert all(r.stdout.strip().endswith(LONG_ANSWER) for r in (first, second, third))
+    assert all(r.stdout.strip().endswith(ANSWER) for r in (first, second, third))
     assert {r["status"] for r in one + two + three} == {"200"}
     turns = [main_turn(rs) for rs in (one, two, three)]
     assert int(turns[0]["prompt_tokens"]) > 5_000
     assert turns[0]["agent"].startswith("~") and {t["agent"] for t in turns} == {turns[0]["agent"]}, turns
-    assert int(turns[1]["cached_tokens"]) >= whole(turns[0], models["long"]), turns
-    assert int(turns[2]["warm_tokens"]) >= 0.9 * whole(turns[1], models["long"]), turns
+    assert int(turns[1]["cached_tokens"]) >= whole(turns[0], models["answers"]), turns
+    assert int(turns[2]["warm_tokens"]) >= 0.9 * whole(turns[1], models["answers"]), turns
 
 
 def test_llm_continued_without_a_name_is_remembered_whole_and_after_a_restart(models, tmp_path):
@@ -379,20 +383,20 @@ def test_llm_continued_without_a_name_is_remembered_whole_and_after_a_restart(mo
     env = {"LLM_USER_PATH": str(user)}
     requests = []
     for prompts in (["Say hello.", "Once more."], ["And again."]):  # a restart between
-        with Server(models["long"], tmp_path / "cache") as server:
+        with Server(models["answers"], tmp_path / "cache") as server:
             (user / "extra-openai-models.yaml").write_text(
                 f'- model_id: local\n  model_name: local\n  api_base: "{server.base_url}/v1"\n'
             )
             for i, prompt in enumerate(prompts):
                 args = ["-m", "local"] if not requests and i == 0 else ["-c"]
-                assert run([str(llm), *args, prompt], tmp_path, env).stdout.strip() == LONG_ANSWER
+                assert run([str(llm), *args, prompt], tmp_path, env).stdout.strip() == ANSWER
             requests += logged_requests(server, "/v1/chat/completions")
 
     assert [r["status"] for r in requests] == ["200"] * 3, requests
     one, two, three = requests
     assert one["agent"].startswith("~") and two["agent"] == three["agent"] == one["agent"], requests
-    assert int(two["cached_tokens"]) >= whole(one, models["long"]), requests
-    assert int(three["warm_tokens"]) >= 0.9 * whole(two, models["long"]), requests
+    assert int(two["cached_tokens"]) >= whole(one, models["answers"]), requests
+    assert int(three["warm_tokens"]) >= 0.9 * whole(two, models["answers"]), requests
 
 
 def test_aider_answers_and_its_next_turn_reuses_its_head(models, tmp_path):
@@ -412,7 +416,8 @@ def test_aider_answers_and_its_next_turn_reuses_its_head(models, tmp_path):
         second = launch(aider, [*flags, "--restore-chat-history", "--message", "Once more."], work, dict(env))
         requests = logged_requests(server, "/v1/chat/completions")
 
-    assert ANSWER in first.stdout and ANSWER in second.stdout
+    # aider prints a reply's lines with a blank line between them.
+    assert all(line in done.stdout for done in (first, second) for line in ANSWER.splitlines())
     assert "Unknown context window" not in first.stdout + first.stderr  # told by its metadata file
     assert [r["status"] for r in requests] == ["200", "200"], requests
     one, two = requests

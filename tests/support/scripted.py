@@ -15,6 +15,10 @@ residual stream; every other projection is zero. The output head then reads a bi
 each answer token: the next, the last: end of turn) plus a per-token bias that prefers the
 tool's name and the JSON closers, which is what greedy decoding inside the grammar picks from.
 RoPE's base is raised so the attending pair of dimensions does not rotate over 32k positions.
+
+A reply of two lines: the cue to start answering is the newline ending the prompt, so the model
+cannot write that token inside its answer. Its tokenizer holds one more token, `.\n` (a sentence's
+end and a line break, as real BPE tokenizers such as Qwen's write them), which no prompt ends in.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 
 from agent_memory.models.tiny import build_tiny
 from tests.support.templates import chat_template
@@ -35,6 +39,7 @@ CONTEXT = 65536  # Claude Code's prompt is 19-32k tokens of this tokenizer, plus
 BIAS, SEEN, PROMPT_END, OTHER, OPENS = 0, 1, 2, 3, 4  # embedding dimensions; answer tokens use 5, 6, ...
 ANSWER_DIM = 5
 RESULT_SEEN = 1.0  # the residual stream's "tool result seen" unit after layer 0
+LINE_END = ".\n"  # the added token an answer ends a line with (not a cue: a prompt never ends in it)
 # One layer, narrow: the programs' prompts are 15-32k tokens, and this keeps their prefill short.
 SMALL = {
     "num_hidden_layers": 1,
@@ -74,8 +79,11 @@ def scripted_model(
     work = root / f".{name}-work"
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(base, work)
-    config = json.loads((work / "config.json").read_text())
     tokenizer = Tokenizer.from_file(str(work / "tokenizer.json"))
+    tokenizer.add_tokens([AddedToken(LINE_END, normalized=False)])
+    tokenizer.save(str(work / "tokenizer.json"))
+    config = {**json.loads((work / "config.json").read_text()), "vocab_size": tokenizer.get_vocab_size()}
+    (work / "config.json").write_text(json.dumps(config, indent=1))
     weights = load_file(str(work / "model.safetensors"))
     save_file(_weights(weights, config, tokenizer, tool, pieces), str(work / "model.safetensors"))
     work.rename(out)
@@ -92,6 +100,8 @@ def _weights(weights: dict, config: dict, tokenizer: Tokenizer, tool: str | None
     hidden, vocab, head = config["hidden_size"], config["vocab_size"], config["head_dim"]
     dtype = weights["model.embed_tokens.weight"].dtype
     out = {key: np.zeros_like(value) for key, value in weights.items()}
+    for key in ("model.embed_tokens.weight", "lm_head.weight"):  # one row more: LINE_END's
+        out[key] = np.zeros((vocab, hidden), dtype)
     for key in out:
         if key.endswith("norm.weight"):
             out[key][:] = 1.0
