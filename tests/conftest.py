@@ -21,17 +21,6 @@ for _name in [n for n in os.environ if n.startswith("AGENT_MEMORY_")]:
 os.environ["AGENT_MEMORY_CONFIG"] = str(Path(__file__).parent / "no-config.toml")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files that start processes (servers, programs, benchmark scripts) first: with two workers
-    taking a whole file at a time in collection order (scripts/test), a long one left for last
-    would run alone while the other worker waits; many short in-process files fill the end."""
-    def starts_processes(item: pytest.Item) -> bool:
-        marked = item.get_closest_marker("process") or item.get_closest_marker("programs")
-        return bool(marked) or item.path.name.startswith("test_bench_")
-
-    items.sort(key=lambda item: not starts_processes(item))  # stable: files stay whole, in order
-
-
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     from agent_memory.models.tiny import build_tiny
