@@ -4,6 +4,9 @@ arrives (demo.py fetches, tiny.py builds, registry.py resolves), so none imports
 from __future__ import annotations
 
 import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -35,3 +38,15 @@ def move_into_place(folder: Path, target: Path) -> None:
     except OSError:
         if not complete(target):
             raise
+
+
+@contextmanager
+def building(target: Path) -> Iterator[Path]:
+    """An empty folder to build a model in, beside `target` (one file system), moved into place
+    whole when the block ends without an error; the temporary folder is removed either way."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as tmp:
+        work = Path(tmp) / "model"
+        work.mkdir()
+        yield work
+        move_into_place(work, target)

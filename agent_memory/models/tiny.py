@@ -18,7 +18,6 @@ import io
 import json
 import logging
 import sysconfig
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from agent_memory.models.gguf import Progress
-from agent_memory.models.folders import ModelError, complete, move_into_place
+from agent_memory.models.folders import ModelError, building, complete
 from agent_memory.models.tiny_archs import ARCHS, VOCAB_SIZE, TinyArch
 
 log = logging.getLogger(__name__)
@@ -112,11 +111,8 @@ def build_tiny(
     if complete(out_dir):
         _check_kept(out_dir, spec, quantize, template)
         return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     step = progress or (lambda *_: None)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
-        work = Path(tmp) / "model"
-        work.mkdir()
+    with building(out_dir) as work:
         step(STAGE, 0, 2)
         tokenizer = _tokenizer(template)
         tokenizer.save(str(work / "tokenizer.json"))
@@ -131,8 +127,7 @@ def build_tiny(
         mx.save_safetensors(str(work / "model.safetensors"), weights, metadata={"format": "mlx"})
         (work / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}, indent=1))
         (work / "config.json").write_text(json.dumps(config, indent=1))  # last: marks it complete
-        move_into_place(work, out_dir)
-        step(STAGE, 2, 2)
+    step(STAGE, 2, 2)
     log.info("built the tiny %s model in %s", arch, out_dir)
     return out_dir
 

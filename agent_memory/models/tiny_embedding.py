@@ -6,7 +6,6 @@ head) and sentence-transformers' files (`modules.json`, `1_Pooling/config.json`,
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 from tokenizers import Tokenizer, processors
 
-from agent_memory.models.folders import ModelError, complete, move_into_place
+from agent_memory.models.folders import ModelError, building, complete
 from agent_memory.models.gguf import Progress
 from agent_memory.models.tiny import build_tiny
 
@@ -62,11 +61,8 @@ def build_tiny_embedding(out_dir: Path, *, arch: str = "qwen3_embedding", progre
         if config.get("architectures") != [spec.architecture] or not (out_dir / "modules.json").is_file():
             raise ModelError(f"{out_dir} already holds another model; build into another folder or delete it")
         return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
-        chat = build_tiny(Path(tmp) / "chat", arch=spec.base, config=dict(spec.config), progress=progress)
-        work = Path(tmp) / "model"
-        work.mkdir()
+    with building(out_dir) as work:
+        chat = build_tiny(work.parent / "chat", arch=spec.base, config=dict(spec.config), progress=progress)
         for name in TOKENIZER_FILES:
             (work / name).write_bytes((chat / name).read_bytes())
         if spec.end_token:
@@ -78,7 +74,6 @@ def build_tiny_embedding(out_dir: Path, *, arch: str = "qwen3_embedding", progre
         _sentence_transformers(work, spec, config["hidden_size"])
         config = {**config, "architectures": [spec.architecture], "tie_word_embeddings": True}
         (work / "config.json").write_text(json.dumps(config, indent=1))  # last: marks it complete
-        move_into_place(work, out_dir)
     return out_dir
 
 

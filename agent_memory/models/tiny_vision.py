@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from agent_memory.models.folders import ModelError, complete, move_into_place
+from agent_memory.models.folders import ModelError, building, complete
 from agent_memory.models.gguf import Progress
 from agent_memory.models.tiny import (
     ChatTemplate,
@@ -142,11 +141,8 @@ def build_tiny_vision(out_dir: Path, *, arch: str, context: int = 4096, progress
         if json.loads((out_dir / "config.json").read_text()).get("model_type") != spec.config["model_type"]:
             raise ModelError(f"{out_dir} already holds another model; build into another folder or delete it")
         return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     step = progress or (lambda *_: None)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
-        work = Path(tmp) / "model"
-        work.mkdir()
+    with building(out_dir) as work:
         step(STAGE, 0, 2)
         tokenizer = _tokenizer(spec.template)
         tokenizer.save(str(work / "tokenizer.json"))
@@ -165,8 +161,7 @@ def build_tiny_vision(out_dir: Path, *, arch: str, context: int = 4096, progress
         eos = config["eos_token_id"]
         (work / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}, indent=1))
         (work / "config.json").write_text(json.dumps(config, indent=1))  # last: marks it complete
-        move_into_place(work, out_dir)
-        step(STAGE, 2, 2)
+    step(STAGE, 2, 2)
     log.info("built the tiny %s vision model in %s", arch, out_dir)
     return out_dir
 
