@@ -22,7 +22,8 @@ from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
 from tests.support.vision import generate, picture
 
-TOKENS = {"gemma3": 4, "mistral3_vision": 6}  # an image's tokens: Gemma's fixed count, Pixtral's 2x2 and marks
+# An image's tokens: Gemma's fixed count, Pixtral's 2x2 and marks, Qwen3.5's 2x3 merged patches.
+TOKENS = {"gemma3": 4, "mistral3_vision": 6, "qwen3_5_vision": 6}
 RED, BLUE = picture((200, 30, 30)), picture((30, 30, 200))  # the same size: the same tokens
 
 
@@ -47,7 +48,9 @@ def test_the_processor_expands_each_image_into_its_tokens_and_keys_them_by_diges
     (span,) = answer.inputs.spans
     assert span.end - span.start == TOKENS[server.family]  # the image's tokens, all in the prompt
     assert answer.finished.usage.prompt_tokens == len(answer.prompt)  # images' tokens counted
-    assert answer.inputs.keys[0].key == bytes.fromhex(RED.digest)
+    # Qwen3.5's grid (t, h, w patches, 3 x uint16) too: it places every token after the image.
+    grid = bytes([0, 1, 0, 4, 0, 6]) if server.family == "qwen3_5_vision" else b""
+    assert answer.inputs.keys[0].key == bytes.fromhex(RED.digest) + grid
 
 
 def test_the_processor_runs_without_mlx_as_mlx_vlms_own_would(server):
@@ -144,9 +147,14 @@ def test_after_a_restart_the_same_image_is_reused_from_disk(tmp_path_factory):
     assert blue.finished.usage.cached_tokens <= blue.inputs.spans[0].start
 
 
-def test_a_family_with_3d_image_positions_is_served_text_only(tmp_path):
-    qwen = {"vision_config": {"depth": 1}, "text_config": {"rope_parameters": {"mrope_section": [2, 1, 1]}}}
-    assert vision_prompt(tmp_path, qwen) is None  # its folder not even read: no processor
+def test_a_family_with_3d_image_positions_other_than_qwen3_5s_is_served_text_only(tmp_path, caplog):
+    rope = {"text_config": {"rope_parameters": {"mrope_section": [2, 1, 1]}}}
+    qwen3_vl = {"model_type": "qwen3_vl", "vision_config": {"deepstack_visual_indexes": [1]}, **rope}
+    qwen2_vl = {"model_type": "qwen2_vl", "vision_config": {"depth": 1}, **rope}
+    with caplog.at_level("INFO", "agent_memory.vision.prompt"):
+        assert vision_prompt(tmp_path, qwen3_vl) is None  # its folder not even read: no processor
+        assert vision_prompt(tmp_path, qwen2_vl) is None
+    assert "deepstack" in caplog.messages[0] and "placed only for qwen3_5" in caplog.messages[1]
     assert vision_prompt(tmp_path, {"text_config": {}}) is None  # no vision tower: text
 
 

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.core import EngineCore
 from agent_memory.engine.loading.budget import weights_bytes
+from agent_memory.engine.loading.damage import weights_damage
 from agent_memory.engine.loading.loader import (
     ModelText,
     UnsupportedModelError,
     describe_model,
     draft_refusal,
-    weights_damage,
     weights_file_bytes,
 )
 from agent_memory.engine.observability.metrics import Metrics

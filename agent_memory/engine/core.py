@@ -194,7 +194,7 @@ class EngineCore:
         for sample in [seq, *samples(seq, self._ids, self.parts.loaded)]:  # n > 1: all from one prefill
             self.seqs[sample.id] = sample
             args = (sample.generation.sampler, sample.generation.processors, params.max_tokens, params.logprobs)
-            self.parts.batch.add(sample.id, seq.prompt, seq.cache, *args)
+            self.parts.batch.add(sample.id, seq.prompt, seq.cache, *args, delta=seq.delta)
             sample.status = Status.DECODING
         seq.cache = None
 

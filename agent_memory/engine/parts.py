@@ -88,13 +88,13 @@ def decode_batch(speculation: str, loaded: LoadedModel, layers: ModelLayers, p: 
     without a snapshot per proposal; quantized KV has no trim), else one token per step."""
     eos = loaded.tokenizer.eos_token_ids
     if speculation == "off":
-        return DecodeBatch(loaded.model, eos)
+        return DecodeBatch(loaded.model, eos, loaded.positions)
     if not layers.plain or p.working.quantized:
         kept = "quantized KV" if p.working.quantized else ", ".join(layers.kinds)
         kept += "" if layers.has_state or p.working.quantized else " in a list of caches per layer (CacheList)"
         log.info("speculation off: %s keeps %s, which cannot drop rejected proposals", loaded.name, kept)
-        return DecodeBatch(loaded.model, eos)
-    return SpeculativeBatch(loaded.model, eos, draft)
+        return DecodeBatch(loaded.model, eos, loaded.positions)
+    return SpeculativeBatch(loaded.model, eos, draft, loaded.positions)
 
 
 def draft_bytes_per_token(draft: Any) -> int:
@@ -154,7 +154,7 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
         warm_error=warm_error,
         draft=draft,
         batch=decode_batch(cfg.speculation, loaded, layers, p, draft),
-        prefiller=Prefiller(loaded.model, layers, p, store, committer, loaded.tower),
+        prefiller=Prefiller(loaded.model, layers, p, store, committer, loaded.tower, loaded.positions),
         committer=committer,
         working_budget=working,
         bytes_per_token=layers.bytes_per_token(p.working) + draft_bytes_per_token(draft),
@@ -168,7 +168,7 @@ def unload_weights(parts: Parts) -> None:
     model's agents stay listed, deletable and warm (its hot KV cooled first: engine.py)."""
     parts.batch = parts.prefiller = parts.draft = None
     parts.layers.detach()
-    parts.loaded = replace(parts.loaded, model=None, tower=None)
+    parts.loaded = replace(parts.loaded, model=None, tower=None, positions=None)
     parts.features.clear()
 
 
@@ -178,5 +178,7 @@ def reload_weights(parts: Parts, cfg: EngineConfig, described: ModelText, workin
     parts.layers.attach(loaded.model)
     parts.draft = load_draft(cfg.draft_path)
     parts.batch = decode_batch(cfg.speculation, loaded, parts.layers, parts.precisions, parts.draft)
-    parts.prefiller = Prefiller(loaded.model, parts.layers, parts.precisions, parts.store, parts.committer, loaded.tower)
+    parts.prefiller = Prefiller(
+        loaded.model, parts.layers, parts.precisions, parts.store, parts.committer, loaded.tower, loaded.positions
+    )
     parts.working_budget = working

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from contextlib import nullcontext
 
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
@@ -23,6 +24,7 @@ from agent_memory.memory.index.blocks import Block
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.store_records import Segment
 from agent_memory.precision import Precisions
+from agent_memory.vision.positions import Positions
 from agent_memory.vision.tower import VisionTower
 
 log = logging.getLogger(__name__)
@@ -37,9 +39,11 @@ class Prefiller:
         store: AgentCacheStore,
         committer: Committer,
         tower: VisionTower | None = None,
+        positions: Positions | None = None,
     ) -> None:
         self.model = model
         self.tower = tower  # a vision model's image embeddings (vision/tower.py); None: text only
+        self.positions = positions  # a model whose image tokens take 3-D positions (vision/positions.py)
         self.layers = layers
         self.precisions = precisions
         self.store = store
@@ -68,14 +72,17 @@ class Prefiller:
 
     def _compute(self, seq: Sequence, n: int) -> None:
         """The model over the sequence's next n tokens: from their ids, or from input embeddings
-        where an image's tokens are among them (vision/tower.py)."""
+        where an image's tokens are among them (vision/tower.py); every chunk of a prompt whose
+        images take 3-D positions at its own positions (vision/positions.py)."""
         ids = mx.array(seq.prompt[seq.pos : seq.pos + n])[None]
-        vision = seq.request.vision
+        vision, placement = seq.request.vision, seq.placement
         embeds = self.tower.chunk_embeddings(seq.prompt, seq.pos, seq.pos + n, vision, seq.root) if vision else None
-        if embeds is None:
-            self.model(ids, cache=seq.cache)
-        else:
-            self.model(ids, cache=seq.cache, input_embeddings=embeds)
+        placed = placement.positions(seq.pos, seq.pos + n)[:, None] if placement is not None else None
+        with self.positions.rows(explicit=placed) if placed is not None else nullcontext():
+            if embeds is None:
+                self.model(ids, cache=seq.cache)
+            else:
+                self.model(ids, cache=seq.cache, input_embeddings=embeds)
 
     def _append_cached(self, seq: Sequence) -> None:
         """Append the run of cached blocks at the head of the plan to the sequence's cache, and

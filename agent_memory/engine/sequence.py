@@ -19,6 +19,7 @@ from agent_memory.memory.hashing import namespace
 from agent_memory.memory.index.store import AgentCacheStore
 from agent_memory.memory.index.store_records import Lease, Segment
 from agent_memory.precision import KVPrecision
+from agent_memory.vision.positions import Placement
 
 
 class Status(enum.Enum):
@@ -61,6 +62,16 @@ class Sequence:
     @property
     def prompt(self) -> list[int]:
         return self.request.prompt
+
+    @property
+    def placement(self) -> Placement | None:
+        """Where its image tokens sit, for a model whose images take 3-D positions (vision/positions.py)."""
+        return self.request.vision.placement if self.request.vision is not None else None
+
+    @property
+    def delta(self) -> int:
+        """What its tokens after the last image add to their index: their position as decoded."""
+        return self.placement.delta if self.placement is not None else 0
 
     @property
     def prefill_end(self) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import agent_memory.blas  # noqa: F401
@@ -56,6 +56,19 @@ MISTRAL3_TEMPLATE = (
     "{% endfor %}{% endif %}{{ '[/INST]' }}{% endif %}{% endfor %}"
 )
 LONGEST_EDGE = 56  # pixels: at most four 14-pixel patches a side, merged 2x2 into image tokens
+# Qwen3.5's turn format (ChatML), an image item written as its vision start, placeholder and end.
+QWEN3_5_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Pixels an image is resized within (Qwen's smart resize, by 32-pixel steps): 64x64 at least, so an
+# image's tokens span rows and columns (its 3-D positions differ from its indices), 128x128 at most.
+QWEN_MIN_PIXELS, QWEN_MAX_PIXELS = 64 * 64, 128 * 128
 
 
 @dataclass(frozen=True)
@@ -65,10 +78,12 @@ class TinyVision:
     text_arch: str
     config: dict  # the checkpoint's config beside `text_config` (vision_config, image token fields)
     image_tokens: dict[str, str]  # the tokenizer's named image tokens (Gemma's boi_token, image_token, eoi_token)
+    token_ids: dict[str, str]  # config.json's token id fields, by the token each names
     template: ChatTemplate
     preprocessor: dict  # preprocessor_config.json
     processor: dict  # processor_config.json
     about: str
+    text: dict = field(default_factory=dict)  # over the text family's tiny config (tiny_archs.py)
 
 
 VISION_ARCHS: dict[str, TinyVision] = {
@@ -84,6 +99,10 @@ VISION_ARCHS: dict[str, TinyVision] = {
         },
         image_tokens={
             "boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"
+        },
+        token_ids={
+            "boi_token_index": "<start_of_image>", "image_token_index": "<image_soft_token>",
+            "eoi_token_index": "<end_of_image>",
         },
         template=ChatTemplate(
             text=GEMMA3_TEMPLATE,
@@ -113,6 +132,7 @@ VISION_ARCHS: dict[str, TinyVision] = {
             },
         },
         image_tokens={},
+        token_ids={"image_token_index": "[IMG]"},
         template=ChatTemplate(
             text=MISTRAL3_TEMPLATE,
             special=("[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"),
@@ -130,6 +150,42 @@ VISION_ARCHS: dict[str, TinyVision] = {
             "image_end_token": "[IMG_END]", "spatial_merge_size": 2, "patch_size": 14,
         },
         about="Mistral Small 3.1 (vision): a Pixtral tower, rows of [IMG] tokens by the image's size; llama layers",
+    ),
+    "qwen3_5_vision": TinyVision(
+        text_arch="qwen3_5",
+        config={
+            "model_type": "qwen3_5",
+            "vision_config": {
+                "model_type": "qwen3_5", "depth": 1, "hidden_size": 32, "intermediate_size": 64,
+                "out_hidden_size": 128, "num_heads": 2, "patch_size": 16, "spatial_merge_size": 2,
+                "temporal_patch_size": 2, "num_position_embeddings": 64, "in_channels": 3,
+                "deepstack_visual_indexes": [],
+            },
+        },
+        image_tokens={},
+        token_ids={
+            "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+            "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
+        },
+        template=ChatTemplate(
+            text=QWEN3_5_TEMPLATE,
+            special=("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                     "<|video_pad|>"),
+            eos=("<|im_end|>",),
+        ),
+        preprocessor={
+            "image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
+            "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+            "size": {"shortest_edge": QWEN_MIN_PIXELS, "longest_edge": QWEN_MAX_PIXELS},
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_rescale": True,
+            "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+        },
+        processor={"processor_class": "Qwen3VLProcessor"},
+        about="Qwen3.5 (vision): a Qwen3-VL tower, 2x2 merged patches an image token at 3-D (mrope) positions; "
+        "gated delta-net and attention layers",
+        # Half the head rotated in interleaved t/h/w sections, attention every other layer: an
+        # image's positions change the greedy tokens after it.
+        text={"partial_rotary_factor": 0.5, "mrope_section": [4, 2, 2], "full_attention_interval": 2},
     ),
 }
 
@@ -152,6 +208,8 @@ def build_tiny_vision(out_dir: Path, *, arch: str, context: int = 4096, progress
         (work / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
         (work / "preprocessor_config.json").write_text(json.dumps(spec.preprocessor, indent=1))
         (work / "processor_config.json").write_text(json.dumps(spec.processor, indent=1))
+        if spec.processor["processor_class"] == "Qwen3VLProcessor":  # else mlx-vlm looks for it on the hub
+            (work / "video_preprocessor_config.json").write_text(json.dumps(spec.preprocessor, indent=1))
         step(STAGE, 1, 2)
         config = _config(spec, tokenizer, context)
         seed = _seed(arch)
@@ -172,11 +230,12 @@ def _config(spec: TinyVision, tokenizer, context: int) -> dict:
     family = json.loads(json.dumps(ARCHS[spec.text_arch].config))
     text = family.get("text_config", family)  # mistral3's table entry nests it already
     text.update(vocab_size=vocab, max_position_embeddings=context)
+    rope = text.get("rope_parameters", {})
+    for name, value in spec.text.items():
+        (rope if name in rope else text)[name] = value
     if "mm_tokens_per_image" in spec.config:
         text["mm_tokens_per_image"] = spec.config["mm_tokens_per_image"]
-    ids = {f"{role[:-6]}_token_index": tokenizer.token_to_id(token) for role, token in spec.image_tokens.items()}
-    if not ids:  # the image token is named in the processor's config
-        ids = {"image_token_index": tokenizer.token_to_id(spec.processor["image_token"])}
+    ids = {name: tokenizer.token_to_id(token) for name, token in spec.token_ids.items()}
     eos = [tokenizer.token_to_id(token) for token in spec.template.eos]
     return {
         **json.loads(json.dumps(spec.config)),

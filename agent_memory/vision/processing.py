@@ -1,7 +1,7 @@
 """A vision model's processor run without MLX, on the tokenizer thread: the rendered text with
 each image's placeholder expanded to its image's tokens, and the images' arrays in numpy.
 
-mlx-vlm's own processors (Gemma 3's, Mistral 3's, ...) end by turning every output into an MLX
+mlx-vlm's own processors (Gemma 3's, Mistral 3's, Qwen3.5's, ...) end by turning every output into an MLX
 array, whatever `return_tensors` asks, and MLX runs on the engine thread only. So for those the
 processor's parts are used as its `__call__` uses them — its image processor (numpy), the family's
 expansion of the placeholder (from the processor's own tokens and sizes), its tokenizer — and the
@@ -50,7 +50,21 @@ def mistral3(processor: Any, text: str, images: list) -> tuple[str, dict[str, np
     return out, {"pixel_values": np.asarray(inputs["pixel_values"]), "image_sizes": np.array(sizes)}
 
 
-EXPANDERS: dict[str, Expand] = {"Gemma3Processor": gemma3, "Mistral3Processor": mistral3}
+def qwen3_vl(processor: Any, text: str, images: list) -> tuple[str, dict[str, np.ndarray]]:
+    """Qwen3.5 (mlx-vlm's Qwen3VLProcessor): each `image_token` repeated once per merged patch
+    of its image's grid (`image_grid_thw`: t·h·w patches, merged merge² into a token)."""
+    parts = text.split(processor.image_token)
+    if len(parts) - 1 != len(images):
+        raise ValueError(f"Prompt contained {len(parts) - 1} image tokens but received {len(images)} images.")
+    inputs = processor.image_processor([images])
+    merged = processor.image_processor.merge_size**2
+    out = parts[0]
+    for grid, after in zip(inputs["image_grid_thw"], parts[1:]):
+        out += processor.image_token * int(np.prod(grid) // merged) + after
+    return out, {"pixel_values": inputs["pixel_values"], "image_grid_thw": inputs["image_grid_thw"]}
+
+
+EXPANDERS: dict[str, Expand] = {"Gemma3Processor": gemma3, "Mistral3Processor": mistral3, "Qwen3VLProcessor": qwen3_vl}
 
 
 def preparer(processor: Any) -> Callable[[str, list], tuple[list[int], dict[str, np.ndarray]]] | None:

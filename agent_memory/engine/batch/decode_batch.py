@@ -5,12 +5,15 @@ each layer's cache batched as its kind says (engine/kinds/registry.py: mostly it
 `merge`, `KVCache` into `BatchKVCache`; Q4/Q8 KV into our `BatchQuantizedKVCache`). A sequence
 whose layers include a kind that cannot share a forward pass with other rows (Llama 4's chunked
 attention) decodes in a batch of its own (batch/alone.py), stepped beside the shared one. A sequence joins with
-its own prefilled single-sequence cache and leaves with exactly its own rows and length. When
-mlx-lm changes its batching API, this file is where to look.
+its own prefilled single-sequence cache and leaves with exactly its own rows and length. A
+sequence after images that take 3-D positions decodes at its index + its delta: around each model
+call the batch's rows' deltas are set (vision/positions.py). When mlx-lm changes its batching API,
+this file is where to look.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,7 @@ from mlx_lm.sample_utils import greedy_sampler
 from agent_memory.engine.kinds import registry
 from agent_memory.engine.tokens.logprobs import token_logprobs
 from agent_memory.engine.requests import TokenLogprob
+from agent_memory.vision.positions import Positions
 
 
 @dataclass
@@ -38,8 +42,10 @@ class Token:
 class DecodeBatch:
     verified: tuple = ()  # it proposes no tokens (speculative_batch.py does)
 
-    def __init__(self, model: Any, eos_token_ids: list[int]) -> None:
+    def __init__(self, model: Any, eos_token_ids: list[int], positions: Positions | None = None) -> None:
         self.model = model
+        self.positions = positions  # a model whose image tokens take 3-D positions; None: plain
+        self._deltas: dict[int, int] = {}  # seq id -> its delta, for those decoding after images
         self._eos = StopSequences([(t,) for t in eos_token_ids])
         self._batch = GenerationBatch.empty(model, greedy_sampler)
         self._alone: list[GenerationBatch] = []  # one per sequence whose caches cannot join others'
@@ -53,26 +59,38 @@ class DecodeBatch:
         return [uid for batch in (self._batch, *self._alone) for uid in batch.uids]
 
     def add(
-        self, seq_id: int, prompt: list[int], cache: list, sampler, processors: list, max_tokens: int, logprobs=None
+        self,
+        seq_id: int,
+        prompt: list[int],
+        cache: list,
+        sampler,
+        processors: list,
+        max_tokens: int,
+        logprobs=None,
+        delta: int = 0,
     ) -> None:
         """Join the batch with a prefilled cache holding every prompt token but the last,
         which is fed as the first decode step's input (the cache is read, not changed: n
-        samples join from one). `logprobs`: None, or how many alternatives each token reports."""
+        samples join from one). `logprobs`: None, or how many alternatives each token reports;
+        `delta`: what its positions add to its index (Sequence.delta)."""
         if logprobs is not None:
             self._tops[seq_id] = logprobs
+        if delta:
+            self._deltas[seq_id] = delta
         caches, joins = registry.batched(cache)
-        joining = GenerationBatch(
-            self.model,
-            [seq_id],
-            mx.array(prompt[-1:]),
-            caches,
-            [list(prompt[:-1])],
-            [sampler],
-            greedy_sampler,
-            [processors],
-            [self._eos],
-            [max_tokens],
-        )
+        with self._placed([seq_id]):  # its constructor runs the first step
+            joining = GenerationBatch(
+                self.model,
+                [seq_id],
+                mx.array(prompt[-1:]),
+                caches,
+                [list(prompt[:-1])],
+                [sampler],
+                greedy_sampler,
+                [processors],
+                [self._eos],
+                [max_tokens],
+            )
         if joins:
             self._batch.extend(joining)
         else:
@@ -82,7 +100,10 @@ class DecodeBatch:
         """One token for every sequence; finished ones leave the batch with their KV. (A plain
         step is as short as a step gets, whoever `waiting` for a first token: see
         SpeculativeBatch's.)"""
-        responses = [r for batch in (self._batch, *self._alone) for r in batch.next()]
+        responses = []
+        for batch in (self._batch, *self._alone):
+            with self._placed(batch.uids):  # its model call is first, over exactly these rows
+                responses.extend(batch.next())
         self._alone = [batch for batch in self._alone if len(batch)]
         out = [Token(r.uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens) for r in responses]
         asked = [i for i, r in enumerate(responses) if r.uid in self._tops]
@@ -94,7 +115,14 @@ class DecodeBatch:
         for t in out:
             if t.finish is not None:
                 self._tops.pop(t.seq_id, None)
+                self._deltas.pop(t.seq_id, None)
         return out
+
+    def _placed(self, seq_ids: list[int]) -> AbstractContextManager:
+        """The rows' deltas set for a model call over `seq_ids`, where any is not 0."""
+        if not any(self._deltas.get(s) for s in seq_ids):
+            return nullcontext()
+        return self.positions.rows(deltas=[self._deltas.get(s, 0) for s in seq_ids])
 
     def remove(self, seq_ids: list[int]) -> dict[int, tuple[list, list[int]]]:
         """Take sequences out before they finish: seq id -> (its caches, the tokens they hold)."""
@@ -107,6 +135,7 @@ class DecodeBatch:
         self._alone = [batch for batch in self._alone if len(batch)]
         for seq_id in seq_ids:
             self._tops.pop(seq_id, None)
+            self._deltas.pop(seq_id, None)
         return taken
 
     def reset(self) -> None:
@@ -114,3 +143,4 @@ class DecodeBatch:
         self._batch = GenerationBatch.empty(self.model, greedy_sampler)
         self._alone = []
         self._tops = {}
+        self._deltas = {}

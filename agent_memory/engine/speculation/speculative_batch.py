@@ -18,6 +18,7 @@ or recurrent layer cannot drop rejected positions without a snapshot per proposa
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from agent_memory.engine.tokens.penalties import Penalties
 from agent_memory.engine.batch.ragged_kv import drop, join
 from agent_memory.engine.tokens.sampling import SeededSampler, accept_greedy, verify
 from agent_memory.engine.speculation.verify_width import VerifyWidth
+from agent_memory.vision.positions import Positions
 
 
 @dataclass(eq=False)
@@ -46,6 +48,7 @@ class Row:
     max_tokens: int
     tops: int | None = None  # None: no logprobs; k: each token's and its k likeliest (tokens/logprobs.py)
     emitted: int = 0
+    delta: int = 0  # what its positions add to its index, after images that take 3-D positions
 
     @property
     def grammar(self) -> GrammarProcessor | None:
@@ -68,9 +71,13 @@ class Verified:
 
 
 class SpeculativeBatch:
-    def __init__(self, model: Any, eos_token_ids: list[int], draft: Any = None) -> None:
-        """`draft`: the draft model's weights (--speculation draft), else prompt lookup."""
+    def __init__(
+        self, model: Any, eos_token_ids: list[int], draft: Any = None, positions: Positions | None = None
+    ) -> None:
+        """`draft`: the draft model's weights (--speculation draft), else prompt lookup;
+        `positions`: a model whose image tokens take 3-D positions (vision/positions.py)."""
         self.model = model
+        self.positions = positions
         self.eos = set(eos_token_ids)
         self.proposer = Draft(draft) if draft is not None else Lookups()
         self.rows: list[Row] = []
@@ -86,13 +93,22 @@ class SpeculativeBatch:
         return [r.seq_id for r in self.rows]
 
     def add(
-        self, seq_id: int, prompt: list[int], cache: list, sampler, processors: list, max_tokens: int, logprobs=None
+        self,
+        seq_id: int,
+        prompt: list[int],
+        cache: list,
+        sampler,
+        processors: list,
+        max_tokens: int,
+        logprobs=None,
+        delta: int = 0,
     ) -> None:
         """Join with a prefilled cache holding every prompt token but the last (fed first); the
-        cache is read, not changed (n samples join from one)."""
+        cache is read, not changed (n samples join from one). The draft (a text model) proposes
+        at plain positions: the model verifies at the sequence's own (`delta`)."""
         self.cache = join(self.cache, cache)
         self.proposer.add(seq_id, prompt)
-        row = Row(seq_id, list(prompt[:-1]), prompt[-1], sampler, processors, max_tokens, logprobs)
+        row = Row(seq_id, list(prompt[:-1]), prompt[-1], sampler, processors, max_tokens, logprobs, delta=delta)
         self.rows.append(row)
 
     def step(self, waiting: bool = False) -> list[Token]:
@@ -112,7 +128,9 @@ class SpeculativeBatch:
         width = self.width.choose([len(p) for p in proposals], rates)
         proposals = [p[: width - 1] for p in proposals]
         inputs = [[r.fed, *p] + [r.fed] * (width - 1 - len(p)) for r, p in zip(self.rows, proposals)]
-        logits = self.model(mx.array(inputs), cache=self.cache)
+        placed = any(r.delta for r in self.rows)
+        with self.positions.rows(deltas=[r.delta for r in self.rows]) if placed else nullcontext():
+            logits = self.model(mx.array(inputs), cache=self.cache)
         saved = [self._constrain(r, inputs[i][: len(proposals[i]) + 1], logits, i) for i, r in enumerate(self.rows)]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         plain = [not r.processors and not isinstance(r.sampler, SeededSampler) for r in self.rows]
