@@ -126,6 +126,8 @@ def test_build_tiny_cli_lists_the_families_and_refuses_an_unknown_one(tmp_path):
     assert list(rows) == list(ARCHS) + list(EMBEDDING_ARCHS) + list(VISION_ARCHS)
     assert "ArraysCache x3, KVCache" in rows["qwen3_5"]
     assert rows["gemma3"].split()[5] == "yes" and rows["qwen3_5"].split()[5] == "no"  # which take images
+    qwen = rows["qwen3_5_vision"]  # attention every other layer: its images' positions tell in its answers
+    assert "ArraysCache, KVCache, ArraysCache, KVCache" in qwen and " yes " in qwen
     refused = run(str(tmp_path / "m"), "--arch", "nope")
     assert refused.returncode == 1 and "unknown arch 'nope'" in refused.stderr and "gemma3_text" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "m").exists()

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 
+import agent_memory.blas  # noqa: F401 - before MLX
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from agent_memory.models.tiny_vision import build_tiny_vision, vision_model
+from agent_memory.models.tiny_vision import VISION_ARCHS, build_tiny_vision, vision_model
 from agent_memory.vision.positions import MRoPE, Positions, install, place, self_check
 
 
@@ -119,6 +121,12 @@ class Model(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.layers = [Layer()]
+
+
+def test_the_tiny_models_layers_are_the_ones_it_lists(folder):
+    model, _ = load_model(folder, lazy=True)
+    listed = VISION_ARCHS["qwen3_5_vision"].cache_classes
+    assert tuple(type(c).__name__ for c in make_prompt_cache(model)) == listed
 
 
 def test_a_model_whose_attention_does_not_call_its_rope_fails_the_self_check(folder, config):

@@ -161,7 +161,7 @@ def _list_archs() -> None:
     rows = [(name, a.model_type, caches_summary(a.caches), "no", a.about) for name, a in ARCHS.items()]
     rows += [(name, ARCHS[e.base].model_type, "none (embeddings)", "no", e.about) for name, e in EMBEDDING_ARCHS.items()]
     rows += [
-        (name, v.config["model_type"], caches_summary(ARCHS[v.text_arch].caches), "yes", v.about)
+        (name, v.config["model_type"], caches_summary(v.cache_classes), "yes", v.about)
         for name, v in VISION_ARCHS.items()
     ]
     table(("arch", "model_type", "caches", "images", "what it shows"), rows)

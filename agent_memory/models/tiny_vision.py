@@ -67,8 +67,8 @@ QWEN3_5_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 # Pixels an image is resized within (Qwen's smart resize, by 32-pixel steps): 64x64 at least, so an
-# image's tokens span rows and columns (its 3-D positions differ from its indices), 128x128 at most.
-QWEN_MIN_PIXELS, QWEN_MAX_PIXELS = 64 * 64, 128 * 128
+# image's tokens span rows and columns (its 3-D positions differ from its indices), 256x256 at most.
+QWEN_MIN_PIXELS, QWEN_MAX_PIXELS = 64 * 64, 256 * 256
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,11 @@ class TinyVision:
     processor: dict  # processor_config.json
     about: str
     text: dict = field(default_factory=dict)  # over the text family's tiny config (tiny_archs.py)
+    caches: tuple[str, ...] = ()  # make_prompt_cache's classes where `text` changes the family's
+
+    @property
+    def cache_classes(self) -> tuple[str, ...]:
+        return self.caches or ARCHS[self.text_arch].caches
 
 
 VISION_ARCHS: dict[str, TinyVision] = {
@@ -186,6 +191,7 @@ VISION_ARCHS: dict[str, TinyVision] = {
         # Half the head rotated in interleaved t/h/w sections, attention every other layer: an
         # image's positions change the greedy tokens after it.
         text={"partial_rotary_factor": 0.5, "mrope_section": [4, 2, 2], "full_attention_interval": 2},
+        caches=("ArraysCache", "KVCache", "ArraysCache", "KVCache"),
     ),
 }
 

@@ -1,4 +1,4 @@
-"""Vision models in tests: the tiny Gemma 3 (models/tiny_vision.py), pictures made with Pillow,
+"""Vision models in tests: the tiny vision models (models/tiny_vision.py), pictures made with Pillow,
 and a prompt with images prepared as the API does (vision/prompt.py) and given to a served
 model's engine, its answer collected."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from PIL import Image
@@ -55,6 +56,20 @@ def generate(
     """The conversation rendered by the model's chat template (an image item: its placeholder),
     prepared with its images, and answered greedily by the served model's engine (`model`, or
     the only one served)."""
+    return submit(server, messages, images, agent, salt, max_tokens, model)()
+
+
+def submit(
+    server,
+    messages: list[dict],
+    images: list[Picture],
+    agent: str | None = None,
+    salt: str = "",
+    max_tokens: int = 12,
+    model: str | None = None,
+) -> Callable[[], Answer]:
+    """`generate`'s request submitted now; the call returned waits for its answer (several
+    submitted before any is waited for decode in one batch)."""
     models = server.app.state.server.models
     served = models[model] if model else next(iter(models.values()))
     facts = served.facts
@@ -70,16 +85,19 @@ def generate(
     )
     events: queue.Queue = queue.Queue()
     served.engine.submit(request, events.put)
-    text = ""
-    while True:
-        event = events.get(timeout=120)
-        if isinstance(event, Failed):
-            raise AssertionError(event.message)
-        if isinstance(event, TextDelta):
-            text += event.text
-        if isinstance(event, Finished):
-            return Answer(text, event, tokens, inputs)
 
+    def answer() -> Answer:
+        text = ""
+        while True:
+            event = events.get(timeout=120)
+            if isinstance(event, Failed):
+                raise AssertionError(event.message)
+            if isinstance(event, TextDelta):
+                text += event.text
+            if isinstance(event, Finished):
+                return Answer(text, event, tokens, inputs)
+
+    return answer
 
 
 def settle(server) -> None:
