@@ -148,3 +148,40 @@ def test_deltas_move_each_row_by_its_own(folder, config):
         both = ours(x, offset=mx.array([30, 30]))
     assert mx.array_equal(both[0], ours.inner(x[:1], offset=18)[0])
     assert mx.array_equal(both[1], ours.inner(x[1:], offset=30)[0])
+
+
+def test_a_speculative_verify_places_each_row_at_its_delta_as_decoding_one_token_a_step_does():
+    """SpeculativeBatch verifies several tokens a row at the rows' own deltas: the tokens DecodeBatch
+    gives one a step. Qwen3.5's delta-net layers keep speculation off for it, so a plain-KV model
+    (mlx-lm's Qwen3, random weights) with Qwen3.5's sections is steered here."""
+    from mlx_lm.models.qwen3 import Model, ModelArgs
+
+    from agent_memory.engine.batch.decode_batch import DecodeBatch
+    from agent_memory.engine.speculation.speculative_batch import SpeculativeBatch
+    from agent_memory.models.tiny_archs import ARCHS
+
+    mx.random.seed(4)
+    model = Model(ModelArgs.from_dict({**ARCHS["qwen3"].config, "vocab_size": 256}))
+    rope = {"rope_theta": 10000.0, "mrope_section": [6, 5, 5]}
+    positions = install(model, {"head_dim": 32, "rope_parameters": rope})
+    prompts = {1: [40, 41, 42, 43] * 6, 2: [50, 51, 52] * 7}  # repeats: prompt lookup proposes
+    deltas = {1: -12, 2: -3}
+    greedy = lambda lp: mx.argmax(lp, axis=-1)  # noqa: E731
+
+    def answers(batch) -> dict[int, list[int]]:
+        for seq_id, prompt in prompts.items():
+            cache = make_prompt_cache(model)
+            placed = np.broadcast_to(np.arange(len(prompt) - 1) + deltas[seq_id], (3, 1, len(prompt) - 1))
+            with positions.rows(explicit=placed):
+                model(mx.array(prompt[:-1])[None], cache=cache)
+            batch.add(seq_id, prompt, cache, greedy, [], 12, delta=deltas[seq_id])
+        out, steps = {seq_id: [] for seq_id in prompts}, 0
+        while len(batch):
+            steps += 1
+            for token in batch.step():
+                out[token.seq_id].append(token.token)
+        return out, steps
+
+    one_a_step, steps = answers(DecodeBatch(model, [], positions))
+    verified, fewer = answers(SpeculativeBatch(model, [], None, positions))
+    assert verified == one_a_step and fewer < steps  # some steps verified several tokens
