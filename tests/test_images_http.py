@@ -29,6 +29,7 @@ from agent_memory.cli.cache.commands import cache_app
 from tests.support.images import b64, data_url, encoded, picture
 from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
+from tests.support.services import RedisServer
 from tests.support.vision import image_start, settle
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "usage.md"
@@ -170,6 +171,34 @@ def test_chat_a_tool_call_after_an_image_is_kept_as_the_template_writes_it_back(
     assert miss(second)["reason"] == "none" and tower_runs(server) == runs
 
 
+def unnamed(server, messages: list[dict]) -> tuple[str, dict]:
+    """One greedy chat turn naming no agent: the unnamed conversation it joined (`X-Agent-Id`), its usage."""
+    settle(server)
+    body = {"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0}
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.headers["X-Agent-Id"], r.json()
+
+
+def test_an_unnamed_conversation_goes_on_with_the_same_image_and_not_with_another(server):
+    """memory/index/conversations.py: a next turn with the same picture in its history continues
+    the conversation; one with another picture of the same size (the same token ids) is a
+    rewritten history, as another word would be: a new conversation, the first one left as it was."""
+    ask = look(RED, "Which harbour is this?")
+    conversation, first = unnamed(server, ask)
+    assert conversation.startswith("~")
+    reply = {"role": "assistant", "content": first["choices"][0]["message"]["content"]}
+    same, second = unnamed(server, ask + [reply, {"role": "user", "content": "And the boats?"}])
+    assert same == conversation
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+    other, third = unnamed(server, look(BLUE, "Which harbour is this?") + [reply, {"role": "user", "content": "And the boats?"}])
+    assert other != conversation
+    start = image_start(server, [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}])
+    assert third["usage"]["prompt_tokens_details"]["cached_tokens"] <= start
+    again, _ = unnamed(server, ask + [reply, {"role": "user", "content": "And the boats?"}])
+    assert again == conversation  # the first conversation was not moved to the other picture
+
+
 def anthropic_client(server) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
 
@@ -243,6 +272,41 @@ def test_responses_a_view_image_output_is_answered_and_reused_next_turn(server):
     second = turn(items + answered + [user])
     assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens + first.usage.output_tokens
     assert tower_runs(server) == runs
+
+
+def test_across_two_servers_on_redis_the_image_is_in_the_key(folder, tmp_path):
+    """docs/scale-out.md with images: server A serves an agent's turn with a picture; server B, on
+    the same Redis, serves the next turn from what A wrote there, the picture's blocks included,
+    with no vision tower, and answers as with nothing cached; another picture of the same size on
+    B reuses none of A's blocks."""
+    ask = look(RED, "Where was this taken?")
+    with RedisServer(tmp_path / "redis") as redis:
+        with InProcessServer(folder, tmp_path / "a", "--warm-store", redis.url) as a:
+            first = chat(a, ask, "travelling")
+            settle(a)  # its turn settled; A's graceful stop flushes its writes to Redis
+        history = ask + [{"role": "assistant", "content": first.choices[0].message.content}]
+        history += [{"role": "user", "content": "And when?"}]
+        with InProcessServer(folder, tmp_path / "b", "--warm-store", redis.url) as b:
+            start = image_start(b, [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}])
+            other = chat(b, look(BLUE, "Where was this taken?"), "another picture")
+            assert other.usage.prompt_tokens == first.usage.prompt_tokens  # the same token ids
+            assert cached(other) <= start and tower_runs(b) == 1
+            second = chat(b, history, "travelling")
+            warm = second.usage.prompt_tokens_details.model_extra["warm_tokens"]
+            assert warm >= first.usage.prompt_tokens + first.usage.completion_tokens  # the reply too, from Redis
+            assert tower_runs(b) == 1  # the picture's tokens came from A's blocks
+            uncached = server_answer(b, history, salt="nothing shared")
+    assert second.choices[0].message.content == uncached  # exact at 16 bits
+
+
+def server_answer(server, messages: list[dict], salt: str) -> str:
+    """A greedy answer computed from nothing cached (a cache salt of its own)."""
+    settle(server)
+    reply = server.client().chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=6, temperature=0, extra_body={"cache_salt": salt}
+    )
+    assert cached(reply) == 0
+    return reply.choices[0].message.content
 
 
 def test_cache_show_says_which_blocks_cover_which_image(folder, tmp_path):
