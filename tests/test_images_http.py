@@ -171,6 +171,29 @@ def test_chat_a_tool_call_after_an_image_is_kept_as_the_template_writes_it_back(
     assert miss(second)["reason"] == "none" and tower_runs(server) == runs
 
 
+def test_chat_two_images_in_one_message_are_each_in_the_key(server):
+    """Several images in one message, of two sizes: the same two next turn reuse the whole turn with
+    no tower and answer as with nothing cached; the same two swapped reuse nothing past the first."""
+    wide = encoded(picture((48, 16), seed=3))
+
+    def both(one: bytes, other: bytes) -> list[dict]:
+        parts = [look(one)[0]["content"][0], {"type": "text", "text": "Compare it with"}, look(other)[0]["content"][0]]
+        return [{"role": "user", "content": parts}]
+
+    first = chat(server, both(RED, wide), "comparing")
+    runs = tower_runs(server)
+    history = both(RED, wide) + [{"role": "assistant", "content": first.choices[0].message.content}]
+    history += [{"role": "user", "content": "Which is wider?"}]
+    second = chat(server, history, "comparing")
+    assert cached(second) >= first.usage.prompt_tokens + first.usage.completion_tokens
+    assert tower_runs(server) == runs
+    assert second.choices[0].message.content == server_answer(server, history, salt="comparing alone")
+    swapped = chat(server, both(wide, RED), "comparing swapped")
+    assert swapped.usage.prompt_tokens == first.usage.prompt_tokens
+    start = image_start(server, [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}])
+    assert cached(swapped) <= start
+
+
 def unnamed(server, messages: list[dict]) -> tuple[str, dict]:
     """One greedy chat turn naming no agent: the unnamed conversation it joined (`X-Agent-Id`), its usage."""
     settle(server)
@@ -191,7 +214,8 @@ def test_an_unnamed_conversation_goes_on_with_the_same_image_and_not_with_anothe
     same, second = unnamed(server, ask + [reply, {"role": "user", "content": "And the boats?"}])
     assert same == conversation
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
-    other, third = unnamed(server, look(BLUE, "Which harbour is this?") + [reply, {"role": "user", "content": "And the boats?"}])
+    unseen = encoded(picture(seed=5))  # of RED's size, sent nowhere else in this module
+    other, third = unnamed(server, look(unseen, "Which harbour is this?") + [reply, {"role": "user", "content": "And the boats?"}])
     assert other != conversation
     start = image_start(server, [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}])
     assert third["usage"]["prompt_tokens_details"]["cached_tokens"] <= start
@@ -223,6 +247,7 @@ def prompt_of(message) -> int:
 def test_anthropic_the_same_image_next_turn_reuses_the_whole_turn(server):
     ask = [{"role": "user", "content": [anthropic_image(RED), {"type": "text", "text": "What is it?"}]}]
     first = anthropic_turn(server, ask, "claude")
+    assert anthropic_client(server).messages.count_tokens(model=MODEL, messages=ask).input_tokens == prompt_of(first)
     runs = tower_runs(server)
     reply = {"role": "assistant", "content": first.content[0].text}
     second = anthropic_turn(server, ask + [reply, {"role": "user", "content": "Is it red?"}], "claude")
@@ -323,6 +348,9 @@ def test_cache_show_says_which_blocks_cover_which_image(folder, tmp_path):
     human = run().output
     assert f"1 image (SHA-256 of its pixels, tokens): {digest(RED)[:12]} at {image['start']}-" in human
     assert "images" in human.splitlines()[4]  # the blocks' table has the column
+    pixels = Image.open(io.BytesIO(RED)).convert("RGB").tobytes()
+    written = [f.read_bytes() for f in cache.rglob("*") if f.is_file()]  # the warm folder, the log
+    assert written and not any(x in w for w in written for x in (RED, b64(RED).encode(), pixels))  # no image on disk
 
 
 def test_the_usage_docs_image_examples_answer_with_a_vision_model(server):
