@@ -334,6 +334,29 @@ def server_answer(server, messages: list[dict], salt: str) -> str:
     return reply.choices[0].message.content
 
 
+def test_beside_a_text_model_unloaded_and_back_a_vision_model_keeps_its_images(folder, tiny_model, tmp_path):
+    """Several models (docs/usage.md "Several models"): the text model refuses the image the vision
+    model beside it answers; idle, both unload (`--unload-idle-s 1`), and the vision model's next
+    turn loads it back, its vision tower with it: the image's turn is read back warm, and a new
+    picture goes through the reloaded tower."""
+    with InProcessServer(folder, tmp_path / "cache", "--model", f"tiny={tiny_model}", "--unload-idle-s", "1") as s:
+        first = chat(s, look(RED), "coming back")
+        text_only = {"model": "tiny", "messages": look(RED), "max_tokens": 4}
+        refused = httpx.post(s.base_url + "/v1/chat/completions", json=text_only, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "images_not_supported"
+        deadline = time.monotonic() + 60
+        while any(m["loaded"] for m in httpx.get(s.base_url + "/health").json()["models"]):
+            assert time.monotonic() < deadline, "the models did not unload"
+            time.sleep(0.1)
+        history = look(RED) + [{"role": "assistant", "content": first.choices[0].message.content}]
+        second = chat(s, history + [{"role": "user", "content": "Still there?"}], "coming back")
+        details = second.usage.prompt_tokens_details.model_extra
+        assert details["hot_tokens"] == 0 and details["warm_tokens"] >= first.usage.prompt_tokens
+        runs = tower_runs(s)
+        assert chat(s, look(encoded(picture(seed=9))), "a new picture").usage.completion_tokens > 0
+        assert tower_runs(s) == runs + 1
+
+
 def test_cache_show_says_which_blocks_cover_which_image(folder, tmp_path):
     cache = tmp_path / "cache"
     with InProcessServer(folder, cache) as s:  # a warm folder: written by the time it stops
