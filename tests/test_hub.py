@@ -1,17 +1,22 @@
 """Models by hub id, with no network: a Hugging Face cache layout and an LM Studio folder built
-on disk (the tiny model copied in), found by `serve --model OWNER/NAME` and `models ls`; a hub id
-that is not on the machine is refused at start with what to do."""
+on disk (the tiny model copied in), found by `serve --model OWNER/NAME` and `models ls`; a vision
+model by hub id answering an image; a hub id that is not on the machine is refused at start with
+what to do."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from agent_memory.models.tiny_vision import build_tiny_vision
 from tests.support.chat import chat
+from tests.support.images import data_url, encoded, picture
 from tests.support.server import Server
 
 pytestmark = pytest.mark.process
@@ -61,3 +66,38 @@ def test_a_hub_id_not_on_the_machine_is_refused_with_what_to_do(machine, tmp_pat
     assert "'acme/elsewhere' is not on this machine" in started.stderr
     assert "agent-memory models fetch acme/elsewhere" in started.stderr
     assert "Traceback" not in started.stderr
+
+
+def hub_cached(folder: Path, hub: Path, repo_id: str) -> None:
+    """`folder` as huggingface_hub downloads a repository: each file a blob named by its digest,
+    the revision's snapshot a folder of links to them, `refs/main` naming the revision."""
+    repo = hub / f"models--{repo_id.replace('/', '--')}"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "snapshots" / REVISION).mkdir(parents=True)
+    for file in folder.iterdir():
+        digest = hashlib.sha256(file.read_bytes()).hexdigest()
+        shutil.copyfile(file, repo / "blobs" / digest)
+        (repo / "snapshots" / REVISION / file.name).symlink_to(Path("..", "..", "blobs", digest))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(REVISION)
+
+
+def test_a_vision_model_by_hub_id_answers_an_image(tmp_path):
+    """The tiny Gemma 3 vision model (models/tiny_vision.py) in the hub cache's layout: served
+    by its hub id with its vision half and processor (both read through the snapshot's links),
+    an image answered and its tokens counted."""
+    hub_cached(build_tiny_vision(tmp_path / "built", arch="gemma3"), tmp_path / "hub", "acme/tiny-vision")
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    with Server("acme/tiny-vision", tmp_path / "cache", env=env) as server:
+        client = server.client()
+        (model,) = client.models.list().data
+        assert model.id == "acme/tiny-vision" and model.model_extra["input"] == ["text", "image"]
+        image = {"type": "image_url", "image_url": {"url": data_url(encoded(picture()))}}
+        ask = [{"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}]
+        text = [{"role": "user", "content": "What is it?"}]
+        seen, unseen = [
+            client.chat.completions.create(model="acme/tiny-vision", messages=m, max_tokens=4, temperature=0)
+            for m in (ask, text)
+        ]
+        assert seen.usage.completion_tokens == 4
+        assert seen.usage.prompt_tokens >= unseen.usage.prompt_tokens + 4  # the tiny Gemma 3's 4 image tokens

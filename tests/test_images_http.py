@@ -29,6 +29,7 @@ from agent_memory.cli.cache.commands import cache_app
 from tests.support.images import b64, data_url, encoded, picture
 from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
+from tests.support.services import RedisServer
 from tests.support.vision import image_start, settle
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "usage.md"
@@ -170,6 +171,58 @@ def test_chat_a_tool_call_after_an_image_is_kept_as_the_template_writes_it_back(
     assert miss(second)["reason"] == "none" and tower_runs(server) == runs
 
 
+def test_chat_two_images_in_one_message_are_each_in_the_key(server):
+    """Several images in one message, of two sizes: the same two next turn reuse the whole turn with
+    no tower and answer as with nothing cached; the same two swapped reuse nothing past the first."""
+    wide = encoded(picture((48, 16), seed=3))
+
+    def both(one: bytes, other: bytes) -> list[dict]:
+        parts = [look(one)[0]["content"][0], {"type": "text", "text": "Compare it with"}, look(other)[0]["content"][0]]
+        return [{"role": "user", "content": parts}]
+
+    first = chat(server, both(RED, wide), "comparing")
+    runs = tower_runs(server)
+    history = both(RED, wide) + [{"role": "assistant", "content": first.choices[0].message.content}]
+    history += [{"role": "user", "content": "Which is wider?"}]
+    second = chat(server, history, "comparing")
+    assert cached(second) >= first.usage.prompt_tokens + first.usage.completion_tokens
+    assert tower_runs(server) == runs
+    assert second.choices[0].message.content == server_answer(server, history, salt="comparing alone")
+    swapped = chat(server, both(wide, RED), "comparing swapped")
+    assert swapped.usage.prompt_tokens == first.usage.prompt_tokens
+    start = image_start(server, [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}])
+    assert cached(swapped) <= start
+
+
+def unnamed(server, messages: list[dict]) -> tuple[str, dict]:
+    """One greedy chat turn naming no agent: the unnamed conversation it joined (`X-Agent-Id`), its usage."""
+    settle(server)
+    body = {"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0}
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.headers["X-Agent-Id"], r.json()
+
+
+def test_an_unnamed_conversation_goes_on_with_the_same_image_and_not_with_another(server):
+    """memory/index/conversations.py: a next turn with the same picture in its history continues
+    the conversation; one with another picture of the same size (the same token ids) is a
+    rewritten history, as another word would be: a new conversation, the first one left as it was."""
+    ask = look(RED, "Which harbour is this?")
+    conversation, first = unnamed(server, ask)
+    assert conversation.startswith("~")
+    reply = {"role": "assistant", "content": first["choices"][0]["message"]["content"]}
+    same, second = unnamed(server, ask + [reply, {"role": "user", "content": "And the boats?"}])
+    assert same == conversation
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+    unseen = encoded(picture(seed=5))  # of RED's size, sent nowhere else in this module
+    other, third = unnamed(server, look(unseen, "Which harbour is this?") + [reply, {"role": "user", "content": "And the boats?"}])
+    assert other != conversation
+    start = image_start(server, [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}])
+    assert third["usage"]["prompt_tokens_details"]["cached_tokens"] <= start
+    again, _ = unnamed(server, ask + [reply, {"role": "user", "content": "And the boats?"}])
+    assert again == conversation  # the first conversation was not moved to the other picture
+
+
 def anthropic_client(server) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
 
@@ -194,6 +247,7 @@ def prompt_of(message) -> int:
 def test_anthropic_the_same_image_next_turn_reuses_the_whole_turn(server):
     ask = [{"role": "user", "content": [anthropic_image(RED), {"type": "text", "text": "What is it?"}]}]
     first = anthropic_turn(server, ask, "claude")
+    assert anthropic_client(server).messages.count_tokens(model=MODEL, messages=ask).input_tokens == prompt_of(first)
     runs = tower_runs(server)
     reply = {"role": "assistant", "content": first.content[0].text}
     second = anthropic_turn(server, ask + [reply, {"role": "user", "content": "Is it red?"}], "claude")
@@ -245,6 +299,64 @@ def test_responses_a_view_image_output_is_answered_and_reused_next_turn(server):
     assert tower_runs(server) == runs
 
 
+def test_across_two_servers_on_redis_the_image_is_in_the_key(folder, tmp_path):
+    """docs/scale-out.md with images: server A serves an agent's turn with a picture; server B, on
+    the same Redis, serves the next turn from what A wrote there, the picture's blocks included,
+    with no vision tower, and answers as with nothing cached; another picture of the same size on
+    B reuses none of A's blocks."""
+    ask = look(RED, "Where was this taken?")
+    with RedisServer(tmp_path / "redis") as redis:
+        with InProcessServer(folder, tmp_path / "a", "--warm-store", redis.url) as a:
+            first = chat(a, ask, "travelling")
+            settle(a)  # its turn settled; A's graceful stop flushes its writes to Redis
+        history = ask + [{"role": "assistant", "content": first.choices[0].message.content}]
+        history += [{"role": "user", "content": "And when?"}]
+        with InProcessServer(folder, tmp_path / "b", "--warm-store", redis.url) as b:
+            start = image_start(b, [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}])
+            other = chat(b, look(BLUE, "Where was this taken?"), "another picture")
+            assert other.usage.prompt_tokens == first.usage.prompt_tokens  # the same token ids
+            assert cached(other) <= start and tower_runs(b) == 1
+            second = chat(b, history, "travelling")
+            warm = second.usage.prompt_tokens_details.model_extra["warm_tokens"]
+            assert warm >= first.usage.prompt_tokens + first.usage.completion_tokens  # the reply too, from Redis
+            assert tower_runs(b) == 1  # the picture's tokens came from A's blocks
+            uncached = server_answer(b, history, salt="nothing shared")
+    assert second.choices[0].message.content == uncached  # exact at 16 bits
+
+
+def server_answer(server, messages: list[dict], salt: str) -> str:
+    """A greedy answer computed from nothing cached (a cache salt of its own)."""
+    settle(server)
+    reply = server.client().chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=6, temperature=0, extra_body={"cache_salt": salt}
+    )
+    assert cached(reply) == 0
+    return reply.choices[0].message.content
+
+
+def test_beside_a_text_model_unloaded_and_back_a_vision_model_keeps_its_images(folder, tiny_model, tmp_path):
+    """Several models (docs/usage.md "Several models"): the text model refuses the image the vision
+    model beside it answers; idle, both unload (`--unload-idle-s 1`), and the vision model's next
+    turn loads it back, its vision tower with it: the image's turn is read back warm, and a new
+    picture goes through the reloaded tower."""
+    with InProcessServer(folder, tmp_path / "cache", "--model", f"tiny={tiny_model}", "--unload-idle-s", "1") as s:
+        first = chat(s, look(RED), "coming back")
+        text_only = {"model": "tiny", "messages": look(RED), "max_tokens": 4}
+        refused = httpx.post(s.base_url + "/v1/chat/completions", json=text_only, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "images_not_supported"
+        deadline = time.monotonic() + 60
+        while any(m["loaded"] for m in httpx.get(s.base_url + "/health").json()["models"]):
+            assert time.monotonic() < deadline, "the models did not unload"
+            time.sleep(0.1)
+        history = look(RED) + [{"role": "assistant", "content": first.choices[0].message.content}]
+        second = chat(s, history + [{"role": "user", "content": "Still there?"}], "coming back")
+        details = second.usage.prompt_tokens_details.model_extra
+        assert details["hot_tokens"] == 0 and details["warm_tokens"] >= first.usage.prompt_tokens
+        runs = tower_runs(s)
+        assert chat(s, look(encoded(picture(seed=9))), "a new picture").usage.completion_tokens > 0
+        assert tower_runs(s) == runs + 1
+
+
 def test_cache_show_says_which_blocks_cover_which_image(folder, tmp_path):
     cache = tmp_path / "cache"
     with InProcessServer(folder, cache) as s:  # a warm folder: written by the time it stops
@@ -259,6 +371,9 @@ def test_cache_show_says_which_blocks_cover_which_image(folder, tmp_path):
     human = run().output
     assert f"1 image (SHA-256 of its pixels, tokens): {digest(RED)[:12]} at {image['start']}-" in human
     assert "images" in human.splitlines()[4]  # the blocks' table has the column
+    pixels = Image.open(io.BytesIO(RED)).convert("RGB").tobytes()
+    written = [f.read_bytes() for f in cache.rglob("*") if f.is_file()]  # the warm folder, the log
+    assert written and not any(x in w for w in written for x in (RED, b64(RED).encode(), pixels))  # no image on disk
 
 
 def test_the_usage_docs_image_examples_answer_with_a_vision_model(server):

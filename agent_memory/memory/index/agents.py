@@ -46,9 +46,10 @@ class AgentIndex:
     def recognise(self, tokens: Sequence[int], root: str | None, tenant: str, extras: Sequence[SpanKey] = ()) -> AgentKey:
         """The unnamed conversation a request that names no agent continues, or a new one
         (conversations.py); `root`: its namespace, of `tenant` and its cache salt."""
-        chain = self.names.chain(tokens, root, tuple(sorted(extras)))
+        extras = tuple(sorted(extras))
+        chain = self.names.chain(tokens, root, extras)
         with self.lock:
-            return self.conversations.recognise(tokens, chain, root, tenant, self.agents)
+            return self.conversations.recognise(tokens, chain, root, tenant, self.agents, extras)
 
     def started(self, agent: AgentKey, prompt: int) -> Turn:
         """The agent's turn once a client turn committed `prompt` tokens: a new one unless it

@@ -10,6 +10,8 @@ remembered like a named agent's turn. The rules (`recognise`):
    are a prefix of the prompt;
 2. resend or retry: the prompt is the record's latest client turn's again (its first
    `turn_start` tokens, and at most SLACK more);
+   in both, a token an image fixes (an extra key, memory/hashing.py) matches only under the same
+   image: another picture at the same place is a rewritten history, as another word is;
 3. otherwise a new conversation, its id a hash of its namespace and first prompt. A prompt that
    shares only the start of a record (a fork, a rewritten history) never moves that record: it
    still reuses the shared blocks through the ordinary lookup.
@@ -29,7 +31,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 
 from agent_memory.agent_key import UNNAMED, AgentKey
-from agent_memory.memory.hashing import BlockNames
+from agent_memory.memory.hashing import BlockNames, SpanKey
 from agent_memory.memory.index.prefix import common_prefix
 from agent_memory.memory.index.store_records import AgentRecord
 
@@ -81,9 +83,10 @@ class ConversationIndex:
         root: str | None,
         tenant: str,
         records: Mapping[AgentKey, AgentRecord],
+        extras: Sequence[SpanKey] = (),
     ) -> AgentKey:
         """The unnamed conversation a prompt continues (its block `chain` named from `root`, the
-        namespace of `tenant`), or a new one's key."""
+        namespace of `tenant`; `extras`: what fixes its KV beyond its tokens), or a new one's key."""
         proven: dict[AgentKey, int] = {key: 0 for key in self.anchors.get(("root", root), ())}
         for n in range(1, min(self.block_tokens, len(tokens) + 1)):  # short records' anchors
             for key in self.anchors.get(("head", self.names.block_hash(root, tokens[:n])), ()):
@@ -98,12 +101,20 @@ class ConversationIndex:
             if record is None or key.tenant != tenant or record.root != root:
                 continue
             matched = start + common_prefix(record.tokens[start:], tokens[start:])
+            matched = same_extras_until(record.extras, extras, matched)
             if continues(record, matched, len(tokens)):
                 candidate = (matched, record.last_used, key)
                 best = candidate if best is None or candidate[:2] > best[:2] else best
         if best is not None:
             return best[2]
         return new_key(tokens, chain, root, tenant, records)
+
+
+def same_extras_until(held: Sequence[SpanKey], sent: Sequence[SpanKey], matched: int) -> int:
+    """How much of `matched` equal tokens are the same under their extra keys too: up to the
+    first span (an image) that one side has there and the other has not."""
+    differing = set(held).symmetric_difference(sent)
+    return min([matched, *(s.start for s in differing if s.start < matched)])
 
 
 def boundary(record: AgentRecord) -> int:
