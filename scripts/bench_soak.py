@@ -387,6 +387,9 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=6, help="agents in the kill and damage parts (default 6)")
     ap.add_argument("--damage", type=int, default=6, help="block files to damage (default 6; a third as many manifests)")
     ap.add_argument("--disk-episodes", type=int, default=3, help="full-disk episodes (default 3)")
+    ap.add_argument(
+        "--redis-stall-s", type=float, help="how long Redis stays stopped (default: half the part's time, 5 to 30 s)"
+    )
     ap.add_argument("--clients", type=int, default=64, help="concurrent streaming clients (default 64)")
     ap.add_argument("--hang-up", type=float, default=0.25, help="share of clients that disconnect mid-stream")
     ap.add_argument("--max-tokens", type=int, default=24)

@@ -47,7 +47,7 @@ def part_hung_redis(args, model: Path, work: Path, deadline: float, figs: Figure
     if shutil.which("redis-server") is None:
         figs.add("hung_redis", "skipped", "redis-server is not installed")
         return
-    stall_s = max(5.0, min(30.0, (deadline - time.monotonic()) / 2))
+    stall_s = args.redis_stall_s or max(5.0, min(30.0, (deadline - time.monotonic()) / 2))
     redis, url = start_redis(work)
     server = Server(model, work / "redis-server", work / "logs", "hung-redis", "--warm-store", url)
     agents = [f"hot-{i}" for i in range(max(2, args.agents))]

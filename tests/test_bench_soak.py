@@ -13,7 +13,7 @@ def test_bench_soak_smoke(tiny_model, tmp_path):
     out = tmp_path / "soak.json"
     cmd = [
         sys.executable, str(REPO / "scripts/bench_soak.py"), "--model", str(tiny_model),
-        "--minutes", "3", "--kills", "1", "--agents", "2", "--damage", "2", "--disk-episodes", "1",
+        "--minutes", "3", "--kills", "1", "--agents", "2", "--damage", "2", "--disk-episodes", "1", "--redis-stall-s", "5",
         "--clients", "4", "--max-tokens", "6", "--work-dir", str(tmp_path / "work"), "--json", str(out),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=200, cwd=REPO)

@@ -26,7 +26,7 @@ TOOLS = [
     for name, schema in SCHEMAS.items()
 ]
 QUESTION = [{"role": "user", "content": "Add 2 and 3, then give me the forecast for Oslo."}]
-BUDGETS = [64, 512]
+BUDGETS = [64, 256]
 SEEDS = [1, 2]
 
 

@@ -71,35 +71,36 @@ def test_restart_loads_agents_from_disk_with_unchanged_output(tiny_model, tmp_pa
 
 
 def test_kills_during_writes_leave_a_consistent_cache(tiny_model, tmp_path, fresh_answers):
+    """Four kills, each while two clients' turns are being written; each restart is checked and
+    then is the next round's server (one start a round)."""
     rng = random.Random(7)
-    for round_ in range(4):
-        s = Server(tiny_model, tmp_path).start()
+    s = Server(tiny_model, tmp_path).start()
+    try:
+        for round_ in range(4):
 
-        def traffic():
-            client = s.client(timeout=30)
-            for i in range(6):
-                try:
-                    ask(client, conversation(i) + [{"role": "user", "content": f"round {round_}"}], f"agent-{i}")
-                except Exception:  # the server is killed under it
-                    return
+            def traffic(s=s, round_=round_):
+                client = s.client(timeout=30)
+                for i in range(6):
+                    try:
+                        ask(client, conversation(i) + [{"role": "user", "content": f"round {round_}"}], f"agent-{i}")
+                    except Exception:  # the server is killed under it
+                        return
 
-        workers = [threading.Thread(target=traffic) for _ in range(2)]
-        for w in workers:
-            w.start()
-        time.sleep(rng.uniform(0.2, 1.5))
-        s.kill()
-        for w in workers:
-            w.join()
-        restarted = Server(tiny_model, tmp_path).start()
-        try:
-            folder = kv_folder(tmp_path)
-            check_folder(folder)  # the start removed temp files; everything left reads back
-            for agent in httpx.get(restarted.base_url + "/v1/agents").json()["data"]:
+            workers = [threading.Thread(target=traffic) for _ in range(2)]
+            for w in workers:
+                w.start()
+            time.sleep(rng.uniform(0.2, 1.5))
+            s.kill()
+            for w in workers:
+                w.join()
+            s = Server(tiny_model, tmp_path).start()
+            check_folder(kv_folder(tmp_path))  # the start removed temp files; everything left reads back
+            for agent in httpx.get(s.base_url + "/v1/agents").json()["data"]:
                 i = int(agent["id"].split("-")[1])
-                r = ask(restarted.client(), conversation(i), agent["id"])
+                r = ask(s.client(), conversation(i), agent["id"])
                 assert r.choices[0].message.content == fresh_answers[i]
-        finally:
-            restarted.stop()
+    finally:
+        s.stop()
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "swap", "foreign"])
