@@ -26,15 +26,21 @@ LAUNCH = Path(sys.executable).with_name("mlx.launch")
 class Launched:
     """`mlx.launch --backend ring -n 2 … agent-memory serve` on loopback; its interleaved log."""
 
-    def __init__(self, model: Path, cache_dir: Path, *args: str) -> None:
+    def __init__(self, model: Path | tuple[Path, Path], cache_dir: Path, *args: str) -> None:
+        """`model`: one for every rank, or rank 0's and rank 1's."""
         self.port = free_port()
         cache_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = cache_dir / f"launch-{self.port}.log"
         ring = free_port()  # rank r listens on ring + r
         cmd = [str(LAUNCH), "--backend", "ring", "-n", "2", "-p", str(ring), "--env", f"PYTHONPATH={REPO}"]
         cmd += ["--env", f"AGENT_MEMORY_CONFIG={cache_dir / 'no-config.toml'}", "--env", "PYTHONUNBUFFERED=1"]
-        cmd += [sys.executable, "-m", "agent_memory", "serve", "--model", str(model), "--port", str(self.port)]
-        cmd += ["--cache-dir", str(cache_dir), "--kv-bits", "16", *args]
+        serve = [sys.executable, "-m", "agent_memory", "serve", "--port", str(self.port)]
+        serve += ["--cache-dir", str(cache_dir), "--kv-bits", "16", *args]
+        if isinstance(model, tuple):  # each rank its own folder: the launcher gives every rank one command
+            pick = f'"$([ "$MLX_RANK" = 1 ] && echo {model[1]} || echo {model[0]})"'
+            cmd += ["bash", "-c", f"exec {' '.join(serve)} --model {pick}"]
+        else:
+            cmd += [*serve, "--model", str(model)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_MEMORY_")}
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -55,6 +61,14 @@ class Launched:
                 pass
             time.sleep(0.1)
         raise AssertionError(f"not ready after {timeout} s:\n{self.log()}")
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> str:
+        """The log once it holds `pattern` (a regex): the ranks write as they go."""
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, log := self.log()):
+            assert time.monotonic() < deadline and self.proc.poll() is None, f"no {pattern!r} in:\n{log}"
+            time.sleep(0.1)
+        return log
 
     def ended(self, timeout: float = 120) -> str:
         """The log once every rank exited."""
@@ -88,9 +102,8 @@ def test_tensor_split_rank_0_serves_and_rank_1_follows(tiny_model, tmp_path):
             "layout": "tensor 2×: kv heads 0 | 1",  # the tiny llama's 2 KV heads, one a rank
             "parts": [{"rank": 0, "kv_heads": [0, 1], "layers": [0, 4]}, {"rank": 1, "kv_heads": [1, 2], "layers": [0, 4]}],
         }
-        log = launched.log()
-        assert re.search(r"rank=0/2 agent_memory\.api\.app: ready at .*; 2 ranks, tensor 2×: kv heads 0 \| 1", log)
-        assert "rank=1/2 agent_memory.cli.distributed: rank 1 follows rank 0: tensor 2×: kv heads 0 | 1, 4 layers" in log
+        launched.wait_for(r"rank=0/2 agent_memory\.api\.app: ready at .*; 2 ranks, tensor 2×: kv heads 0 \| 1")
+        log = launched.wait_for(r"rank=1/2 agent_memory\.cli\.distributed: rank 1 follows rank 0: tensor 2×: kv heads 0 \| 1, 4 l")
         assert "rank=1/2 uvicorn" not in log  # rank 1 binds no port
         assert "speculation off: not yet run split over processes" in log
         os.kill(launched.rank_0_pid(), signal.SIGTERM)
@@ -109,9 +122,19 @@ def test_pipeline_split_where_asked(tmp_path):
         ranks = launched.health()["ranks"]
         # mlx-lm's pipeline gives rank 0 the last layers; each rank keeps caches for its own only
         assert ranks["layout"] == "pipeline 2×: layers 2-3 | 0-1"
-        assert "rank 1 follows rank 0: pipeline 2×: layers 2-3 | 0-1, 2 layers here" in launched.log()
+        launched.wait_for(r"rank 1 follows rank 0: pipeline 2×: layers 2-3 \| 0-1, 2 layers here")
     finally:
         launched.stop()
+
+
+def test_another_model_on_one_rank_stops_every_rank_with_one_line(tiny_model, tmp_path):
+    from agent_memory.models.tiny import build_tiny
+
+    other = build_tiny(tmp_path / "other", config={"rope_theta": 20000.0})  # the same shapes, other files
+    log = Launched((tiny_model, other), tmp_path / "cache").ended()
+    assert re.search(r"rank 1 of 2 loaded another model or split than rank 0 \(tensor, model \w{12}\): every rank", log)
+    assert "rank 0 of 2 loaded another model or split than rank 1" in log
+    assert "Traceback" not in log
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def prepare(settings: Settings, group, path: Path):
 def follow(cfg) -> int:
     """A rank other than 0: its part of the model, loaded in step with rank 0, then rank 0's
     messages until it stops. The exit status (75: the group failed)."""
-    from agent_memory.engine.distributed.group import STOPPED, GroupError, describe_layouts
+    from agent_memory.engine.distributed.group import STOPPED, describe_layouts
     from agent_memory.engine.distributed.standby import stand_by
     from agent_memory.engine.loading.budget import tell_mlx
     from agent_memory.engine.loading.loader import UnsupportedModelError, describe_model
@@ -78,7 +78,7 @@ def follow(cfg) -> int:
         described = describe_model(cfg.model_path, cfg.model_name, cfg.model_defaults)
         tell_mlx(cfg.memory_limit_bytes)
         parts = follower_parts(replace(cfg, speculation="off"), described)
-    except (UnsupportedModelError, GroupError) as e:
+    except UnsupportedModelError as e:
         log.error("%s", e)
         return 1
     except RuntimeError as e:  # a peer lost while loading

@@ -16,7 +16,7 @@ from mlx_lm.utils import load_tokenizer
 from tokenizers import Tokenizer
 
 from agent_memory.chat.formats.reply import reply_format
-from agent_memory.engine.distributed.group import ShardLayout, agree_layout
+from agent_memory.engine.distributed.group import GroupError, ShardLayout, agree_layout
 from agent_memory.engine.kinds import registry
 from agent_memory.engine.loading import sharding
 from agent_memory.engine.loading.weights_files import weights_damage
@@ -211,7 +211,10 @@ def load_model(
         model, _ = load_weights(path)
     else:
         model, _ = load_weights(path, lazy=True)
-        layouts = agree_layout(split.group, sharding.split(model, text, split, digest))
+        try:
+            layouts = agree_layout(split.group, sharding.split(model, text, split, digest))
+        except GroupError as e:  # another model on another rank: said in one line, as a refusal
+            raise UnsupportedModelError(str(e)) from None
     num_layers = len(model.layers)
     # Names differ by family (Mamba's num_heads, d_model); the estimate below only needs sizes.
     hidden = text.get("hidden_size") or text.get("d_model") or 1024
