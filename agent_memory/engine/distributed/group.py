@@ -22,6 +22,7 @@ import mlx.core as mx
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 5.0  # the longest rank 0 stays silent while idle: a follower's watchdog waits 3 times this
+LOADING_S = 3600.0  # the longest the ranks wait for each other to read their weights (a big model, a slow disk)
 STOPPED = 75  # the exit status of a rank that stops because the group failed (EX_TEMPFAIL: start again)
 MODES = ("tensor", "pipeline")
 
@@ -111,8 +112,8 @@ class DistributedGroup:
         data = mx.array(memoryview(body), dtype=mx.uint8) if self.rank == 0 else mx.zeros((size,), dtype=mx.uint8)
         return bytes(memoryview(self._sum(data, what, seconds)))
 
-    def barrier(self, what: str) -> None:
-        self.agree([1], what)
+    def barrier(self, what: str, seconds: float | None = None) -> None:
+        self.agree([1], what, seconds)
 
 
 def digest_ints(text: str, n: int = 4) -> list[int]:

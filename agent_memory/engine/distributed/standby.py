@@ -39,10 +39,13 @@ class Heartbeat:
 
 
 def stand_by(group: DistributedGroup) -> int:
-    """A follower's loop: rank 0's messages until it stops; the process's exit status."""
+    """A follower's loop: rank 0's messages until it stops; the process's exit status. The first
+    may take up to --distributed-timeout: rank 0 opens its warm tier and restores its store first."""
+    seconds = group.timeout_s
     while True:
         try:
-            body = group.broadcast(None, "waiting for rank 0", seconds=3 * HEARTBEAT_S)
+            body = group.broadcast(None, "waiting for rank 0", seconds=seconds)
+            seconds = 3 * HEARTBEAT_S
         except RuntimeError as e:  # [ring] connection to a peer was lost
             log.error("rank %d: the group failed (%s): stopping", group.rank, e)
             return STOPPED

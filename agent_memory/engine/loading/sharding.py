@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
-from agent_memory.engine.distributed.group import DistributedGroup, ShardLayout
+from agent_memory.engine.distributed.group import LOADING_S, DistributedGroup, ShardLayout
 
 EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 
@@ -81,5 +81,5 @@ def split(model, config: dict, how: Split, fingerprint: str) -> ShardLayout:
         model.model.pipeline(group.group)
         kv_heads, held = (0, heads), (model.model.start_idx, model.model.end_idx)
     mx.eval(model.parameters())
-    group.barrier("loading the weights")
+    group.barrier("loading the weights", LOADING_S)
     return ShardLayout(how.mode, group.size, group.rank, kv_heads, held, fingerprint)
