@@ -20,9 +20,8 @@ from agent_memory.engine.loading.loader import (
     UnsupportedModelError,
     describe_model,
     draft_refusal,
-    weights_damage,
-    weights_file_bytes,
 )
+from agent_memory.engine.loading.weights_files import weights_damage, weights_file_bytes
 from agent_memory.engine.observability.metrics import Metrics
 from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.engine.parts import Parts, build, reload_weights, unload_weights
@@ -90,6 +89,7 @@ class ChatModel:
         return self.core is not None and bool(self.core.seqs)
 
     def set_budgets(self, hot_bytes: int, working_bytes: int | None) -> None:
+        hot_bytes, working_bytes = self.parts.shares.agreed(hot_bytes, working_bytes)
         self.parts.store.set_hot_budget(hot_bytes)
         self.parts.working_budget = working_bytes
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,10 @@ from mlx_lm.utils import load_tokenizer
 from tokenizers import Tokenizer
 
 from agent_memory.chat.formats.reply import reply_format
+from agent_memory.engine.distributed.group import GroupError, ShardLayout, agree_layout
 from agent_memory.engine.kinds import registry
+from agent_memory.engine.loading import sharding
+from agent_memory.engine.loading.weights_files import weights_damage
 from agent_memory.engine.protocol import ModelFacts
 from agent_memory.vision.prompt import VisionPrompt, vision_prompt
 from agent_memory.vision.tower import Features, VisionTower, load_tower
@@ -34,8 +35,6 @@ SAMPLING_DEFAULT_KEYS = {"temperature": float, "top_p": float, "top_k": int}
 FINGERPRINT_GLOBS = (
     "*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "*processor_config.json"
 )
-MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own limit on a header
-MiB = 1 << 20
 
 
 class UnsupportedModelError(RuntimeError):
@@ -63,6 +62,7 @@ class LoadedModel:
     attention_tokens: float
     sampling_defaults: dict[str, float | int]  # generation_config.json's, for fields a request omits
     tower: VisionTower | None = None  # a vision model's vision half (vision/tower.py)
+    layouts: list[ShardLayout] | None = None  # split over processes: every rank's part, by rank (else None)
 
 
 def hidden_tokens(tokenizer, reply) -> frozenset[int]:
@@ -111,73 +111,6 @@ def served(path: Path) -> str | None:
     """`refusal` for a model folder, from its config and lazily mapped weights (nothing computed)."""
     model, _ = load_weights(path, lazy=True)
     return refusal(model)
-
-
-def weights_file_bytes(path: Path) -> int:
-    """What the model's weights take once loaded: MLX maps its safetensors as they are."""
-    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
-
-
-def weights_damage(path: Path) -> str | None:
-    """Why the model folder's weights files cannot be loaded, in plain words, or None: each
-    safetensors file's header read and its tensors' byte ranges checked against the file's size
-    (a few KiB read per file, never the weights), which is what an interrupted download or copy,
-    or a file overwritten, breaks."""
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        return "its folder holds no weights file (*.safetensors)"
-    try:  # the headers are read again only when a file changed: /health asks on the event loop
-        signature = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
-    except OSError as e:
-        return f"its weights files cannot be read ({e.strerror or e})"
-    return _damage_of(signature)
-
-
-@functools.lru_cache(maxsize=64)
-def _damage_of(signature: tuple[tuple[str, int, int], ...]) -> str | None:
-    for name, _, _ in signature:
-        file = Path(name)
-        if why := _safetensors_damage(file):
-            return f"its weights file {file.name} {why}"
-    return None
-
-
-def _safetensors_damage(file: Path) -> str | None:
-    """What is wrong with one safetensors file (the words after its name), or None."""
-    unreadable = "is damaged: its header is unreadable (overwritten, or not a safetensors file)"
-    try:
-        with open(file, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < 8:
-                return _incomplete(size, 8)
-            length = int.from_bytes(f.read(8), "little")
-            if not 2 <= length <= MAX_HEADER_BYTES:
-                return unreadable
-            if 8 + length > size:
-                return _incomplete(size, 8 + length)
-            header = json.loads(f.read(length))
-    except OSError as e:
-        return f"cannot be read ({e.strerror or e})"
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
-        return unreadable
-    if not isinstance(header, dict):
-        return unreadable
-    ranges = [t.get("data_offsets") if isinstance(t, dict) else None for k, t in header.items() if k != "__metadata__"]
-    if any(not _is_range(r) for r in ranges):
-        return unreadable
-    needed = 8 + length + max((r[1] for r in ranges), default=0)
-    return _incomplete(size, needed) if needed > size else None
-
-
-def _incomplete(size: int, needed: int) -> str:
-    def amount(n: int) -> str:
-        return f"{n / MiB:.1f} MiB" if n >= MiB else f"{n} bytes"
-
-    return f"is incomplete: {amount(size)} of the {amount(needed)} it should hold (an interrupted download or copy?)"
-
-
-def _is_range(r: object) -> bool:
-    return isinstance(r, list) and len(r) == 2 and all(isinstance(i, int) for i in r) and 0 <= r[0] <= r[1]
 
 
 @dataclass
@@ -262,13 +195,26 @@ def load_draft(path: Path | None) -> Any:
 
 
 def load_model(
-    described: ModelText, fingerprint_known: str | None = None, features: Features | None = None
+    described: ModelText,
+    fingerprint_known: str | None = None,
+    features: Features | None = None,
+    split: sharding.Split | None = None,
 ) -> LoadedModel:
     """The described model's weights, loaded (on the engine thread). `fingerprint_known`: the
     digest of its files from an earlier load, not hashed again (a reload after an unload);
-    `features`: a vision model's kept image features (vision/tower.py)."""
+    `features`: a vision model's kept image features (vision/tower.py); `split`: over the
+    processes of a group, this rank's part only (engine/loading/sharding.py), the layout agreed."""
     path, text = described.path, described.config
-    model, _ = load_weights(path)
+    digest = fingerprint_known or fingerprint(path)
+    layouts = None
+    if split is None:
+        model, _ = load_weights(path)
+    else:
+        model, _ = load_weights(path, lazy=True)
+        try:
+            layouts = agree_layout(split.group, sharding.split(model, text, split, digest))
+        except GroupError as e:  # another model on another rank: said in one line, as a refusal
+            raise UnsupportedModelError(str(e)) from None
     num_layers = len(model.layers)
     # Names differ by family (Mamba's num_heads, d_model); the estimate below only needs sizes.
     hidden = text.get("hidden_size") or text.get("d_model") or 1024
@@ -289,10 +235,11 @@ def load_model(
         vocab_size=described.vocab_size,
         max_token_chars=described.max_token_chars,
         num_layers=num_layers,
-        fingerprint=fingerprint_known or fingerprint(path),
+        fingerprint=digest,
         # Matmuls cost ~2 FLOP per weight per token; attention ~4 per query head dim per
         # layer per earlier token.
         attention_tokens=2 * matmul_params / (4 * num_layers * heads * head_dim),
         sampling_defaults=described.sampling_defaults,
         tower=load_tower(path, model, features or Features(0)) if described.vision else None,
+        layouts=layouts,
     )
