@@ -26,9 +26,11 @@ from agent_memory.engine.distributed.plan import (
     Ended,
     Kept,
     KeptSnapshot,
+    STOP,
     Op,
     Planned,
     PoolOp,
+    RankStatus,
     StepPlan,
     StepWork,
     WarmOp,
@@ -62,6 +64,20 @@ class Follower:
         self.payloads = Payloads(demote)
         self.shadows: dict[int, Shadow] = {}  # waiting, prefilling and decoding, by sequence id
         self.captures: dict[tuple[int, int], Capture] = {}
+
+    def serve(self, channel: Group) -> None:
+        """A follower rank's engine thread: rank 0's plans, run one after the other, until it
+        says stop (a lost rank raises from the collective; the watchdog ends a silent group)."""
+        while True:
+            plan, _ = channel.broadcast(None, self.status())
+            self.run(plan)
+            if plan.flags & STOP:
+                log.info("rank 0 stopped: stopping")
+                return
+
+    def status(self) -> RankStatus:
+        hot = sum(payload.nbytes for payload in self.payloads.held.values())
+        return RankStatus(hot_kib=hot >> 10)
 
     def run(self, plan: StepPlan) -> None:
         """One step: the plan's ops, then its work."""

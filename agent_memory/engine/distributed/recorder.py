@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 from agent_memory.engine.distributed import sampling
 from agent_memory.engine.distributed.plan import (
+    IDLE,
+    STOP,
     Admit,
     Ended,
     Kept,
@@ -36,6 +38,7 @@ class Group(Protocol):
 
     rank: int
     size: int
+    heartbeat_s: float  # the longest rank 0 stays silent while idle
 
     def broadcast(self, plan: StepPlan | None, status: RankStatus) -> tuple[StepPlan, list[RankStatus]]:
         """Every rank at the same point of each step: rank 0 sends `plan`, the others None and
@@ -52,6 +55,7 @@ class Recorder:
 
     def __init__(self, group: Group) -> None:
         self.group = group
+        self.heartbeat_s = group.heartbeat_s
         self.statuses: list[RankStatus] = []  # the followers', from the last step
         self._lock = threading.Lock()
         self._ops: list[Op] = []
@@ -67,6 +71,19 @@ class Recorder:
         """Flush and broadcast: the ops since the last step, then this step's work."""
         prefill = work.prefill.id if work.prefill is not None else None
         plan = self.flush(StepWork(work.decode, prefill, budget, work.waiting))
+        self.statuses = self.group.broadcast(plan, RankStatus())[1]
+
+    def heartbeat(self) -> None:
+        """Idle: an empty step (any ops the kv-writer recorded meanwhile), so that the followers'
+        watchdogs hear from rank 0."""
+        self._send(self.flush(None), IDLE)
+
+    def stop(self) -> None:
+        """The engine stopped (its sequences ended): the followers apply the last ops and exit."""
+        self._send(self.flush(None), STOP)
+
+    def _send(self, plan: StepPlan, flags: int) -> None:
+        plan.flags = flags
         self.statuses = self.group.broadcast(plan, RankStatus())[1]
 
     def flush(self, work: StepWork | None) -> StepPlan:
@@ -132,6 +149,13 @@ class NoRecorder:
     """One process: nothing to record or send."""
 
     active = False
+    heartbeat_s = None  # the engine waits for work as long as it takes
+
+    def heartbeat(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
     def step(self, work: Any, budget: int) -> None:
         pass
