@@ -9,6 +9,7 @@ import traceback
 from collections import Counter, defaultdict, deque
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from agent_memory.engine.distributed.follower import Follower
 from agent_memory.engine.distributed.plan import RankStatus, StepPlan, StepWork
@@ -22,6 +23,7 @@ class ShadowLeader:
     (its tokens are known now), then applies the new plan's ops and compares."""
 
     rank, size = 0, 1
+    heartbeat_s = 5.0  # idle: empty plans, checked as any other
 
     def __init__(self, core) -> None:
         self.core = core
@@ -65,10 +67,14 @@ class ShadowLeader:
         if set(held) != set(mine):
             return f"step {self.steps}: payloads of {sorted(set(held) ^ set(mine))} held by one side only"
         for h, payload in held.items():
-            if payload.precision != mine[h].precision or payload.arrays.keys() != mine[h].arrays.keys():
-                return f"step {self.steps}: block {h[:12]} at another precision"
+            other = mine[h]
+            precisions = (getattr(payload, "precision", None), getattr(other, "precision", None))
+            if type(payload) is not type(other) or precisions[0] != precisions[1]:
+                return f"step {self.steps}: block {h[:12]} of another kind or precision"
+            if payload.arrays.keys() != other.arrays.keys():
+                return f"step {self.steps}: block {h[:12]} holds other tensors"
             for name, array in payload.arrays.items():
-                if not mx.array_equal(array, mine[h].arrays[name]).item():
+                if not _equal(array, other.arrays[name]):
                     return f"step {self.steps}: block {h[:12]} {name} differs"
         if self.core.parts.batch.seq_ids != self.follower.batch.seq_ids:
             return f"step {self.steps}: batch {self.core.parts.batch.seq_ids} != {self.follower.batch.seq_ids}"
@@ -78,14 +84,21 @@ class ShadowLeader:
             shadow = self.follower.shadows[seq.id]
             if shadow.pos != seq.pos:
                 return f"step {self.steps}: sequence {seq.id} at {seq.pos}, its shadow at {shadow.pos}"
-            for a, b in zip(seq.cache, shadow.cache):
-                if a.offset != b.offset or (a.offset and not all(_equal(x, y) for x, y in zip(a.state, b.state))):
-                    return f"step {self.steps}: sequence {seq.id}'s cache differs"
+            if not all(_same_layer(a, b) for a, b in zip(seq.cache, shadow.cache)):
+                return f"step {self.steps}: sequence {seq.id}'s cache differs"
         return None
 
 
-def _equal(a: mx.array, b: mx.array) -> bool:
-    return mx.array_equal(a, b).item()
+def _equal(a, b) -> bool:
+    if not isinstance(a, mx.array) or not isinstance(b, mx.array):
+        return type(a) is type(b) and a == b  # None where nothing is held yet
+    return a.shape == b.shape and mx.array_equal(a, b).item()
+
+
+def _same_layer(a, b) -> bool:
+    """Two layers' caches hold the same (a KV cache's keys and values, a recurrent layer's state)."""
+    sa, sb = tree_flatten(a.state), tree_flatten(b.state)
+    return [k for k, _ in sa] == [k for k, _ in sb] and all(_equal(x, y) for (_, x), (_, y) in zip(sa, sb))
 
 
 class _FollowerGroup:
