@@ -26,6 +26,7 @@ from agent_memory.engine.distributed.plan import (
     Ended,
     Kept,
     KeptSnapshot,
+    IDLE,
     STOP,
     Op,
     Planned,
@@ -39,6 +40,8 @@ from agent_memory.engine.distributed.recorder import Group
 from agent_memory.engine.distributed.shadow import Shadow
 from agent_memory.engine.kinds import attention
 from agent_memory.engine.kinds.layers import ModelLayers
+from agent_memory.engine.loading.budget import give_back_memory
+from agent_memory.engine.prefill import next_chunk
 from agent_memory.precision import Precisions
 
 log = logging.getLogger(__name__)
@@ -80,9 +83,12 @@ class Follower:
         return RankStatus(hot_kib=hot >> 10)
 
     def run(self, plan: StepPlan) -> None:
-        """One step: the plan's ops, then its work."""
+        """One step: the plan's ops, then its work. Idle with nothing running, the memory of a
+        burst goes back to the system, as on rank 0."""
         self.apply(plan.ops)
         self.execute(plan.work)
+        if plan.flags & IDLE and not self.shadows:
+            give_back_memory()
 
     # -- ops -----------------------------------------------------------------------------
 
@@ -153,9 +159,7 @@ class Follower:
             if block is not None:
                 self._append_cached(shadow)
                 continue
-            n = min(budget, end - shadow.pos)
-            if (mark := next((m for m in shadow.marks if m > shadow.pos), None)) is not None:
-                n = min(n, mark - shadow.pos)
+            n, mark = next_chunk(shadow.pos, end, shadow.marks, budget)
             self.model(mx.array(shadow.prompt[shadow.pos : shadow.pos + n])[None], cache=shadow.cache)
             mx.eval([c.state for c in shadow.cache])
             shadow.pos += n
