@@ -1,6 +1,9 @@
 """The step plan's codec (engine/distributed/plan.py): the frame every rank sums each step, the
 body sent only when something new happened, and the followers' status slots, through a sum of
-the ranks' contributions as `all_sum` makes it."""
+the ranks' contributions as `all_sum` makes it; and NO_RECORDER, rank 0's recorder in one process."""
+
+import inspect
+from itertools import count
 
 import numpy as np
 
@@ -23,6 +26,7 @@ from agent_memory.engine.distributed.plan import (
     WarmOp,
     exchange,
 )
+from agent_memory.engine.distributed.recorder import NO_RECORDER, Recorder
 
 
 def run_group(size: int, plan: StepPlan, statuses: dict[int, RankStatus]):
@@ -81,3 +85,19 @@ def test_each_follower_reports_in_its_own_slots():
     results, _ = run_group(3, StepPlan([Ended(1)], StepWork(True, None, 256, False)), statuses)
     for _, reported in results:
         assert reported == [statuses[1], statuses[2]]
+
+
+def test_one_process_answers_every_call_rank_0_makes_and_does_nothing():
+    """NO_RECORDER stands in for the Recorder wherever the engine calls it (size 1: today's path)."""
+    wiring = {"attach", "flush", "pool_event"}  # a Recorder's own: never called on NO_RECORDER
+    for name, method in inspect.getmembers(Recorder, inspect.isfunction):
+        if name.startswith("_") or name in wiring:
+            continue
+        assert inspect.signature(getattr(NO_RECORDER, name)) == inspect.signature(method.__get__(NO_RECORDER)), name
+    ids = count()
+    assert NO_RECORDER.sample_ids(None, ids) is ids
+    sampler = object()
+    assert NO_RECORDER.sampler(3, sampler) is sampler
+    with NO_RECORDER.watching():
+        pass
+    assert NO_RECORDER.heartbeat_s is None and not NO_RECORDER.active

@@ -207,7 +207,8 @@ class BatchEngine(EngineClient):
         self._loaded.set()
         while self._drain(block=not self._busy()):
             if self._busy():  # the inbox may have unloaded the weights
-                self._model.core.step()
+                with self._model.core.recorder.watching():  # distributed: no step waits for ever
+                    self._model.core.step()
         if self._model.core is not None:
             self._model.core.shutdown()
             self._model.core.recorder.stop()  # distributed: the other ranks stop after it

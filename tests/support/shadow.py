@@ -5,6 +5,7 @@ incomplete, they differ (engine/distributed/, docs/architecture.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from collections import Counter, defaultdict, deque
 
@@ -51,6 +52,9 @@ class ShadowLeader:
             except Exception:
                 self.failure = traceback.format_exc()
         return plan, []
+
+    def watching(self, what: str):
+        return contextlib.nullcontext()  # one process: no collective to wait for
 
     def token_sum(self, seq_id: int):
         def send(token: mx.array) -> mx.array:

@@ -1,9 +1,13 @@
 """The step plan over the process group: `PlanChannel` is what rank 0's Recorder and a
 follower call each step (recorder.Group), made of the group's (group.py) collective and
-watchdog: the frame's `all_sum`, the body's when there is one (plan.exchange), and the
-`all_sum` a sequence's sampled tokens travel by inside the step's graph (sampling.py)."""
+watchdog: the frame's `all_sum`, the body's when there is one (plan.exchange), the `all_sum`
+a sequence's sampled tokens travel by inside the step's graph (sampling.py), and `watching`:
+a whole step — its plan and its forwards, whose collectives are in the graph — under the
+watchdog, since any of them may wait for ever on a rank that hangs."""
 
 from __future__ import annotations
+
+from contextlib import AbstractContextManager
 
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
@@ -29,10 +33,11 @@ class PlanChannel:
     def token_sum(self, seq_id: int):
         return lambda tokens: mx.distributed.all_sum(tokens, group=self.group.group)
 
+    def watching(self, what: str) -> AbstractContextManager:
+        # A follower waits for rank 0 through its idle time too: a heartbeat comes every heartbeat_s.
+        return self.group.watchdog.waiting(what, max(self.group.timeout_s, 3 * self.heartbeat_s))
+
     def _all_sum(self, values: np.ndarray) -> np.ndarray:
-        # A follower waits for rank 0 through its idle time: a heartbeat comes every heartbeat_s.
-        seconds = max(self.group.timeout_s, 3 * self.heartbeat_s)
-        with self.group.watchdog.waiting(f"plan {self.plans}", seconds):
-            total = mx.distributed.all_sum(mx.array(values), group=self.group.group)
-            mx.eval(total)
+        total = mx.distributed.all_sum(mx.array(values), group=self.group.group)
+        mx.eval(total)
         return np.array(total)

@@ -12,6 +12,7 @@ exact), and every capture is then dropped.
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import agent_memory.blas  # noqa: F401
@@ -71,9 +72,10 @@ class Follower:
     def serve(self, channel: Group) -> None:
         """A follower rank's engine thread: rank 0's plans, run one after the other, until it
         says stop (a lost rank raises from the collective; the watchdog ends a silent group)."""
-        while True:
-            plan, _ = channel.broadcast(None, self.status())
-            self.run(plan)
+        for n in itertools.count(1):
+            with channel.watching(f"plan {n}"):  # rank 0's plan, then the step's forwards
+                plan, _ = channel.broadcast(None, self.status())
+                self.run(plan)
             if plan.flags & STOP:
                 log.info("rank 0 stopped: stopping")
                 return

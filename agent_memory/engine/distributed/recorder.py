@@ -11,8 +11,10 @@ methods do nothing: today's path, unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from agent_memory.engine.distributed import sampling
@@ -49,6 +51,11 @@ class Group(Protocol):
         """The all_sum a sequence's sampled tokens travel by (sampling.py)."""
         ...
 
+    def watching(self, what: str) -> AbstractContextManager:
+        """`what` (a step: its plan and forwards) under the watchdog: past the group's timeout
+        the process stops, said in one line (a blocked collective cannot be interrupted)."""
+        ...
+
 
 class Recorder:
     active = True
@@ -61,11 +68,17 @@ class Recorder:
         self._ops: list[Op] = []
         self._samples: dict[int, list[int]] = {}  # seq id -> its other samples' ids, reserved
         self._cut: Kept | KeptSnapshot | None = None  # being made hot by the store, under its lock
+        self._steps = 0
 
     def attach(self, core: Any) -> None:
         """Record an EngineCore's steps, its committer's cuts and its pool's payload changes."""
         core.recorder = core.parts.committer.recorder = self
         core.store.pool.watch = self.pool_event
+
+    def watching(self) -> AbstractContextManager:
+        """The step about to run (BatchEngine._run), under the group's watchdog."""
+        self._steps += 1
+        return self.group.watching(f"step {self._steps}")
 
     def step(self, work: Any, budget: int) -> None:
         """Flush and broadcast: the ops since the last step, then this step's work."""
@@ -84,7 +97,8 @@ class Recorder:
 
     def _send(self, plan: StepPlan, flags: int) -> None:
         plan.flags = flags
-        self.statuses = self.group.broadcast(plan, RankStatus())[1]
+        with self.watching():
+            self.statuses = self.group.broadcast(plan, RankStatus())[1]
 
     def flush(self, work: StepWork | None) -> StepPlan:
         with self._lock:
@@ -150,6 +164,9 @@ class NoRecorder:
 
     active = False
     heartbeat_s = None  # the engine waits for work as long as it takes
+
+    def watching(self) -> AbstractContextManager:
+        return contextlib.nullcontext()
 
     def heartbeat(self) -> None:
         pass
