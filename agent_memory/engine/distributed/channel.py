@@ -34,8 +34,10 @@ class PlanChannel:
         return lambda tokens: mx.distributed.all_sum(tokens, group=self.group.group)
 
     def watching(self, what: str) -> AbstractContextManager:
-        # A follower waits for rank 0 through its idle time too: a heartbeat comes every heartbeat_s.
-        return self.group.watchdog.waiting(what, max(self.group.timeout_s, 3 * self.heartbeat_s))
+        seconds = self.group.timeout_s
+        if self.rank != 0:  # it waits for rank 0 through its idle time too: a heartbeat every heartbeat_s
+            seconds = max(seconds, 3 * self.heartbeat_s)
+        return self.group.watchdog.waiting(what, seconds)
 
     def _all_sum(self, values: np.ndarray) -> np.ndarray:
         total = mx.distributed.all_sum(mx.array(values), group=self.group.group)
