@@ -138,7 +138,7 @@ class Follower:
             self._capture(shadow, shadow.pos, shadow.cache)
 
     def _capture(self, shadow: Shadow, point: int, cache: list) -> None:
-        snapshot = self.layers.take_snapshot(cache) if self.layers.has_state else None  # lazy: of this step
+        snapshot = self.layers.take_snapshot(cache) if self.layers.has_state else None  # now: a state moves on
         self.captures[(shadow.seq_id, point)] = Capture(cache, shadow.stored, snapshot)
 
     # -- work ----------------------------------------------------------------------------

@@ -4,7 +4,10 @@ Rank 0's sampler returns `all_sum(sample(logprobs))`, a follower's `all_sum(argm
 the follower adds zeros and gets rank 0's token, without a host round trip, so mlx-lm's
 `GenerationBatch` keeps its pipelining and every rank issues its collectives in one order. The
 follower's zeros depend on the logprobs, which orders its token's collective after the
-forward's. Logits processors (penalties, a grammar's mask) run on rank 0 only.
+forward's. Logits processors (penalties, a grammar's mask) run on rank 0 only. Every sequence
+gets its own wrapped sampler on every rank, so `GenerationBatch` samples row by row everywhere
+alike: one token `all_sum` a row (a batch sharing one sampler object would make one for all,
+on that rank only).
 """
 
 from __future__ import annotations
