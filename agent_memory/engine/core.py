@@ -17,6 +17,7 @@ from typing import TypeVar
 from agent_memory.agent_key import HEAD, AgentKey
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.batch.decode_batch import Token
+from agent_memory.engine.distributed.recorder import NO_RECORDER
 from agent_memory.engine.observability.metrics import Metrics
 from agent_memory.engine.parts import Parts
 from agent_memory.engine.planner import Planner
@@ -68,6 +69,7 @@ class EngineCore:
         self._post = post  # queue a call for the engine thread (it wakes the loop)
         self._ids = ids  # sequence ids, shared with the requests' (BatchEngine.submit)
         self.seqs: dict[int, Sequence] = {}  # in arrival order
+        self.recorder = NO_RECORDER  # distributed: what the other ranks must repeat (Recorder.attach)
         self.planner = Planner(parts.store, parts.warm, metrics, trace, post, parts.loaded.decoder)
         # What a shared tier loses or misses is written back from memory.
         shared, disk = parts.store.sync is not None, parts.precisions.disk
@@ -93,6 +95,7 @@ class EngineCore:
         """The scheduler's decision, then each part run and applied in turn: decoded tokens
         reach their clients before the prefill chunk (as long as several decode steps) runs."""
         work = self._schedule()
+        self.recorder.step(work, self.scheduler.chunk_tokens)  # before any forward: the same point on every rank
         if work.decode:
             self._apply_decoded(self._decode(work))
         if work.prefill is not None and self._prefill(work.prefill):
@@ -153,6 +156,7 @@ class EngineCore:
             return seq
         for seq in self.scheduler.planning_order(self.seqs.values(), time.perf_counter()):
             self.planner.plan(seq)
+            self.recorder.planned(seq)
             if seq.ready():
                 return seq
         return None
@@ -191,9 +195,11 @@ class EngineCore:
         if seq.request.remember:  # offered for reuse now (commit.py `share_prompt`)
             self.parts.committer.share_prompt(seq)
         params = seq.request.params
-        for sample in [seq, *samples(seq, self._ids, self.parts.loaded)]:  # n > 1: all from one prefill
+        ids = self.recorder.sample_ids(seq, self._ids)
+        for sample in [seq, *samples(seq, ids, self.parts.loaded)]:  # n > 1: all from one prefill
             self.seqs[sample.id] = sample
-            args = (sample.generation.sampler, sample.generation.processors, params.max_tokens, params.logprobs)
+            sampler = self.recorder.sampler(sample.id, sample.generation.sampler)
+            args = (sampler, sample.generation.processors, params.max_tokens, params.logprobs)
             self.parts.batch.add(sample.id, seq.prompt, seq.cache, *args)
             sample.status = Status.DECODING
         seq.cache = None
@@ -212,6 +218,7 @@ class EngineCore:
             return
         seq.status = Status.FINISHED
         self.seqs.pop(seq.id, None)
+        self.recorder.ended(seq.id)
         if seq.lease is not None:  # first, so the blocks it read from disk can become hot
             self.store.release(seq.lease)
             seq.lease = None
@@ -243,6 +250,7 @@ class EngineCore:
         request = replace(seq.request, prompt=tokens, params=params, agent=agent, grammar=None, prefill_only=True)
         follow_up = self._new_sequence(next(self._ids), request, lambda event: None, time.perf_counter())
         self.seqs[follow_up.id] = follow_up
+        self.recorder.admitted(follow_up, self._ids)
 
     # -- work from other threads, run here --------------------------------------------------
 
@@ -260,6 +268,7 @@ class EngineCore:
         for queued in self.scheduler.superseded(self.seqs.values(), seq) if request.remember else ():
             self._end(queued, "superseded")
         self.seqs[seq_id] = seq
+        self.recorder.admitted(seq, self._ids)
         if seq.discovery is not None:  # the shared warm tier's answer: adopt it, then plan the request
             seq.discovery.add_done_callback(lambda _: self._post(self.store.sync.apply))
 

@@ -28,6 +28,16 @@ from agent_memory.vision.tower import VisionTower
 log = logging.getLogger(__name__)
 
 
+def next_chunk(pos: int, end: int, marks: list[int], budget: int) -> tuple[int, int | None]:
+    """How many tokens from `pos` the next forward computes (at most `budget`, not past the
+    segment's `end` nor the next mark), and that mark: the same sizes on every rank of a
+    distributed server (engine/distributed/follower.py), so the same forwards."""
+    n = min(budget, end - pos)
+    if (mark := next((m for m in marks if m > pos), None)) is not None:
+        n = min(n, mark - pos)
+    return n, mark
+
+
 class Prefiller:
     def __init__(
         self,
@@ -53,9 +63,7 @@ class Prefiller:
                 self._append_cached(seq)
                 continue
             segment = seq.plan[0]
-            n = min(budget, segment.end - seq.pos)
-            if (mark := next((m for m in seq.marks if m > seq.pos), None)) is not None:
-                n = min(n, mark - seq.pos)
+            n, mark = next_chunk(seq.pos, segment.end, seq.marks, budget)
             self._compute(seq, n)
             mx.eval([c.state for c in seq.cache])
             seq.pos += n

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from agent_memory.memory.hashing import Extras
@@ -74,6 +75,9 @@ class BlockPool:
         self.exact_bytes = 0
         self.snapshot_bytes = 0  # the hot snapshots' part of hot_bytes
         self.disk_bytes = 0
+        # Told ("set" or "drop", the block) before a payload changes: rank 0 of a distributed
+        # server records it for the other ranks (engine/distributed/recorder.py); None alone.
+        self.watch: Callable[[str, Block], None] | None = None
 
     def __contains__(self, block_hash: str) -> bool:
         return block_hash in self.blocks
@@ -107,13 +111,20 @@ class BlockPool:
             del self.children[block.parent]
 
     def set_payload(self, block: Block, payload: Any, nbytes: int, exact: bool = False) -> None:
-        self.drop_payload(block)
+        if self.watch is not None:
+            self.watch("set", block)
+        self._unset(block)
         block.payload, block.hot_bytes, block.exact = payload, nbytes, exact
         self.hot_bytes += nbytes
         self.exact_bytes += nbytes if exact else 0
         self.snapshot_bytes += nbytes if block.snapshot else 0
 
     def drop_payload(self, block: Block) -> None:
+        if self.watch is not None and block.payload is not None:
+            self.watch("drop", block)
+        self._unset(block)
+
+    def _unset(self, block: Block) -> None:
         self.hot_bytes -= block.hot_bytes
         self.exact_bytes -= block.hot_bytes if block.exact else 0
         self.snapshot_bytes -= block.hot_bytes if block.snapshot else 0
