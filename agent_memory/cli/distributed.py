@@ -67,8 +67,7 @@ def prepare(settings: Settings, group, path: Path):
 def follow(cfg) -> int:
     """A rank other than 0: its part of the model, loaded in step with rank 0, then rank 0's
     messages until it stops. The exit status (75: the group failed)."""
-    from agent_memory.engine.distributed.group import STOPPED, describe_layouts
-    from agent_memory.engine.distributed.standby import stand_by
+    from agent_memory.engine.distributed.group import STOPPED, GroupError, describe_layouts
     from agent_memory.engine.loading.budget import tell_mlx
     from agent_memory.engine.loading.loader import UnsupportedModelError, describe_model
     from agent_memory.engine.parts import follower_parts
@@ -78,7 +77,7 @@ def follow(cfg) -> int:
         described = describe_model(cfg.model_path, cfg.model_name, cfg.model_defaults)
         tell_mlx(cfg.memory_limit_bytes)
         parts = follower_parts(replace(cfg, speculation="off"), described)
-    except UnsupportedModelError as e:
+    except (UnsupportedModelError, GroupError) as e:
         log.error("%s", e)
         return 1
     except RuntimeError as e:  # a peer lost while loading
@@ -88,7 +87,20 @@ def follow(cfg) -> int:
         "rank %d follows rank 0: %s, %d layers here (%s)",
         group.rank, describe_layouts(parts.loaded.layouts), parts.loaded.num_layers, ", ".join(parts.layers.kinds),
     )
-    return stand_by(group)
+    from agent_memory.engine.distributed.channel import PlanChannel
+    from agent_memory.engine.distributed.follower import Follower
+    from agent_memory.engine.distributed.group import HEARTBEAT_S
+    from agent_memory.engine.parts import demoter
+
+    channel = PlanChannel(group, HEARTBEAT_S)
+    p = parts.precisions
+    eos = described.tokenizer.eos_token_ids
+    try:
+        Follower(parts.loaded.model, parts.layers, p, eos, channel, demoter(p)).serve(channel)
+    except RuntimeError as e:
+        log.error("rank %d: the group failed (%s): stopping", group.rank, e)
+        return STOPPED
+    return 0
 
 
 def stopping_server(config, first: list[Callable[[], None]]):

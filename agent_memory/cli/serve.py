@@ -118,7 +118,6 @@ def _serve(settings: Settings, group=None) -> int:
     import uvicorn
 
     from agent_memory.api.sealing import SealKeyError
-    from agent_memory.engine.distributed.standby import Heartbeat
     from agent_memory.models.folders import ModelError
     from agent_memory.models.registry import ModelSpec
 
@@ -147,9 +146,6 @@ def _serve(settings: Settings, group=None) -> int:
         error(e)
         return 1
     stopping = []  # under mlx.launch: the followers told to stop before the engine stops
-    if split is not None:
-        engine = next(iter(app.state.server.models.values())).engine
-        stopping.append(Heartbeat(split.group, engine.call).stop)
     config = uvicorn.Config(
         app,
         host=settings.host,

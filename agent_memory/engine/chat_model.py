@@ -72,6 +72,12 @@ class ChatModel:
         if self.parts is None:
             parts = self.parts = build(self.config, self.described, self._trace, hot_bytes, working_bytes)
             self.core = EngineCore(parts, self.config, self._metrics, self._trace, self._ids, self._post)
+            if self.config.split is not None:
+                from agent_memory.engine.distributed.channel import PlanChannel
+                from agent_memory.engine.distributed.group import HEARTBEAT_S
+                from agent_memory.engine.distributed.recorder import Recorder
+
+                Recorder(PlanChannel(self.config.split.group, HEARTBEAT_S)).attach(self.core)
             features = parts.features if self.described.vision else None
             self._metrics.watch(parts.store, self.core.count, warm_on=parts.warm is not None, features=features)
             self._write_server_json()
