@@ -134,7 +134,7 @@ class Follower:
         if seq_id in self.batch.seq_ids:
             cache, _ = self.batch.remove([seq_id])[seq_id]
             self._capture(shadow, END, cache)
-        else:
+        elif shadow.pos:  # ended before its prefill computed anything (a cancel, a settle superseded): nothing to keep
             self._capture(shadow, shadow.pos, shadow.cache)
 
     def _capture(self, shadow: Shadow, point: int, cache: list) -> None:
