@@ -12,7 +12,7 @@ import pytest
 
 from agent_memory.models.tiny import build_tiny
 from tests.support.inprocess import InProcessServer
-from tests.support.shadow import follow
+from tests.support.shadow import block_files, follow, settled
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3_5"])
@@ -20,9 +20,9 @@ def shadowed(request, tiny_model, tmp_path_factory):
     """Plain attention (the tiny llama), and attention with recurrent layers whose state a
     follower keeps in snapshots as rank 0 does (the tiny qwen3_5)."""
     model = tiny_model if request.param == "llama" else build_tiny(tmp_path_factory.mktemp("m") / "q", arch="qwen3_5")
-    args = ("--kv-bits", "4", "--hot-budget-mb", "1", "--disk-budget-mb", "0", "--speculation", "off")
+    args = ("--kv-bits", "4", "--hot-budget-mb", "1", "--disk-budget-mb", "64", "--speculation", "off")
     with InProcessServer(model, tmp_path_factory.mktemp("shadow"), *args) as s:
-        yield s, follow(s), request.param
+        yield s, follow(s, tmp_path_factory.mktemp("follower")), request.param
 
 
 def turn(client, model: str, agent: str, messages: list, max_tokens: int = 16, **kw):
@@ -66,8 +66,18 @@ def test_a_follower_mirrors_rank_0_through_a_random_run(shadowed):
             job.result()
     assert httpx.delete(server.base_url + "/v1/agents/agent-1").json()["deleted"] is True
     turn(client, model, "agent-2", [{"role": "user", "content": "Agent 2: hello there"}], max_tokens=4)  # after it
+    # Evicted to the warm tier meanwhile: each agent's turn again reads its blocks back from disk,
+    # on rank 0 from its folder, on the follower from its own.
+    for i in (0, 2, 3):
+        turn(client, model, f"agent-{i}", [{"role": "user", "content": f"Agent {i}: {long if i % 2 else 'hello there'}"}], max_tokens=2)
     assert leader.failure is None, leader.failure
     assert leader.steps > 20
-    told = leader.ops  # the run went through every op a plan has without a warm tier
-    kinds = ["Admit", "Planned", "Ended", "Kept", "demote", "drop"] + (["KeptSnapshot"] if arch == "qwen3_5" else [])
-    assert all(told[kind] for kind in kinds), told
+    told = leader.ops  # the run went through every op a plan has
+    kinds = ["Admit", "Planned", "Ended", "Kept", "demote", "drop", "save", "delete", "read"]
+    assert all(told[kind] for kind in kinds + (["KeptSnapshot"] if arch == "qwen3_5" else [])), told
+    # Both folders hold the same blocks, byte for byte: the follower wrote its payloads as rank 0 did.
+    settled(server, leader)
+    core_folder = server.app.state.server.models[model].engine._model.core.warm.folder.root
+    ours, theirs = block_files(core_folder), block_files(leader.warm.folder.root)
+    assert ours and ours.keys() == theirs.keys()
+    assert all(ours[name] == theirs[name] for name in ours)

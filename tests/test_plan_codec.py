@@ -89,7 +89,7 @@ def test_each_follower_reports_in_its_own_slots():
 
 def test_one_process_answers_every_call_rank_0_makes_and_does_nothing():
     """NO_RECORDER stands in for the Recorder wherever the engine calls it (size 1: today's path)."""
-    wiring = {"attach", "flush", "pool_event"}  # a Recorder's own: never called on NO_RECORDER
+    wiring = {"attach", "flush", "pool_event", "deleted"}  # a Recorder's own: never called on NO_RECORDER
     for name, method in inspect.getmembers(Recorder, inspect.isfunction):
         if name.startswith("_") or name in wiring:
             continue

@@ -34,6 +34,11 @@ def flag_refusal(settings: Settings, size: int) -> str | None:
         return "--speculation draft / --draft-model: a draft model is not served split over processes yet"
     if settings.unload_idle_s is not None:
         return "--unload-idle-s: a model split over processes stays loaded (an unload would have to be agreed)"
+    if settings.warm_store is not None and settings.disk_budget_mb:
+        return (
+            "--warm-store: a model split over processes keeps its warm tier in each rank's own cache folder; "
+            "per-rank Redis namespaces are not done yet (use --cache-dir on each machine)"
+        )
     return None
 
 
@@ -96,7 +101,7 @@ def follow(cfg) -> int:
     p = parts.precisions
     eos = described.tokenizer.eos_token_ids
     try:
-        Follower(parts.loaded.model, parts.layers, p, eos, channel, demoter(p)).serve(channel)
+        Follower(parts.loaded.model, parts.layers, p, eos, channel, demoter(p), parts.warm).serve(channel)
     except RuntimeError as e:
         log.error("rank %d: the group failed (%s): stopping", group.rank, e)
         return STOPPED

@@ -22,6 +22,7 @@ from agent_memory.engine.prefill import Prefiller
 from agent_memory.engine.speculation.speculative_batch import SpeculativeBatch
 from agent_memory.memory.index import keep
 from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.warm import shards
 from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import KVPrecision, Precisions
@@ -111,7 +112,9 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
     loaded, layers, p, shares = _load_part(cfg, described, features)
     hot_budget, working = shares.agreed(hot_budget, working)
     draft = load_draft(cfg.draft_path)
-    warm, scan, warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, layers, p, cfg.warm_store)
+    warm, scan, warm_error = open_warm_tier(
+        cfg.cache_dir, cfg.disk_budget_bytes, loaded, layers, p, cfg.warm_store, cfg.split
+    )
     store = AgentCacheStore(
         block_tokens=BLOCK_TOKENS,
         salt=loaded.fingerprint,
@@ -181,17 +184,22 @@ def _load_part(cfg: EngineConfig, described: ModelText, features: Features):
 @dataclass
 class FollowerParts:
     """What a rank other than 0 computes with: its part of the model, its layers, the precisions
-    and the layout; no store, no API (the follower runs rank 0's step plans)."""
+    and the layout, its warm tier (its part of each block); no store, no API (the follower runs
+    rank 0's step plans)."""
 
     loaded: LoadedModel
     layers: ModelLayers
     precisions: Precisions
+    warm: WarmTier | None
 
 
 def follower_parts(cfg: EngineConfig, described: ModelText) -> FollowerParts:
-    """A follower's model, loaded in step with rank 0's `build` (its collectives)."""
+    """A follower's model and warm tier, opened in step with rank 0's `build` (its collectives)."""
     loaded, layers, p, _ = _load_part(cfg, described, Features(0))
-    return FollowerParts(loaded, layers, p)
+    warm, _, _ = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, layers, p, None, cfg.split)
+    if warm is not None:
+        warm.start(shards.BlocksOnly())
+    return FollowerParts(loaded, layers, p, warm)
 
 
 def unload_weights(parts: Parts) -> None:

@@ -8,15 +8,18 @@ from __future__ import annotations
 import contextlib
 import traceback
 from collections import Counter, defaultdict, deque
+from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from agent_memory.engine.distributed.follower import Follower
-from agent_memory.engine.distributed.plan import RankStatus, StepPlan, StepWork
+from agent_memory.engine.distributed.plan import Planned, RankStatus, StepPlan, StepWork
 from agent_memory.engine.distributed.recorder import Recorder
 from agent_memory.engine.kinds.layers import ModelLayers
+from agent_memory.engine.loading.warm import open_warm_tier
 from agent_memory.engine.parts import demoter
+from agent_memory.memory.warm.shards import BlocksOnly
 
 
 class ShadowLeader:
@@ -26,15 +29,23 @@ class ShadowLeader:
     rank, size = 0, 1
     heartbeat_s = 5.0  # idle: empty plans, checked as any other
 
-    def __init__(self, core) -> None:
+    def __init__(self, core, warm_dir: Path | None) -> None:
+        """`warm_dir`: the follower's own cache dir, where rank 0 has a warm tier."""
         self.core = core
         parts = core.parts
         model = parts.loaded.model
         self.tokens: dict[int, deque] = defaultdict(deque)  # rank 0's sampled tokens, per sequence
-        follower_group = _FollowerGroup(self.tokens)
+        self.agreed: deque[list[int]] = deque()  # rank 0's warm read agreements, in order
+        follower_group = _FollowerGroup(self.tokens, self.agreed)
         eos = parts.loaded.tokenizer.eos_token_ids
         precisions = parts.precisions
-        self.follower = Follower(model, ModelLayers(model), precisions, eos, follower_group, demoter(precisions))
+        layers = ModelLayers(model)
+        self.warm = None
+        if core.warm is not None:  # the follower's own folder, for its own writes and reads
+            budget = core.store.disk_budget_bytes
+            self.warm = open_warm_tier(warm_dir, budget, parts.loaded, layers, precisions)[0]
+            self.warm.start(BlocksOnly())
+        self.follower = Follower(model, layers, precisions, eos, follower_group, demoter(precisions), self.warm)
         self._work: StepWork | None = None
         self.steps = 0  # compared
         self.ops: Counter = Counter()  # what the plans told, by kind (PoolOp by its op)
@@ -45,6 +56,7 @@ class ShadowLeader:
             try:
                 self.follower.execute(self._work)
                 self.ops.update(getattr(op, "op", type(op).__name__) for op in plan.ops)
+                self.ops["read"] += sum(len(op.reads) for op in plan.ops if isinstance(op, Planned))
                 self.follower.apply(plan.ops)
                 self._work = plan.work
                 self.failure = self.compare()
@@ -55,6 +67,10 @@ class ShadowLeader:
 
     def watching(self, what: str):
         return contextlib.nullcontext()  # one process: no collective to wait for
+
+    def agree(self, bits: list[int]) -> list[int]:
+        self.agreed.append(bits)  # the follower's answer is rank 0's (it runs this step later)
+        return bits
 
     def token_sum(self, seq_id: int):
         def send(token: mx.array) -> mx.array:
@@ -110,22 +126,45 @@ class _FollowerGroup:
 
     rank, size = 1, 1
 
-    def __init__(self, tokens: dict[int, deque]) -> None:
+    def __init__(self, tokens: dict[int, deque], agreed: deque) -> None:
         self.tokens = tokens
+        self.agreed = agreed
+
+    def agree(self, bits: list[int]) -> list[int]:
+        """Rank 0's agreement of the same prefill: the follower's own failures must be in it."""
+        theirs = self.agreed.popleft()
+        assert len(theirs) == len(bits) and all(t >= b for t, b in zip(theirs, bits)), (theirs, bits)
+        return theirs
 
     def token_sum(self, seq_id: int):
         return lambda zeros: zeros + self.tokens[seq_id].popleft()
 
 
-def follow(server) -> ShadowLeader:
-    """Record the served model's engine steps for a shadow follower (before any request)."""
+def follow(server, warm_dir: Path | None = None) -> ShadowLeader:
+    """Record the served model's engine steps for a shadow follower (before any request); with
+    a warm tier, the follower's is under `warm_dir`."""
     (served,) = server.app.state.server.models.values()
     engine = served.engine
 
     def attach() -> ShadowLeader:
         core = engine._model.core  # the test's seam: a real group is wired where the model loads
-        leader = ShadowLeader(core)
+        leader = ShadowLeader(core, warm_dir)
         Recorder(leader).attach(core)
         return leader
 
     return engine.call(attach).result()
+
+
+def settled(server, leader: ShadowLeader) -> None:
+    """Rank 0's writes done, what they made it delete told to the follower (an idle plan), and
+    the follower's writes done: both folders are then comparable."""
+    (served,) = server.app.state.server.models.values()
+    core = served.engine._model.core
+    core.warm.flush()
+    served.engine.call(core.recorder.heartbeat).result()
+    leader.warm.flush()
+
+
+def block_files(folder) -> dict[str, bytes]:
+    """A warm folder's block files, by name, with their bytes."""
+    return {p.name: p.read_bytes() for p in Path(folder).glob("blocks/*/*") if p.is_file()}

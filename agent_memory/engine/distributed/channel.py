@@ -30,6 +30,9 @@ class PlanChannel:
         self.plans += 1
         return exchange(self.codec, self.rank, self._all_sum, plan, status)
 
+    def agree(self, bits: list[int]) -> list[int]:
+        return self._all_sum(np.array(bits, np.int32)).tolist()
+
     def token_sum(self, seq_id: int):
         return lambda tokens: mx.distributed.all_sum(tokens, group=self.group.group)
 

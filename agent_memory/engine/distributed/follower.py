@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import deque
 
 import agent_memory.blas  # noqa: F401
 import mlx.core as mx
@@ -42,7 +43,9 @@ from agent_memory.engine.distributed.shadow import Shadow
 from agent_memory.engine.kinds import attention
 from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.loading.budget import give_back_memory
-from agent_memory.engine.prefill import next_chunk
+from agent_memory.engine.prefill import from_disk, next_chunk, warm_ahead
+from agent_memory.memory.warm.format.records import BlockRecord
+from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import Precisions
 
 log = logging.getLogger(__name__)
@@ -57,10 +60,20 @@ class Capture:
 
 class Follower:
     def __init__(
-        self, model, layers: ModelLayers, precisions: Precisions, eos: list[int], group: Group, demote=None
+        self,
+        model,
+        layers: ModelLayers,
+        precisions: Precisions,
+        eos: list[int],
+        group: Group,
+        demote=None,
+        warm: WarmTier | None = None,
     ) -> None:
-        """`demote`: parts.demoter(precisions), how rank 0's exact blocks cool (None: they do not)."""
+        """`demote`: parts.demoter(precisions), how rank 0's exact blocks cool (None: they do not);
+        `warm`: this rank's warm tier (blocks only: its shard of each block rank 0 writes)."""
         self.model = model
+        self.warm = warm
+        self.on_disk: set[str] = set()  # the blocks rank 0 had this rank write and not delete
         self.layers = layers
         self.precisions = precisions
         self.group = group
@@ -78,6 +91,8 @@ class Follower:
                 self.run(plan)
             if plan.flags & STOP:
                 log.info("rank 0 stopped: stopping")
+                if self.warm is not None:  # what rank 0 had it write, written
+                    self.warm.close()
                 return
 
     def status(self) -> RankStatus:
@@ -101,6 +116,7 @@ class Follower:
                 self.shadows[op.seq_id] = Shadow(op.seq_id, op, self.layers.new_cache(self.precisions.working))
             elif isinstance(op, Planned):
                 self.shadows[op.seq_id].planned(op)
+                self._read(self.shadows[op.seq_id], op.reads)
             elif isinstance(op, Ended):
                 self._end(op.seq_id)
             elif isinstance(op, Kept):
@@ -113,7 +129,7 @@ class Follower:
             elif isinstance(op, PoolOp):
                 self._pool(op)
             elif isinstance(op, WarmOp):
-                raise NotImplementedError("a follower has no warm tier yet")
+                self._warm(op)
         mx.eval(kept)  # cut now: the captured caches go
         self.captures.clear()
 
@@ -123,7 +139,54 @@ class Follower:
         elif op.op == "drop":
             self.payloads.drop(op.hash)
         else:
-            raise NotImplementedError("a follower has no warm tier yet: it cannot read block %s" % op.hash[:12])
+            raise RuntimeError(f"rank 0's plan has a pool op this rank does not know: {op.op}")
+
+    # -- the warm tier: this rank's shard of each block, in its own folder ------------------
+
+    def _warm(self, op: WarmOp) -> None:
+        """Rank 0's write or delete, on this rank's folder: a save writes the payload held now,
+        which is the one rank 0 saved (the op comes before its commit's eviction)."""
+        if self.warm is None:
+            raise RuntimeError("rank 0 writes to its warm tier, but this rank has none")
+        if op.op == "delete":
+            self.on_disk.discard(op.hash)
+            self.warm.delete_block(op.hash, first=False)  # after a save of it queued here
+        elif op.hash not in self.on_disk:  # written already: the first write's bits stay
+            self.on_disk.add(op.hash)
+            self.warm.save_block(BlockRecord.from_meta(op.meta), self.payloads.get(op.hash).tensors(self.precisions.disk))
+
+    def _read(self, shadow: Shadow, records: list[dict[str, str]]) -> None:
+        """Start reading the blocks rank 0 reads from its warm tier, from this rank's."""
+        for meta in records:
+            record = BlockRecord.from_meta(meta)
+            if self.warm.saving(record.hash):  # its write is queued here still: read what it wrote
+                self.warm.flush()
+            shadow.reads[record.hash] = (record, self.warm.read_block(record))
+
+    def _failed_reads(self, shadow: Shadow) -> set[str]:
+        """As Prefiller._failed_reads: this rank's failures, agreed with every rank's."""
+        run = list(itertools.takewhile(lambda s: s[2] is not None, shadow.plan))
+        at_end = shadow.snapshot if shadow.snapshot is not None and run[-1][1] == shadow.snapshot_at else None
+        ahead = warm_ahead([h for _, _, h in run], at_end, shadow.reads)
+        if not ahead:
+            return set()
+        mine = [shadow.reads[h][1].exception() for h in ahead]  # waits for them
+        for h, e in zip(ahead, mine):
+            if e is not None:
+                log.info("block %s unreadable here (%s): every rank recomputes it", h[:12], e)
+        agreed = self.group.agree([int(e is not None) for e in mine])
+        return {h for h, n in zip(ahead, agreed) if n}
+
+    def _stored(self, shadow: Shadow, block_hash: str, failed: set[str]):
+        """A planned block's or snapshot's payload: held, or read (None: a rank could not)."""
+        read = shadow.reads.pop(block_hash, None)
+        if read is None:
+            return self.payloads.get(block_hash)
+        if block_hash in failed:
+            self.on_disk.discard(block_hash)
+            return None
+        record, future = read
+        return from_disk(self.layers, self.precisions, record.snapshot, record.start, future.result())
 
     def _end(self, seq_id: int) -> None:
         """Rank 0 ended a sequence: out of the batch (its cache now exactly rank 0's) or its
@@ -173,16 +236,32 @@ class Follower:
         return not shadow.plan
 
     def _append_cached(self, shadow: Shadow) -> None:
+        """As Prefiller._append_cached: a block a rank could not read becomes a gap (with state
+        layers, the whole prompt is computed)."""
+        failed = self._failed_reads(shadow)
         parts = []
         while shadow.plan and shadow.plan[0][2] is not None:
             start, end, block = shadow.plan.popleft()
-            stored = self.payloads.get(block)
+            stored = self._stored(shadow, block, failed)
+            if stored is None:
+                if self.layers.has_state:
+                    return self._start_over(shadow)
+                shadow.plan.appendleft((start, end, None))
+                break
             parts.append((stored, end - start))
             shadow.stored.append(attention.StoredRun(shadow.pos, shadow.pos + end - start, stored))
             shadow.pos += end - start
         self.layers.append(shadow.cache, parts, self.precisions.working)
         if shadow.snapshot is not None and shadow.pos == shadow.snapshot_at:
-            self.layers.restore(shadow.cache, self.payloads.get(shadow.snapshot))
+            state = self._stored(shadow, shadow.snapshot, failed)
+            if state is None:
+                return self._start_over(shadow)
+            self.layers.restore(shadow.cache, state)
+
+    def _start_over(self, shadow: Shadow) -> None:
+        shadow.cache = self.layers.new_cache(self.precisions.working)
+        shadow.pos, shadow.stored = 0, []
+        shadow.plan = deque([(0, shadow.prefill_end, None)])
 
     def _prefill_done(self, shadow: Shadow) -> None:
         """As EngineCore._prefill_done: the sequence and its other samples join the batch (each

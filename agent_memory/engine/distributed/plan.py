@@ -51,7 +51,7 @@ class Planned:
     snapshot: str | None
     snapshot_at: int  # the position the snapshot is of
     marks: list[int]
-    reads: list[str]
+    reads: list[dict[str, str]]  # the warm blocks it reads, as their block files name them (BlockRecord.meta)
 
 
 @dataclass
@@ -92,10 +92,13 @@ class PoolOp:
 
 @dataclass
 class WarmOp:
-    """A write to or delete from the warm tier, which each rank does on its own folder."""
+    """A write to or delete from the warm tier, which each rank does on its own folder: a save
+    writes the rank's payload of the block as the store held it when it asked for the write
+    (recorded there: before any eviction of that commit), named as its block file says."""
 
     op: str  # save, delete
     hash: str
+    meta: dict[str, str] = field(default_factory=dict)  # a save's BlockRecord.meta()
 
 
 OPS = {cls.__name__: cls for cls in (Admit, Planned, Ended, Kept, KeptSnapshot, PoolOp, WarmOp)}

@@ -47,6 +47,11 @@ class Group(Protocol):
         get it; every rank gets the followers' statuses."""
         ...
 
+    def agree(self, bits: list[int]) -> list[int]:
+        """Every rank at the same point: the sum over the ranks of each value (a warm read's
+        failure bits before a prefill appends what it read: prefill.py)."""
+        ...
+
     def token_sum(self, seq_id: int) -> sampling.Sum:
         """The all_sum a sequence's sampled tokens travel by (sampling.py)."""
         ...
@@ -71,9 +76,12 @@ class Recorder:
         self._steps = 0
 
     def attach(self, core: Any) -> None:
-        """Record an EngineCore's steps, its committer's cuts and its pool's payload changes."""
-        core.recorder = core.parts.committer.recorder = self
+        """Record an EngineCore's steps, its committer's cuts, its pool's payload changes and
+        writes, its warm tier's deletes; its prefiller's warm reads are agreed by every rank."""
+        core.recorder = core.parts.committer.recorder = core.parts.prefiller.recorder = self
         core.store.pool.watch = self.pool_event
+        if core.warm is not None:
+            core.warm.told = self.deleted
 
     def watching(self) -> AbstractContextManager:
         """The step about to run (BatchEngine._run), under the group's watchdog."""
@@ -126,7 +134,9 @@ class Recorder:
         snapshot = seq.lease.snapshot
         segments = [(s.start, s.end, s.block.hash if s.block is not None else None) for s in seq.plan]
         at = snapshot.start if snapshot is not None else 0
-        self._add(Planned(seq.id, segments, snapshot.hash if snapshot else None, at, list(seq.marks), list(seq.reads)))
+        held = {b.hash: b for b in [*(s.block for s in seq.plan if s.block is not None), snapshot] if b is not None}
+        reads = [held[h].record().meta() for h in seq.reads]
+        self._add(Planned(seq.id, segments, snapshot.hash if snapshot else None, at, list(seq.marks), reads))
 
     def ended(self, seq_id: int) -> None:
         self._samples.pop(seq_id, None)
@@ -134,6 +144,10 @@ class Recorder:
 
     def sampler(self, seq_id: int, sampler: Callable) -> Callable:
         return sampling.leading(sampler, self.group.token_sum(seq_id))
+
+    def agree(self, failed: list[int]) -> list[int]:
+        """Which of a prefill chunk's warm reads failed on any rank (each rank's 1s, summed)."""
+        return self.group.agree(failed)
 
     # -- the committer and the pool ------------------------------------------------------
 
@@ -145,9 +159,12 @@ class Recorder:
         self._cut = KeptSnapshot(capture, "")
 
     def pool_event(self, event: str, block: Any) -> None:
-        """BlockPool.watch: called before a payload is set or dropped."""
-        if event == "drop":
-            op: Op = PoolOp("drop", block.hash)
+        """BlockPool.watch: called before a payload is set or dropped, and as a commit asks for
+        a payload's write (before the commit's eviction: a follower still holds it as saved)."""
+        if event == "save":
+            op: Op = WarmOp("save", block.hash, block.record().meta())
+        elif event == "drop":
+            op = PoolOp("drop", block.hash)
         elif self._cut is not None:
             op, self._cut = self._cut, None
             op.hash = block.hash
@@ -155,8 +172,10 @@ class Recorder:
             op = PoolOp("demote" if block.payload is not None else "read_in", block.hash)
         self._add(op)
 
-    def warm(self, op: str, block_hash: str) -> None:
-        self._add(WarmOp(op, block_hash))
+    def deleted(self, block_hash: str) -> None:
+        """WarmTier.told: a block's warm copy deleted (an eviction, an agent ended, a write
+        nobody wanted; the writer's thread or the engine's): every rank deletes its own."""
+        self._add(WarmOp("delete", block_hash))
 
 
 class NoRecorder:
@@ -198,8 +217,8 @@ class NoRecorder:
     def taking(self, capture: tuple[int, int]) -> None:
         pass
 
-    def warm(self, op: str, block_hash: str) -> None:
-        pass
+    def agree(self, failed: list[int]) -> list[int]:
+        return failed
 
 
 NO_RECORDER = NoRecorder()

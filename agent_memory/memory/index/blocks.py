@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent_memory.memory.hashing import Extras
+from agent_memory.memory.warm.format.records import BlockRecord
 
 
 class Tier(enum.Enum):
@@ -63,6 +64,10 @@ class Block:
     def end(self) -> int:
         return self.start + len(self.tokens)
 
+    def record(self) -> BlockRecord:
+        """What its block file says about it."""
+        return BlockRecord(self.hash, self.parent, self.start, self.tokens, self.snapshot, self.extras)
+
 
 class BlockPool:
     """Blocks by hash, the parent → children index, and the hot/disk byte totals."""
@@ -75,8 +80,9 @@ class BlockPool:
         self.exact_bytes = 0
         self.snapshot_bytes = 0  # the hot snapshots' part of hot_bytes
         self.disk_bytes = 0
-        # Told ("set" or "drop", the block) before a payload changes: rank 0 of a distributed
-        # server records it for the other ranks (engine/distributed/recorder.py); None alone.
+        # Told ("set" or "drop", the block) before a payload changes, and ("save", the block)
+        # when a commit asks for its payload to be written: rank 0 of a distributed server
+        # records them for the other ranks (engine/distributed/recorder.py); None alone.
         self.watch: Callable[[str, Block], None] | None = None
 
     def __contains__(self, block_hash: str) -> bool:
@@ -129,6 +135,14 @@ class BlockPool:
         self.exact_bytes -= block.hot_bytes if block.exact else 0
         self.snapshot_bytes -= block.hot_bytes if block.snapshot else 0
         block.payload, block.hot_bytes, block.exact = None, 0, False
+
+    def to_write(self, blocks: list[Block]) -> list[tuple[BlockRecord, Any]]:
+        """Of a commit's blocks, the hot ones with no warm copy: their records and payloads as
+        they are now, before the commit's eviction (told to `watch` here, in that order)."""
+        chosen = [b for b in blocks if b.tier is Tier.HOT and not b.disk_bytes]
+        for block in chosen if self.watch is not None else ():
+            self.watch("save", block)
+        return [(b.record(), b.payload) for b in chosen]
 
     def set_disk(self, block: Block, nbytes: int) -> None:
         self.disk_bytes += nbytes - block.disk_bytes
