@@ -2,7 +2,8 @@
 writes its part of every block to its own folder (`-tp2r0`, `-tp2r1`), only rank 0 keeps
 manifests; a restart of both ranks restores every rank's part, so the agent's next turn reads
 its history from disk on every rank and answers as one process does; folders whose parts were
-swapped are not reused: one line says why, and every rank starts cold."""
+swapped are not reused: one line says why, and every rank starts cold; nor are they by one
+process on the same cache dir."""
 
 from __future__ import annotations
 
@@ -76,3 +77,10 @@ def test_a_restart_of_both_ranks_restores_every_ranks_part_and_swapped_parts_sta
     assert len(lines) == 1, lines
     assert "rank=0/2" in lines[0]
     assert "starting cold: rank 0's folder holds the part of rank 1, not its own" in lines[0]
+
+    # One process on the same cache dir: other folders, said once.
+    with InProcessServer(tiny_model, cache, "--kv-bits", "16", "--speculation", "off") as alone:
+        assert ask(alone.base_url, turn_2(first))["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        said = [line for line in alone.log().splitlines() if "not reused" in line]
+    assert len(said) == 1 and f"{rank_0.name}, {rank_1.name}: memory of a 2-way tensor split" in said[0], said
+    assert "this server is one process" in said[0]

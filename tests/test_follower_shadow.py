@@ -3,7 +3,9 @@ model executes every plan rank 0's real engine broadcasts (a group of one, tests
 after every step its hot payloads equal rank 0's hash by hash, array by array, its decode batch
 holds the same sequences and its prefilling caches equal rank 0's — through a run of concurrent
 requests with agents and turns, sampling, n = 2, stop strings, a cancelled stream, follow-ups,
-evictions and demotions under a tiny hot budget, and an agent deleted."""
+evictions and demotions under a tiny hot budget, and an agent deleted. Rank 0 has a warm tier and
+the follower its own folder: blocks written, deleted and read back by rank 0 are by the follower
+too, its reads agreed with rank 0's, and in the end both folders hold the same files, byte for byte."""
 
 from concurrent.futures import ThreadPoolExecutor
 

@@ -153,7 +153,8 @@ class Follower:
             self.warm.delete_block(op.hash, first=False)  # after a save of it queued here
         elif op.hash not in self.on_disk:  # written already: the first write's bits stay
             self.on_disk.add(op.hash)
-            self.warm.save_block(BlockRecord.from_meta(op.meta), self.payloads.get(op.hash).tensors(self.precisions.disk))
+            tensors = self.payloads.get(op.hash).tensors(self.precisions.disk)
+            self.warm.save_block(BlockRecord.from_meta(op.meta), tensors)
 
     def _read(self, shadow: Shadow, records: list[dict[str, str]]) -> None:
         """Start reading the blocks rank 0 reads from its warm tier, from this rank's."""

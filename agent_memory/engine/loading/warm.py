@@ -43,7 +43,8 @@ def open_warm_tier(
         )
 
     if split is None:
-        return open_tier(make_tier, folder_name(loaded.name, loaded.fingerprint, precision.tag), cache_dir, budget_bytes, warm_store)
+        name = folder_name(loaded.name, loaded.fingerprint, precision.tag)
+        return open_tier(make_tier, name, cache_dir, budget_bytes, warm_store)
     part = shards.part_of(loaded.layouts[split.group.rank])
     name = folder_name(loaded.name, loaded.fingerprint, precision.tag, shards.suffix(part))
     before = shards.held(cache_dir / "kv" / name, part) if cache_dir is not None else (0, shards.NEW, -1)
