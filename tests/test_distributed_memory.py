@@ -59,9 +59,14 @@ def test_a_restart_of_both_ranks_restores_every_ranks_part_and_swapped_parts_sta
     assert blocks and blocks == {p.name for p in (rank_1 / "blocks").glob("*/*")}  # each rank its part
     assert list((rank_0 / "agents").glob("*.json")) and not list((rank_1 / "agents").glob("*.json"))
 
+    stray = rank_1 / "blocks" / "ff" / ("ff" * 32 + ".safetensors")  # as a crash could leave: no manifest names it
+    stray.parent.mkdir(exist_ok=True)
+    stray.write_bytes(next((rank_1 / "blocks").glob("*/*")).read_bytes())
+
     launched = Launched(tiny_model, cache)
     answer = served(launched, turn_2(first))
     assert answer["choices"][0]["message"]["content"] == expected  # as one process answers
+    assert not stray.exists()  # rank 0 told rank 1 the blocks it holds
     assert answer["usage"]["prompt_tokens_details"]["warm_tokens"] > 0  # read from disk, on every rank
     assert "not reused" not in launched.log()
 

@@ -15,6 +15,7 @@ from agent_memory.engine.distributed.plan import (
     STOP,
     Admit,
     Ended,
+    Held,
     Kept,
     KeptSnapshot,
     PlanCodec,
@@ -60,14 +61,16 @@ def test_a_decode_only_step_is_one_frame_of_fixed_size():
 def test_every_op_round_trips_in_order_to_every_rank():
     ops = [
         Admit(7, [1, 2, 3, 400], [8, 9], 64, False),
-        Planned(7, [(0, 64, "ab" * 32), (64, 130, None)], None, 0, [70], []),
+        Held(["ab" * 32, "cd" * 32]),
+        Planned(7, [(0, 64, "ab" * 32), (64, 130, None)], None, 0, [70], [{"hash": "ab" * 32, "start": "0"}]),
         Ended(5),
         Kept((5, END), "cd" * 32, 0, 64),
         Kept((7, 130), "ef" * 32, 64, 128),
         KeptSnapshot((7, 130), "01" * 32),
         PoolOp("demote", "cd" * 32),
         PoolOp("drop", "ab" * 32),
-        WarmOp("save", "ef" * 32),
+        WarmOp("save", "ef" * 32, {"hash": "ef" * 32, "parent": "cd" * 32, "start": "64", "tokens": "[5,6]"}),
+        WarmOp("delete", "cd" * 32),
     ]
     plan = StepPlan(ops, StepWork(False, 7, 128, True), IDLE | STOP, "a reason")
     results, calls = run_group(3, plan, {})

@@ -26,6 +26,7 @@ from agent_memory.engine.distributed.plan import (
     END,
     Admit,
     Ended,
+    Held,
     Kept,
     KeptSnapshot,
     IDLE,
@@ -130,6 +131,8 @@ class Follower:
                 self._pool(op)
             elif isinstance(op, WarmOp):
                 self._warm(op)
+            elif isinstance(op, Held):
+                self._keep_only(set(op.hashes))
         mx.eval(kept)  # cut now: the captured caches go
         self.captures.clear()
 
@@ -155,6 +158,14 @@ class Follower:
             self.on_disk.add(op.hash)
             tensors = self.payloads.get(op.hash).tensors(self.precisions.disk)
             self.warm.save_block(BlockRecord.from_meta(op.meta), tensors)
+
+    def _keep_only(self, held: set[str]) -> None:
+        """Delete the block files rank 0's folder does not hold: no manifest will name them."""
+        stray = [p.stem for p in self.warm.folder.blocks.glob("*/*.safetensors") if p.stem not in held]
+        for block_hash in stray:
+            self.warm.delete_block(block_hash, first=False)
+        if stray:
+            log.info("warm tier %s: %d block files rank 0 does not hold, deleted", self.warm.location, len(stray))
 
     def _read(self, shadow: Shadow, records: list[dict[str, str]]) -> None:
         """Start reading the blocks rank 0 reads from its warm tier, from this rank's."""

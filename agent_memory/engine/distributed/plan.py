@@ -101,8 +101,16 @@ class WarmOp:
     meta: dict[str, str] = field(default_factory=dict)  # a save's BlockRecord.meta()
 
 
-OPS = {cls.__name__: cls for cls in (Admit, Planned, Ended, Kept, KeptSnapshot, PoolOp, WarmOp)}
-Op = Admit | Planned | Ended | Kept | KeptSnapshot | PoolOp | WarmOp
+@dataclass
+class Held:
+    """The blocks rank 0's warm folder holds once its store is restored (the first plan): a
+    follower deletes its other block files (a crash's leftovers, a block `cache rm` removed)."""
+
+    hashes: list[str]
+
+
+OPS = {cls.__name__: cls for cls in (Admit, Planned, Ended, Kept, KeptSnapshot, PoolOp, WarmOp, Held)}
+Op = Admit | Planned | Ended | Kept | KeptSnapshot | PoolOp | WarmOp | Held
 
 
 @dataclass

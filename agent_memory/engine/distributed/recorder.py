@@ -23,6 +23,7 @@ from agent_memory.engine.distributed.plan import (
     STOP,
     Admit,
     Ended,
+    Held,
     Kept,
     KeptSnapshot,
     Op,
@@ -82,6 +83,8 @@ class Recorder:
         core.store.pool.watch = self.pool_event
         if core.warm is not None:
             core.warm.told = self.deleted
+            with core.store.lock:
+                self._add(Held(sorted(h for h, b in core.store.pool.blocks.items() if b.disk_bytes)))
 
     def watching(self) -> AbstractContextManager:
         """The step about to run (BatchEngine._run), under the group's watchdog."""
