@@ -1,7 +1,8 @@
 """The memory of a model split over two processes, sharded like the model (issue #38): each rank
 writes its part of every block to its own folder (`-tp2r0`, `-tp2r1`), only rank 0 keeps
 manifests; a restart of both ranks restores every rank's part, so the agent's next turn reads
-its history from disk on every rank and answers as one process does; folders whose parts were
+its history from disk on every rank and answers as one process does (a block one rank lost is
+recomputed by both, a file rank 0 does not hold is deleted on rank 1); folders whose parts were
 swapped are not reused: one line says why, and every rank starts cold; nor are they by one
 process on the same cache dir."""
 
@@ -63,12 +64,20 @@ def test_a_restart_of_both_ranks_restores_every_ranks_part_and_swapped_parts_sta
     stray.parent.mkdir(exist_ok=True)
     stray.write_bytes(next((rank_1 / "blocks").glob("*/*")).read_bytes())
 
+    lost = sorted((rank_1 / "blocks").glob("*/*"))[0]  # one block's part lost on rank 1 alone
+    lost.unlink()
+
     launched = Launched(tiny_model, cache)
     answer = served(launched, turn_2(first))
     assert answer["choices"][0]["message"]["content"] == expected  # as one process answers
     assert not stray.exists()  # rank 0 told rank 1 the blocks it holds
-    assert answer["usage"]["prompt_tokens_details"]["warm_tokens"] > 0  # read from disk, on every rank
-    assert "not reused" not in launched.log()
+    details = answer["usage"]["prompt_tokens_details"]
+    assert details["warm_tokens"] > 0  # read from disk, on every rank: the others' parts
+    assert details["cache_miss"]["reason"] == "unreadable"  # the lost one recomputed by both ranks
+    log = launched.log()
+    assert f"rank=1/2 agent_memory.engine.distributed.follower: block {lost.stem[:12]} unreadable here" in log
+    assert f"block {lost.stem[:12]} unreadable (another rank could not read its part)" in log
+    assert "not reused" not in log
 
     # The ranks' folders swapped: rank 0's now holds rank 1's heads.
     rank_0.rename(cache / "kv" / "swapping")
