@@ -8,12 +8,15 @@ process on the same cache dir."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from agent_memory.cli.cache.commands import cache_app
 from tests.support.distributed import Launched
 from tests.support.inprocess import InProcessServer
 
@@ -59,6 +62,15 @@ def test_a_restart_of_both_ranks_restores_every_ranks_part_and_swapped_parts_sta
     blocks = {p.name for p in (rank_0 / "blocks").glob("*/*")}
     assert blocks and blocks == {p.name for p in (rank_1 / "blocks").glob("*/*")}  # each rank its part
     assert list((rank_0 / "agents").glob("*.json")) and not list((rank_1 / "agents").glob("*.json"))
+    # `agent-memory cache` sees one agent; rank 1's blocks are rank 0's agents', not orphans to prune.
+    stats = CliRunner().invoke(cache_app, ["stats", "--cache-dir", str(cache), "--format", "json"])
+    rows = {row["folder"]: row for row in json.loads(stats.output)["models"]}
+    assert [rows[f.name]["agents"] for f in (rank_0, rank_1)] == [1, 0]
+    assert rows[rank_1.name]["block_files"] == len(blocks) and rows[rank_1.name]["orphan_blocks"] == 0
+    for block in (rank_1 / "blocks").glob("*/*"):
+        os.utime(block, (block.stat().st_atime, block.stat().st_mtime - 3600))  # past prune's grace
+    pruned = CliRunner().invoke(cache_app, ["prune", "--cache-dir", str(cache), "--dry-run"])
+    assert "0 items" in pruned.output, pruned.output
 
     stray = rank_1 / "blocks" / "ff" / ("ff" * 32 + ".safetensors")  # as a crash could leave: no manifest names it
     stray.parent.mkdir(exist_ok=True)
