@@ -48,7 +48,7 @@ def open_tier(
         log.info("warm tier: namespace %s in the shared store %s (agents are read when they return)", name, where)
         return tier, scan, None
     kv_dir = cache_dir / "kv"
-    _say_other_precisions(kv_dir, name)
+    _say_other_folders(kv_dir, name)
     room = disk_room(kv_dir / name)
     if room is not None and room.read_only:
         # Not even reads: an agent ended here could not be deleted there, and would come back.
@@ -92,7 +92,7 @@ def _cap(tier: WarmTier, room: DiskRoom, held: int, file_bytes: int) -> str | No
     return None
 
 
-def _say_other_precisions(kv_dir: Path, name: str) -> None:
+def _say_other_folders(kv_dir: Path, name: str) -> None:
     """Warn of this model's folders at other disk precisions: they are not used at this one;
     nor are those of another split over processes (shards.py), said once by rank 0."""
     if (mine := FOLDER_RE.match(name)) is None:
