@@ -110,3 +110,12 @@ def test_a_restart_of_both_ranks_restores_every_ranks_part_and_swapped_parts_sta
         said = [line for line in alone.log().splitlines() if "not reused" in line]
     assert len(said) == 1 and f"{rank_0.name}, {rank_1.name}: memory of a 2-way tensor split" in said[0], said
     assert "this server is one process" in said[0]
+
+
+def test_a_shared_redis_warm_tier_is_refused_split_with_the_reason():
+    from agent_memory.cli.distributed import flag_refusal
+    from agent_memory.config import Settings
+
+    why = flag_refusal(Settings(model=["tiny"], warm_store="redis://127.0.0.1:6379"), 2)
+    assert why.startswith("--warm-store: a model split over processes keeps its warm tier in each rank's own cache")
+    assert flag_refusal(Settings(model=["tiny"], warm_store="redis://127.0.0.1:6379", disk_budget_mb=0), 2) is None
