@@ -14,16 +14,16 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BeforeValidator, Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
-    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
 
 from agent_memory.keys_file import KeysFileError, is_loopback, read_api_keys
+from agent_memory.setting_types import KVBits, Repeated, one_of
 
 ENV_PREFIX = "AGENT_MEMORY_"
 
@@ -41,30 +41,6 @@ def config_file_path() -> Path:
 
 class ConfigError(ValueError):
     """A setting is wrong; the message names it and where settings come from."""
-
-
-def one_of(*allowed) -> AfterValidator:
-    def check(v):
-        if isinstance(v, str):
-            v = v.lower()
-        if v not in allowed:
-            raise ValueError(f"takes {', '.join(map(str, allowed[:-1]))} or {allowed[-1]}, not {v}")
-        return v
-
-    return AfterValidator(check)
-
-
-KVBits = Annotated[int, one_of(4, 8, 16)]
-
-
-def _listed(v):
-    """A list setting given as one string (the environment, or a TOML string): comma-separated."""
-    return [part.strip() for part in v.split(",") if part.strip()] if isinstance(v, str) else v
-
-
-# A setting that may be given more than once: a repeated flag, a TOML list, or "a,b" in the
-# environment (read as is, not as JSON).
-Repeated = Annotated[list[str], NoDecode, BeforeValidator(_listed)]
 
 
 class Settings(BaseSettings):
@@ -133,6 +109,15 @@ class Settings(BaseSettings):
         "folder or a hub id (see docs/usage.md, 'Speculative decoding').",
     )
     max_batch: int = Field(32, ge=1, description="Most sequences decoded together (more wait to start).")
+    distributed: Annotated[str, one_of("auto", "tensor", "pipeline")] = Field(
+        "auto",
+        description="Under mlx.launch, how the model is split over the processes: 'tensor' (each a slice of "
+        "every layer's heads), 'pipeline' (each some of the layers) or 'auto' (tensor where the family allows).",
+    )
+    distributed_timeout: float = Field(
+        120, gt=0, description="Under mlx.launch, the most seconds one exchange between the processes may wait "
+        "before every process stops (a process alive but stuck).",
+    )
     max_waiting: int = Field(
         128, ge=1, description="Most requests waiting for their first token; more are answered 503 with Retry-After."
     )

@@ -39,6 +39,8 @@ VALUES = {
     "speculation": ("off", "lookup", "draft"),
     "draft_model": ("/tmp/draft-file", "/tmp/draft-env", "draft-flag/hub-id"),
     "max_batch": (3, 4, 5),
+    "distributed": ("tensor", "pipeline", "tensor"),
+    "distributed_timeout": (30.0, 45.5, 60.0),
     "max_waiting": (6, 7, 8),
     "max_images": (2, 3, 4),
     "max_image_mb": (1, 2, 3),

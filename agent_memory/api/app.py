@@ -155,4 +155,5 @@ def health_answer(engines: dict[str, EngineClient]) -> dict | Response:
         for model_id, h in answers.items()
     ]
     status = {"status": "degraded", "message": why} if unavailable else {"status": "ok"}
-    return {**status, "kv": first.kv, "warm_tier": first.warm_tier, "models": models}
+    ranks = {"ranks": first.ranks} if first.ranks else {}
+    return {**status, "kv": first.kv, "warm_tier": first.warm_tier, "models": models, **ranks}

@@ -10,15 +10,16 @@ import sys
 import types
 import typing
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from pydantic import SecretStr
 from typer.core import TyperCommand
 
-from agent_memory.cli.common import ProgressReporter, error, progress
-from agent_memory.config import ENV_PREFIX, OUTPUT_LIMIT, ConfigError, Settings, config_file_path, load_settings
+from agent_memory.cli import distributed
+from agent_memory.cli.common import error
+from agent_memory.cli.engines import chat_config, make_engine, resolve_model_with_progress, served_models
+from agent_memory.config import ENV_PREFIX, ConfigError, Settings, config_file_path, load_settings
 
 
 # `serve --help` shows the flags in these groups, in this order; every setting is in one.
@@ -30,6 +31,7 @@ HELP_GROUPS = {
     "Memory": ("hot_budget_mb", "memory_limit_mb", "kv_bits", "kv_group_size", "decode_quantized", "warm_prompts"),
     "Warm tier": ("cache_dir", "disk_budget_mb", "disk_kv_bits", "warm_store", "responses_budget_mb"),
     "Logging": ("log_level", "log_format", "log_agent_ids", "trace_file"),
+    "Across processes": ("distributed", "distributed_timeout"),
 }
 
 
@@ -100,28 +102,37 @@ def settings_options(command: Callable[[Settings], None]) -> Callable[..., None]
     return run
 
 
-def resolve_model_with_progress(spec: str, models_dir: Path) -> Path:
-    from agent_memory.models.registry import resolve_model  # noqa
-
-    with progress() as bars:
-        return resolve_model(spec, models_dir, progress=ProgressReporter(bars))
-
-
 @settings_options
 def serve(settings: Settings) -> None:
     """Serve a model on an OpenAI-compatible API, keeping every agent's KV cache."""
-    _configure_logging(settings.log_level, settings.log_format)
+    group = distributed.join(settings)  # under mlx.launch: this process's rank; alone: None
+    _configure_logging(settings.log_level, settings.log_format, f" {group.label}" if group else "")
     logging.getLogger("agent_memory").info("settings: %s", settings.describe())
-    sys.exit(_serve(settings))
+    sys.exit(_serve(settings, group))
 
 
-def _serve(settings: Settings) -> int:
+def _serve(settings: Settings, group=None) -> int:
+    if group is not None and (why := distributed.flag_refusal(settings, group.size)):
+        error(why)  # on every rank, before anything is loaded
+        return 1
     import uvicorn
 
     from agent_memory.api.sealing import SealKeyError
     from agent_memory.models.folders import ModelError
+    from agent_memory.models.registry import ModelSpec
 
     server: uvicorn.Server | None = None
+    split = None
+    try:
+        if group is not None:  # the model split over the processes: rank 0 serves, the others follow
+            path = resolve_model_with_progress(ModelSpec.parse(settings.model[0]).spec, settings.models_dir)
+            split = distributed.prepare(settings, group, path)
+            if group.rank != 0:
+                config = next(iter(served_models(settings).values()))
+                return distributed.follow(chat_config(settings, config, None, split))
+    except (ModelError, ConfigError) as e:
+        error(e)
+        return 1
     load_failed = False
 
     def on_load_failure() -> None:
@@ -130,10 +141,11 @@ def _serve(settings: Settings) -> int:
         server.should_exit = True
 
     try:
-        app = build_app(settings, on_load_failure)
+        app = build_app(settings, on_load_failure, split)
     except (ModelError, ConfigError, SealKeyError) as e:
         error(e)
         return 1
+    stopping = []  # under mlx.launch: the followers told to stop before the engine stops
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -142,14 +154,15 @@ def _serve(settings: Settings) -> int:
         access_log=False,  # one line per request comes from api/access_log.py, with what it did
         timeout_graceful_shutdown=30,
     )
-    server = uvicorn.Server(config)
+    server = distributed.stopping_server(config, stopping) if stopping else uvicorn.Server(config)
     server.run()
     return 1 if load_failed else 0
 
 
-def build_app(settings: Settings, on_load_failure: Callable[[], None]):
+def build_app(settings: Settings, on_load_failure: Callable[[], None], split=None):
     """The app `serve` runs: every --model's engine over one Residency, the response store and
-    the sealer (the tests serve the same in their own process: tests/support/inprocess.py).
+    the sealer (the tests serve the same in their own process: tests/support/inprocess.py);
+    `split`: rank 0's part of a model split over processes (cli/distributed.py).
     Raises ModelError, ConfigError or SealKeyError for a model, flag or key that cannot serve."""
     from agent_memory.api.app import create_app
     from agent_memory.api.heads import read_warm_prompts
@@ -161,10 +174,10 @@ def build_app(settings: Settings, on_load_failure: Callable[[], None]):
     # The operator's file must exist (servers behind a router share it); the default is made.
     sealer = Sealer.from_file(settings.seal_key_path, create=settings.seal_key_file is None)
     warm_prompts = read_warm_prompts(settings.warm_prompts) if settings.warm_prompts else []
-    served = _served_models(settings)
+    served = served_models(settings)
     draft = resolve_model_with_progress(settings.draft_model, settings.models_dir) if settings.draft_model else None
     residency = Residency(settings.memory_limit_bytes, settings.hot_budget_mb << 20, settings.unload_idle_s)
-    engines = {model_id: _engine(settings, config, residency, draft) for model_id, config in served.items()}
+    engines = {model_id: make_engine(settings, config, residency, draft, split) for model_id, config in served.items()}
 
     def end_agent(key):  # a stored response's KV, in whichever model made it
         for engine in engines.values():
@@ -195,92 +208,16 @@ def build_app(settings: Settings, on_load_failure: Callable[[], None]):
     )
 
 
-def _served_models(settings: Settings) -> dict:
-    """Each --model's engine config by the id it is served under (its NAME= if given, else its
-    own), in the order given: the first loads at start (and any --keep-loaded), the others on
-    their first request. Ids, aliases, --keep-loaded and --default-max-tokens names are checked
-    here, before anything loads."""
-    from agent_memory.engine.config import EngineConfig
-    from agent_memory.models.demo import aliases
-    from agent_memory.models.registry import ModelSpec, served_name
-
-    configs: dict[str, EngineConfig] = {}
-    taken: dict[str, str] = {}  # every name a request may give -> the model id it picks
-    pinned = set(settings.keep_loaded)
-    # --default-max-tokens: NAME -> N for one model, None -> N for every other
-    limits = {name: int(n) for name, n in (OUTPUT_LIMIT.match(e).groups() for e in settings.default_max_tokens)}
-    for n, text in enumerate(settings.model):
-        spec = ModelSpec.parse(text)
-        path = resolve_model_with_progress(spec.spec, settings.models_dir)
-        own = served_name(spec.spec, path)  # also what its warm folder is named by: an alias moves no agent
-        model_id = spec.alias or own  # what /v1/models, /health and /v1/agents call it
-        names = tuple(dict.fromkeys((model_id, own, *aliases(own))))
-        for name in names:
-            if name in taken:
-                raise ConfigError(f"--model {text}: the name '{name}' is already {taken[name]}'s")
-            taken[name] = model_id
-        keep = bool(pinned.intersection(names))
-        configs[model_id] = EngineConfig(
-            model_path=path,
-            model_name=own,
-            served_as=model_id,
-            model_aliases=tuple(n for n in names if n != own),
-            load_at_start=n == 0 or keep,
-            pinned=keep,
-            default_max_tokens=next((limits[name] for name in names if name in limits), limits.get(None)),
-        )
-    if unknown := sorted(pinned - set(taken)):
-        raise ConfigError(f"--keep-loaded {', '.join(unknown)}: not a served model's name ({', '.join(taken)})")
-    if unknown := sorted(set(limits) - {None} - set(taken)):
-        served = ", ".join(taken)
-        raise ConfigError(f"--default-max-tokens {', '.join(unknown)}=…: not a served model's name ({served})")
-    return configs
-
-
-def _engine(settings: Settings, config, residency, draft: Path | None):
-    """A served model's engine, with the settings every model shares (the draft model too); an
-    embedding model's folder (models/embedding_layout.py) gets an EmbeddingEngine."""
-    from dataclasses import replace
-
-    from agent_memory.models.embedding_layout import is_embedding_model
-    from agent_memory.engine.engine import BatchEngine
-    from agent_memory.precision import Precisions
-
-    if is_embedding_model(config.model_path):
-        from agent_memory.embeddings.engine import EmbeddingEngine
-
-        return EmbeddingEngine(replace(config, memory_limit_bytes=settings.memory_limit_bytes), residency)
-    return BatchEngine(
-        replace(
-            config,
-            max_batch=settings.max_batch,
-            hot_budget_bytes=settings.hot_budget_mb << 20,
-            precisions=Precisions.of(
-                settings.kv_bits, settings.kv_group_size, settings.disk_kv_bits, settings.decode_quantized
-            ),
-            cache_dir=settings.cache_dir,
-            warm_store=settings.warm_store,
-            disk_budget_bytes=settings.disk_budget_mb << 20,
-            vision_cache_bytes=settings.vision_cache_mb << 20,
-            memory_limit_bytes=settings.memory_limit_bytes,
-            model_defaults=settings.model_defaults,
-            trace_path=settings.trace_file,
-            speculation=settings.speculation,
-            draft_path=draft,
-        ),
-        residency,
-    )
-
-
-def _configure_logging(level: str, fmt: str) -> None:
-    """Text for people, or one JSON object a line for log collectors (python-json-logger)."""
+def _configure_logging(level: str, fmt: str, rank: str = "") -> None:
+    """Text for people, or one JSON object a line for log collectors (python-json-logger);
+    `rank`: ` rank=r/N` under mlx.launch, which interleaves the processes' lines."""
     handler = logging.StreamHandler()
     if fmt == "json":
         from pythonjsonlogger.json import JsonFormatter
 
-        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(JsonFormatter(f"%(asctime)s %(levelname)s{rank} %(name)s %(message)s"))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s{rank} %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     # transformers warns when a prompt is longer than the model's context ("Token indices
     # sequence length is longer than..."): the server measures every prompt against the

@@ -31,7 +31,7 @@ from agent_memory.embeddings.metrics import EmbeddingMetrics
 from agent_memory.embeddings.model import PASS_INPUTS, EmbeddingModel, batches
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.loading.budget import give_back_memory, weights_bytes
-from agent_memory.engine.loading.loader import weights_damage, weights_file_bytes
+from agent_memory.engine.loading.weights_files import weights_damage, weights_file_bytes
 from agent_memory.engine.loading.residency import NoRoom, Residency
 from agent_memory.engine.loading.weights import Weights
 from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts, PinResult

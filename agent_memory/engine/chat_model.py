@@ -15,14 +15,13 @@ from collections.abc import Callable
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.core import EngineCore
 from agent_memory.engine.loading.budget import weights_bytes
-from agent_memory.engine.loading.damage import weights_damage
 from agent_memory.engine.loading.loader import (
     ModelText,
     UnsupportedModelError,
     describe_model,
     draft_refusal,
-    weights_file_bytes,
 )
+from agent_memory.engine.loading.weights_files import weights_damage, weights_file_bytes
 from agent_memory.engine.observability.metrics import Metrics
 from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.engine.parts import Parts, build, reload_weights, unload_weights
@@ -73,6 +72,12 @@ class ChatModel:
         if self.parts is None:
             parts = self.parts = build(self.config, self.described, self._trace, hot_bytes, working_bytes)
             self.core = EngineCore(parts, self.config, self._metrics, self._trace, self._ids, self._post)
+            if self.config.split is not None:
+                from agent_memory.engine.distributed.channel import PlanChannel
+                from agent_memory.engine.distributed.group import HEARTBEAT_S
+                from agent_memory.engine.distributed.recorder import Recorder
+
+                Recorder(PlanChannel(self.config.split.group, HEARTBEAT_S)).attach(self.core)
             features = parts.features if self.described.vision else None
             self._metrics.watch(parts.store, self.core.count, warm_on=parts.warm is not None, features=features)
             self._write_server_json()
@@ -90,6 +95,7 @@ class ChatModel:
         return self.core is not None and bool(self.core.seqs)
 
     def set_budgets(self, hot_bytes: int, working_bytes: int | None) -> None:
+        hot_bytes, working_bytes = self.parts.shares.agreed(hot_bytes, working_bytes)
         self.parts.store.set_hot_budget(hot_bytes)
         self.parts.working_budget = working_bytes
 

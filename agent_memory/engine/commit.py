@@ -13,6 +13,8 @@ import agent_memory.blas  # noqa: F401
 import mlx.core as mx
 
 from agent_memory.agent_key import AgentKey
+from agent_memory.engine.distributed.plan import END
+from agent_memory.engine.distributed.recorder import NO_RECORDER
 from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.observability.trace import NoTrace
 from agent_memory.engine.requests import Retention
@@ -43,6 +45,7 @@ class Committer:
         self.precisions = precisions
         self.decoder = decoder  # a tokenizers.Tokenizer: the reply's canonical tokens
         self.trace = trace
+        self.recorder = NO_RECORDER  # distributed: rank 0's (recorder.py), told what it cuts
 
     def commit_turn(self, seq: Sequence, reason: str, cache: list, tokens: list[int]) -> list[int] | None:
         """Commit a finished sequence's KV for its agent, as far as it is what the agent's next
@@ -108,13 +111,16 @@ class Committer:
         to let go of when it ends (core._end), mid-turn or at its end alike."""
         p = self.precisions
         payloads = []
+        capture = (seq.id, seq.pos if cache is seq.cache else END)  # where a follower finds the same cache
 
         def cut(start: int, end: int):
+            self.recorder.cutting(capture, start, end)
             block = self.layers.cut_at(cache, start, end, seq.stored, p.working)
             payloads.append(block.arrays)
             return block, block.nbytes, block.precision != p.hot
 
         def take():
+            self.recorder.taking(capture)
             taken = self.layers.take_snapshot(cache)
             return taken, taken.nbytes
 

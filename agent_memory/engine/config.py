@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agent_memory.precision import Precisions
 
@@ -34,3 +35,4 @@ class EngineConfig:
     # --speculation: "lookup" (prompt lookup where the model allows it), "draft" (draft_path proposes) or "off"
     speculation: str = "lookup"
     draft_path: Path | None = None  # --draft-model's folder (given only with --speculation draft)
+    split: Any = None  # engine/loading/sharding.py's Split: this rank's part of a distributed group; None: one process

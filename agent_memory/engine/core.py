@@ -17,6 +17,7 @@ from typing import TypeVar
 from agent_memory.agent_key import HEAD, AgentKey
 from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.batch.decode_batch import Token
+from agent_memory.engine.distributed.recorder import NO_RECORDER
 from agent_memory.engine.observability.metrics import Metrics
 from agent_memory.engine.parts import Parts
 from agent_memory.engine.planner import Planner
@@ -61,13 +62,14 @@ class EngineCore:
         post: Callable[[Callable[[], None]], None],
     ) -> None:
         self.parts = parts
-        self.store, self.warm = parts.store, parts.warm
+        self.store = parts.store
         self.scheduler = Scheduler(max_batch=config.max_batch)
         self.metrics = metrics
         self.trace = trace
         self._post = post  # queue a call for the engine thread (it wakes the loop)
         self._ids = ids  # sequence ids, shared with the requests' (BatchEngine.submit)
         self.seqs: dict[int, Sequence] = {}  # in arrival order
+        self.recorder = NO_RECORDER  # distributed: what the other ranks must repeat (Recorder.attach)
         self.planner = Planner(parts.store, parts.warm, metrics, trace, post, parts.loaded.decoder)
         # What a shared tier loses or misses is written back from memory.
         shared, disk = parts.store.sync is not None, parts.precisions.disk
@@ -93,6 +95,7 @@ class EngineCore:
         """The scheduler's decision, then each part run and applied in turn: decoded tokens
         reach their clients before the prefill chunk (as long as several decode steps) runs."""
         work = self._schedule()
+        self.recorder.step(work, self.scheduler.chunk_tokens)  # before any forward: the same point on every rank
         if work.decode:
             self._apply_decoded(self._decode(work))
         if work.prefill is not None and self._prefill(work.prefill):
@@ -123,8 +126,7 @@ class EngineCore:
         for v in decoded.verified:  # speculation: what each sequence's proposals gave
             self.seqs[v.seq_id].generation.usage.speculated(v.proposed, v.accepted)
             self.metrics.speculated(v.proposed, v.accepted)
-        if decoded.tokens:
-            self._apply_tokens(decoded.tokens)
+        self._apply_tokens(decoded.tokens)
 
     def _guard(self, work: Callable[[], T], seqs: list[Sequence]) -> T | None:
         """Run one unit of MLX work; if it fails, fail the sequences it touched, not the server."""
@@ -153,6 +155,7 @@ class EngineCore:
             return seq
         for seq in self.scheduler.planning_order(self.seqs.values(), time.perf_counter()):
             self.planner.plan(seq)
+            self.recorder.planned(seq)
             if seq.ready():
                 return seq
         return None
@@ -166,14 +169,8 @@ class EngineCore:
             if seq.id in stopped:  # its run went on past a stop string: the rest is not output
                 continue
             hit = seq.generation.take(t.token, t.finish, t.logprob)
-            now = time.perf_counter()
-            self.metrics.generated_tokens.inc()
-            if seq.generation.usage.completion_tokens == 1:
-                self.metrics.ttft.observe(now - seq.submitted)
+            if self.metrics.took_token(seq.generation, seq.submitted):
                 self.trace.first_token(seq)
-            else:
-                self.metrics.inter_token.observe(now - seq.generation.last_token)
-            seq.generation.last_token = now
             if hit and t.finish is None:
                 stopped[seq.id] = seq  # a stop string: it leaves the batch below
             elif hit or t.finish is not None:
@@ -191,9 +188,11 @@ class EngineCore:
         if seq.request.remember:  # offered for reuse now (commit.py `share_prompt`)
             self.parts.committer.share_prompt(seq)
         params = seq.request.params
-        for sample in [seq, *samples(seq, self._ids, self.parts.loaded)]:  # n > 1: all from one prefill
+        ids = self.recorder.sample_ids(seq, self._ids)
+        for sample in [seq, *samples(seq, ids, self.parts.loaded)]:  # n > 1: all from one prefill
             self.seqs[sample.id] = sample
-            args = (sample.generation.sampler, sample.generation.processors, params.max_tokens, params.logprobs)
+            sampler = self.recorder.sampler(sample.id, sample.generation.sampler)
+            args = (sampler, sample.generation.processors, params.max_tokens, params.logprobs)
             self.parts.batch.add(sample.id, seq.prompt, seq.cache, *args, delta=seq.delta)
             sample.status = Status.DECODING
         seq.cache = None
@@ -212,6 +211,7 @@ class EngineCore:
             return
         seq.status = Status.FINISHED
         self.seqs.pop(seq.id, None)
+        self.recorder.ended(seq.id)
         if seq.lease is not None:  # first, so the blocks it read from disk can become hot
             self.store.release(seq.lease)
             seq.lease = None
@@ -225,9 +225,7 @@ class EngineCore:
         if seq.prefill_only:  # a follow-up's sink drops it, a head's computing waits for it
             return seq.generation.output.finish(reason, seq.generation.usage)
         usage, output = seq.generation.usage, seq.generation.output
-        self.metrics.finished.labels(reason).inc()
-        self.metrics.prompt_length.observe(usage.prompt_tokens)
-        self.metrics.generation_length.observe(usage.completion_tokens)
+        self.metrics.ended(reason, usage.prompt_tokens, usage.completion_tokens)
         if error is not None:
             output.fail(error)
             return
@@ -243,6 +241,7 @@ class EngineCore:
         request = replace(seq.request, prompt=tokens, params=params, agent=agent, grammar=None, prefill_only=True)
         follow_up = self._new_sequence(next(self._ids), request, lambda event: None, time.perf_counter())
         self.seqs[follow_up.id] = follow_up
+        self.recorder.admitted(follow_up, self._ids)
 
     # -- work from other threads, run here --------------------------------------------------
 
@@ -260,6 +259,7 @@ class EngineCore:
         for queued in self.scheduler.superseded(self.seqs.values(), seq) if request.remember else ():
             self._end(queued, "superseded")
         self.seqs[seq_id] = seq
+        self.recorder.admitted(seq, self._ids)
         if seq.discovery is not None:  # the shared warm tier's answer: adopt it, then plan the request
             seq.discovery.add_done_callback(lambda _: self._post(self.store.sync.apply))
 

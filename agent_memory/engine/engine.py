@@ -207,9 +207,11 @@ class BatchEngine(EngineClient):
         self._loaded.set()
         while self._drain(block=not self._busy()):
             if self._busy():  # the inbox may have unloaded the weights
-                self._model.core.step()
+                with self._model.core.recorder.watching():  # distributed: no step waits for ever
+                    self._model.core.step()
         if self._model.core is not None:
             self._model.core.shutdown()
+            self._model.core.recorder.stop()  # distributed: the other ranks stop after it
         if self._model.parts is not None and self._model.parts.warm is not None:
             log.info("flushing the warm tier")
             self._model.parts.warm.close()
@@ -227,9 +229,12 @@ class BatchEngine(EngineClient):
         disk reads: each read wakes the loop)."""
         if block and not self._model.busy():
             give_back_memory()
+        core = self._model.core  # distributed: rank 0 idle sends a heartbeat every heartbeat_s
         try:
-            item = self._inbox.get(block=block)
+            item = self._inbox.get(block=block, timeout=core.recorder.heartbeat_s if core is not None else None)
         except queue.Empty:
+            if block:
+                core.recorder.heartbeat()
             return True
         while True:
             if item is None:

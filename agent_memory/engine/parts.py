@@ -14,6 +14,7 @@ from agent_memory.engine.config import EngineConfig
 from agent_memory.engine.batch.decode_batch import DecodeBatch
 from agent_memory.engine.kinds import attention
 from agent_memory.engine.kinds.layers import ModelLayers
+from agent_memory.engine.loading.budget import ONE_PROCESS, RankShares, weights_bytes
 from agent_memory.engine.loading.loader import LoadedModel, ModelText, UnsupportedModelError, load_draft, load_model
 from agent_memory.engine.loading.warm import open_warm_tier
 from agent_memory.engine.observability.trace import NoTrace
@@ -21,6 +22,7 @@ from agent_memory.engine.prefill import Prefiller
 from agent_memory.engine.speculation.speculative_batch import SpeculativeBatch
 from agent_memory.memory.index import keep
 from agent_memory.memory.index.store import AgentCacheStore
+from agent_memory.memory.warm import shards
 from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 from agent_memory.memory.warm.tier import WarmTier
 from agent_memory.precision import KVPrecision, Precisions
@@ -45,6 +47,7 @@ class Parts:
     bytes_per_token: int  # of a working cache's attention layers (and its draft's)
     state_bytes: int  # of a working cache's window and recurrent layers, at most
     features: Features  # a vision model's recent images' features (vision/tower.py), kept through unloads
+    shares: RankShares  # split over processes: the budgets every rank allows (ONE_PROCESS: as given)
 
 
 def demoter(p: Precisions):
@@ -105,15 +108,13 @@ def draft_bytes_per_token(draft: Any) -> int:
 def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: int, working: int | None) -> Parts:
     """Load the model's weights and open the tiers (on the engine thread: it makes MLX arrays),
     with its share of the memory limit (engine/loading/residency.py)."""
-    p = cfg.precisions
     features = Features(cfg.vision_cache_bytes)
-    loaded = load_model(described, features=features)
+    loaded, layers, p, shares = _load_part(cfg, described, features)
+    hot_budget, working = shares.agreed(hot_budget, working)
     draft = load_draft(cfg.draft_path)
-    layers = ModelLayers(loaded.model)
-    p = fitted_groups(p, layers, loaded.name)
-    if p.working.quantized and (why := layers.quantized_refusal(p.working)):
-        raise UnsupportedModelError(f"{loaded.name}: {why}")
-    warm, scan, warm_error = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, layers, p, cfg.warm_store)
+    warm, scan, warm_error = open_warm_tier(
+        cfg.cache_dir, cfg.disk_budget_bytes, loaded, layers, p, cfg.warm_store, cfg.split
+    )
     store = AgentCacheStore(
         block_tokens=BLOCK_TOKENS,
         salt=loaded.fingerprint,
@@ -160,7 +161,45 @@ def build(cfg: EngineConfig, described: ModelText, trace: NoTrace, hot_budget: i
         bytes_per_token=layers.bytes_per_token(p.working) + draft_bytes_per_token(draft),
         state_bytes=layers.state_bytes(),
         features=features,
+        shares=shares,
     )
+
+
+def _load_part(cfg: EngineConfig, described: ModelText, features: Features):
+    """The model (this rank's part of it when split), its layers, the precisions its heads allow
+    and, split, the budgets every rank agreed: the same collectives in the same order on every
+    rank (`build` on rank 0, `follower_parts` on the others)."""
+    loaded = load_model(described, features=features, split=cfg.split)
+    layers = ModelLayers(loaded.model)
+    p = fitted_groups(cfg.precisions, layers, loaded.name)
+    if p.working.quantized and (why := layers.quantized_refusal(p.working)):
+        raise UnsupportedModelError(f"{loaded.name}: {why}")
+    shares = ONE_PROCESS
+    if cfg.split is not None:
+        per_token = layers.bytes_per_token(p.working)
+        shares = RankShares.agree(cfg.split.group, cfg.memory_limit_bytes, weights_bytes(loaded.model), per_token)
+    return loaded, layers, p, shares
+
+
+@dataclass
+class FollowerParts:
+    """What a rank other than 0 computes with: its part of the model, its layers, the precisions
+    and the layout, its warm tier (its part of each block); no store, no API (the follower runs
+    rank 0's step plans)."""
+
+    loaded: LoadedModel
+    layers: ModelLayers
+    precisions: Precisions
+    warm: WarmTier | None
+
+
+def follower_parts(cfg: EngineConfig, described: ModelText) -> FollowerParts:
+    """A follower's model and warm tier, opened in step with rank 0's `build` (its collectives)."""
+    loaded, layers, p, _ = _load_part(cfg, described, Features(0))
+    warm, _, _ = open_warm_tier(cfg.cache_dir, cfg.disk_budget_bytes, loaded, layers, p, None, cfg.split)
+    if warm is not None:
+        warm.start(shards.BlocksOnly())
+    return FollowerParts(loaded, layers, p, warm)
 
 
 def unload_weights(parts: Parts) -> None:

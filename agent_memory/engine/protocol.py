@@ -68,6 +68,7 @@ class Health:
     loaded: bool = True  # whether its weights are in memory now
     kv: dict[str, str] | None = None  # precision tags: hot, working, disk
     warm_tier: dict | None = None  # on, degraded (why) or off (why)
+    ranks: dict | None = None  # split over processes: size, mode, each rank's part (engine/report.py)
 
     @property
     def ok(self) -> bool:

@@ -4,6 +4,7 @@ line the log says once the model is served."""
 from __future__ import annotations
 
 from agent_memory import blas
+from agent_memory.engine.distributed.group import describe_layouts
 from agent_memory.engine.parts import Parts
 from agent_memory.engine.protocol import Health, ModelFacts
 from agent_memory.memory.warm.health import warm_health
@@ -14,7 +15,20 @@ def parts_health(p: Parts, weights_in: bool) -> Health:
         return Health("error", "the warm tier's writer thread has stopped")
     kv = {"hot": p.precisions.hot.tag, "working": p.precisions.working.tag, "disk": p.precisions.disk.tag}
     warm = warm_health(p.warm, p.warm_error, p.store.disk_budget_bytes)
-    return Health("ok", kv=kv, warm_tier=warm, loaded=weights_in)
+    return Health("ok", kv=kv, warm_tier=warm, loaded=weights_in, ranks=ranks_health(p))
+
+
+def ranks_health(p: Parts) -> dict | None:
+    """A model split over processes: how, and what each rank holds; None in one process."""
+    layouts = p.loaded.layouts
+    if not layouts:
+        return None
+    return {
+        "size": len(layouts),
+        "mode": layouts[0].mode,
+        "layout": describe_layouts(layouts),
+        "parts": [{"rank": s.rank, "kv_heads": list(s.kv_heads), "layers": list(s.layers)} for s in layouts],
+    }
 
 
 def summary(p: Parts | None, facts: ModelFacts, max_batch: int) -> str:
@@ -35,4 +49,5 @@ def summary(p: Parts | None, facts: ModelFacts, max_batch: int) -> str:
         f"model {loaded.name} ({loaded.num_layers} layers, context {loaded.context_length}); {kv}; "
         f"hot budget {store.hot_budget_bytes >> 20} MiB; {warm}; batch up to {max_batch}; "
         f"BLAS {'OpenBLAS' if blas.OPENBLAS_LOADED else 'MLX reference (slow on CPU)'}"
+        + (f"; {len(layouts)} ranks, {describe_layouts(layouts)}" if (layouts := loaded.layouts) else "")
     )

@@ -61,3 +61,43 @@ def describe_split(name: str, limit: int | None, weights: int, hot: int, working
     )
     if not working:
         log.warning("the memory limit leaves nothing for running requests: they will run one at a time")
+
+
+KIB = 1 << 10
+
+
+class RankShares:
+    """The budgets rank 0 keeps, agreed by every rank of a distributed group at load: rank 0's
+    store and scheduler count rank-0 bytes, but a pipeline rank may hold more layers (the low
+    ranks get the extra ones) and another machine less memory, so each budget is the smallest
+    any rank allows, in rank-0 bytes: hot_0 = min_r(hot × bpt_0 / bpt_r), and likewise the
+    running requests' memory each rank's limit leaves beside its weights and the hot budget.
+    One process: `ONE_PROCESS`, which keeps the budgets as they are."""
+
+    def __init__(self, rows: list[list[int]] | None = None) -> None:
+        """`rows`: each rank's [limit KiB (-1: none), weights KiB, bytes per token], by rank."""
+        self.rows = rows or []
+
+    @classmethod
+    def agree(cls, group, limit: int | None, weights: int, bytes_per_token: int) -> RankShares:
+        """Every rank's memory facts, gathered once (a collective: every rank calls it at load)."""
+        row = [-1 if limit is None else limit // KIB, weights // KIB, max(bytes_per_token, 1)]
+        return cls(group.gather(row, "the memory budgets"))
+
+    def agreed(self, hot: int, working: int | None) -> tuple[int, int | None]:
+        """Rank 0's (hot budget, running requests' bytes) that overfill no rank."""
+        if not self.rows:
+            return hot, working
+        per_token_0 = self.rows[0][2]
+        agreed_hot = min(hot * per_token_0 // per_token for _, _, per_token in self.rows)
+        if working is None:
+            return agreed_hot, None
+        room = [
+            max(limit * KIB - weights * KIB - hot, 0) * per_token_0 // per_token
+            for limit, weights, per_token in self.rows[1:]
+            if limit >= 0
+        ]
+        return agreed_hot, min([working, *room])
+
+
+ONE_PROCESS = RankShares()

@@ -16,8 +16,10 @@ from mlx_lm.utils import load_tokenizer
 from tokenizers import Tokenizer
 
 from agent_memory.chat.formats.reply import reply_format
+from agent_memory.engine.distributed.group import GroupError, ShardLayout, agree_layout
 from agent_memory.engine.kinds import registry
-from agent_memory.engine.loading.damage import weights_damage
+from agent_memory.engine.loading import sharding
+from agent_memory.engine.loading.weights_files import weights_damage
 from agent_memory.engine.protocol import ModelFacts
 from agent_memory.vision.positions import Positions, install, self_check
 from agent_memory.vision.prompt import VisionPrompt, vision_prompt
@@ -62,6 +64,7 @@ class LoadedModel:
     sampling_defaults: dict[str, float | int]  # generation_config.json's, for fields a request omits
     tower: VisionTower | None = None  # a vision model's vision half (vision/tower.py)
     positions: Positions | None = None  # where image sequences' rows sit (vision/positions.py); None: plain
+    layouts: list[ShardLayout] | None = None  # split over processes: every rank's part, by rank (else None)
 
 
 def hidden_tokens(tokenizer, reply) -> frozenset[int]:
@@ -110,11 +113,6 @@ def served(path: Path) -> str | None:
     """`refusal` for a model folder, from its config and lazily mapped weights (nothing computed)."""
     model, _ = load_weights(path, lazy=True)
     return refusal(model)
-
-
-def weights_file_bytes(path: Path) -> int:
-    """What the model's weights take once loaded: MLX maps its safetensors as they are."""
-    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
 @dataclass
@@ -199,14 +197,28 @@ def load_draft(path: Path | None) -> Any:
 
 
 def load_model(
-    described: ModelText, fingerprint_known: str | None = None, features: Features | None = None
+    described: ModelText,
+    fingerprint_known: str | None = None,
+    features: Features | None = None,
+    split: sharding.Split | None = None,
 ) -> LoadedModel:
     """The described model's weights, loaded (on the engine thread). `fingerprint_known`: the
     digest of its files from an earlier load, not hashed again (a reload after an unload);
-    `features`: a vision model's kept image features (vision/tower.py). A vision model whose image
-    tokens take 3-D positions gets its rope steered (vision/positions.py), or is refused here."""
+    `features`: a vision model's kept image features (vision/tower.py); `split`: over the
+    processes of a group, this rank's part only (engine/loading/sharding.py), the layout agreed. A
+    vision model whose image tokens take 3-D positions gets its rope steered (vision/positions.py),
+    or is refused here."""
     path, text = described.path, described.config
-    model, _ = load_weights(path)
+    digest = fingerprint_known or fingerprint(path)
+    layouts = None
+    if split is None:
+        model, _ = load_weights(path)
+    else:
+        model, _ = load_weights(path, lazy=True)
+        try:
+            layouts = agree_layout(split.group, sharding.split(model, text, split, digest))
+        except GroupError as e:  # another model on another rank: said in one line, as a refusal
+            raise UnsupportedModelError(str(e)) from None
     positions = install(model, text) if described.vision and described.vision.merge else None
     if positions is not None and (why := self_check(model, positions)):
         raise UnsupportedModelError(f"{described.name}: its images cannot be placed: {why}")
@@ -230,11 +242,12 @@ def load_model(
         vocab_size=described.vocab_size,
         max_token_chars=described.max_token_chars,
         num_layers=num_layers,
-        fingerprint=fingerprint_known or fingerprint(path),
+        fingerprint=digest,
         # Matmuls cost ~2 FLOP per weight per token; attention ~4 per query head dim per
         # layer per earlier token.
         attention_tokens=2 * matmul_params / (4 * num_layers * heads * head_dim),
         sampling_defaults=described.sampling_defaults,
         tower=load_tower(path, model, features or Features(0)) if described.vision else None,
         positions=positions,
+        layouts=layouts,
     )

@@ -10,6 +10,7 @@ from agent_memory.engine.kinds.layers import ModelLayers
 from agent_memory.engine.loading.loader import LoadedModel
 from agent_memory.memory.warm.backend import WarmBackend
 from agent_memory.memory.warm.folder.paths import Folder, folder_name
+from agent_memory.memory.warm import shards
 from agent_memory.memory.warm.opening import Opened, open_tier
 from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 from agent_memory.memory.warm.tier import WarmTier
@@ -23,8 +24,11 @@ def open_warm_tier(
     layers: ModelLayers,
     precisions: Precisions,
     warm_store: str | None = None,
+    split=None,
 ) -> Opened:
-    """(the tier, what its folder held, why there is none): see opening.open_tier."""
+    """(the tier, what its folder held, why there is none): see opening.open_tier. Split over
+    processes (`split`: sharding.Split), this rank's folder for its part, agreed by every rank
+    (memory/warm/shards.py)."""
     precision = precisions.disk
 
     def make_tier(backend: WarmBackend | Folder) -> WarmTier:
@@ -38,5 +42,10 @@ def open_warm_tier(
             snapshot_layout=layers.snapshot_layout if layers.has_state else None,
         )
 
-    name = folder_name(loaded.name, loaded.fingerprint, precision.tag)
-    return open_tier(make_tier, name, cache_dir, budget_bytes, warm_store)
+    if split is None:
+        name = folder_name(loaded.name, loaded.fingerprint, precision.tag)
+        return open_tier(make_tier, name, cache_dir, budget_bytes, warm_store)
+    part = shards.part_of(loaded.layouts[split.group.rank])
+    name = folder_name(loaded.name, loaded.fingerprint, precision.tag, shards.suffix(part))
+    before = shards.held(cache_dir / "kv" / name, part) if cache_dir is not None else (0, shards.NEW, -1)
+    return shards.agree(split.group, open_tier(make_tier, name, cache_dir, budget_bytes), part, before)

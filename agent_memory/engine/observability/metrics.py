@@ -9,6 +9,7 @@ copies included), cold (tokens only, recomputed on demand). docs/grafana.json dr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -191,6 +192,25 @@ class Metrics:
         r.register(BlockMoves(lambda: self._store))
         r.register(BlockCounts(lambda: self._store))
         r.register(VisionFeatures(lambda: self._features))
+
+    def took_token(self, generation, submitted: float) -> bool:
+        """A generated token counted and timed (time to first token, or since the previous one);
+        whether it was the sequence's first."""
+        now = time.perf_counter()
+        self.generated_tokens.inc()
+        first = generation.usage.completion_tokens == 1
+        if first:
+            self.ttft.observe(now - submitted)
+        else:
+            self.inter_token.observe(now - generation.last_token)
+        generation.last_token = now
+        return first
+
+    def ended(self, reason: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """A sequence that ended (not a settle or follow-up): why, and its lengths."""
+        self.finished.labels(reason).inc()
+        self.prompt_length.observe(prompt_tokens)
+        self.generation_length.observe(completion_tokens)
 
     def speculated(self, proposed: int, accepted: int) -> None:
         """One sequence's proposals in one speculative step."""

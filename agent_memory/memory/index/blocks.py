@@ -13,9 +13,11 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from agent_memory.memory.hashing import Extras
+from agent_memory.memory.warm.format.records import BlockRecord
 
 
 class Tier(enum.Enum):
@@ -62,6 +64,10 @@ class Block:
     def end(self) -> int:
         return self.start + len(self.tokens)
 
+    def record(self) -> BlockRecord:
+        """What its block file says about it."""
+        return BlockRecord(self.hash, self.parent, self.start, self.tokens, self.snapshot, self.extras)
+
 
 class BlockPool:
     """Blocks by hash, the parent → children index, and the hot/disk byte totals."""
@@ -74,6 +80,10 @@ class BlockPool:
         self.exact_bytes = 0
         self.snapshot_bytes = 0  # the hot snapshots' part of hot_bytes
         self.disk_bytes = 0
+        # Told ("set" or "drop", the block) before a payload changes, and ("save", the block)
+        # when a commit asks for its payload to be written: rank 0 of a distributed server
+        # records them for the other ranks (engine/distributed/recorder.py); None alone.
+        self.watch: Callable[[str, Block], None] | None = None
 
     def __contains__(self, block_hash: str) -> bool:
         return block_hash in self.blocks
@@ -107,17 +117,32 @@ class BlockPool:
             del self.children[block.parent]
 
     def set_payload(self, block: Block, payload: Any, nbytes: int, exact: bool = False) -> None:
-        self.drop_payload(block)
+        if self.watch is not None:
+            self.watch("set", block)
+        self._unset(block)
         block.payload, block.hot_bytes, block.exact = payload, nbytes, exact
         self.hot_bytes += nbytes
         self.exact_bytes += nbytes if exact else 0
         self.snapshot_bytes += nbytes if block.snapshot else 0
 
     def drop_payload(self, block: Block) -> None:
+        if self.watch is not None and block.payload is not None:
+            self.watch("drop", block)
+        self._unset(block)
+
+    def _unset(self, block: Block) -> None:
         self.hot_bytes -= block.hot_bytes
         self.exact_bytes -= block.hot_bytes if block.exact else 0
         self.snapshot_bytes -= block.hot_bytes if block.snapshot else 0
         block.payload, block.hot_bytes, block.exact = None, 0, False
+
+    def to_write(self, blocks: list[Block]) -> list[tuple[BlockRecord, Any]]:
+        """Of a commit's blocks, the hot ones with no warm copy: their records and payloads as
+        they are now, before the commit's eviction (told to `watch` here, in that order)."""
+        chosen = [b for b in blocks if b.tier is Tier.HOT and not b.disk_bytes]
+        for block in chosen if self.watch is not None else ():
+            self.watch("save", block)
+        return [(b.record(), b.payload) for b in chosen]
 
     def set_disk(self, block: Block, nbytes: int) -> None:
         self.disk_bytes += nbytes - block.disk_bytes

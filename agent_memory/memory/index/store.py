@@ -28,7 +28,6 @@ from agent_memory.memory.index.eviction import Evictor, KVDemoter
 from agent_memory.memory.index.prefix import PrefixMatcher
 from agent_memory.memory.index.shared_sync import SharedTierSync
 from agent_memory.memory.index.store_records import Lease, Persist, Segment, Turn
-from agent_memory.memory.warm.format.records import BlockRecord
 from agent_memory.memory.warm.scan import FolderScan
 from agent_memory.memory.warm.tier import WarmTier
 
@@ -204,11 +203,7 @@ class AgentCacheStore(AgentIndex):
                 turn = self.started(agent, len(tokens)) if role == snapshots.TURN_START else None
                 self.point_agent(agent, list(tokens), blocks, root, kept, extras, roles, turn)
                 if self.warm is not None:
-                    persist.blocks = [
-                        (BlockRecord(b.hash, b.parent, b.start, b.tokens, b.snapshot, b.extras), b.payload)
-                        for b in [*blocks, *kept]
-                        if b.tier is Tier.HOT and not b.disk_bytes
-                    ]
+                    persist.blocks = self.pool.to_write([*blocks, *kept])
                     persist.manifest, persist.base, persist.etag = self.manifest(agent)
             self.evictor.evict_hot()
             return persist

@@ -20,7 +20,7 @@ from typing import Any
 from agent_memory.memory.index.agents import AgentIndex
 from agent_memory.memory.index.blocks import Tier
 from agent_memory.memory.warm.format.blockfile import Tensors
-from agent_memory.memory.warm.format.records import BlockRecord, Manifest
+from agent_memory.memory.warm.format.records import Manifest
 from agent_memory.memory.warm.tier import WarmTier
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,7 @@ class WriteBack:
                 for b in held:
                     if b.tier is Tier.HOT and not b.disk_bytes and b.hash not in queued:
                         queued.add(b.hash)
-                        record_of = BlockRecord(b.hash, b.parent, b.start, b.tokens, b.snapshot, b.extras)
-                        tier.save_block(record_of, self._tensors(b.payload))
+                        tier.save_block(b.record(), self._tensors(b.payload))
                 if record.etag is not None and (lost or record.etag != record.stored):
                     snapshots = [(b.start, b.hash) for b in held if b.snapshot and b.tier is not Tier.COLD]
                     manifest = Manifest(

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from agent_memory.files import entries
 from agent_memory.memory.warm.backend import WarmBackend
-from agent_memory.memory.warm.folder.paths import Folder
+from agent_memory.memory.warm.folder.paths import FOLDER_RE, Folder
 from agent_memory.memory.warm.format.records import BLOCK_TOKENS
 from agent_memory.memory.warm.redis.backend import RedisBackend
 from agent_memory.memory.warm.folder.room import DiskRoom, disk_room, mib, room_text
 from agent_memory.memory.warm.scan import FolderScan
+from agent_memory.memory.warm.shards import describe
 from agent_memory.memory.warm.tier import WarmTier
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def open_tier(
         log.info("warm tier: namespace %s in the shared store %s (agents are read when they return)", name, where)
         return tier, scan, None
     kv_dir = cache_dir / "kv"
-    _say_other_precisions(kv_dir, name)
+    _say_other_folders(kv_dir, name)
     room = disk_room(kv_dir / name)
     if room is not None and room.read_only:
         # Not even reads: an agent ended here could not be deleted there, and would come back.
@@ -91,17 +92,36 @@ def _cap(tier: WarmTier, room: DiskRoom, held: int, file_bytes: int) -> str | No
     return None
 
 
-def _say_other_precisions(kv_dir: Path, name: str) -> None:
-    """Warn of this model's folders at other disk precisions: they are not used at this one."""
-    same_model, tag = name.rsplit("-", 1)
-    others = sorted(e.name for e, _ in entries(kv_dir) if e.name.startswith(same_model + "-") and e.name != name)
+def _say_other_folders(kv_dir: Path, name: str) -> None:
+    """Warn of this model's folders at other disk precisions: they are not used at this one;
+    nor are those of another split over processes (shards.py), said once by rank 0."""
+    if (mine := FOLDER_RE.match(name)) is None:
+        return
+    folders = [(e.name, FOLDER_RE.match(e.name)) for e, _ in entries(kv_dir)]
+    same = [(n, m) for n, m in folders if m and (m["model"], m["fp"]) == (mine["model"], mine["fp"])]
+    split, rank = _split_of(mine["shard"])
+    layouts = sorted(n for n, m in same if m["tag"] == mine["tag"] and _split_of(m["shard"])[0] != split)
+    if layouts and rank == 0:
+        log.warning(
+            "kv/%s: memory of %s; this server is %s: not reused (it starts cold there)",
+            ", ".join(layouts), describe(FOLDER_RE.match(layouts[0])["shard"]), describe(mine["shard"]),
+        )
+    others = sorted({n.rsplit("-", 1)[0] if m["shard"] else n for n, m in same if m["tag"] != mine["tag"]})
     if others:
         log.warning(
             "this model's KV is also cached at other precisions (%s); they are not used at %s: "
             "serve with their --disk-kv-bits to use them, or remove them with `agent-memory cache`",
             ", ".join(others),
-            tag,
+            mine["tag"],
         )
+
+
+def _split_of(shard: str | None) -> tuple[str, int]:
+    """A folder's split without its rank, and the rank: ("tp2", 1); ("", 0) for one process."""
+    if not shard:
+        return "", 0
+    split, rank = shard.split("r")
+    return split, int(rank)
 
 
 def _without(reason: str, where: Path | str) -> Opened:

@@ -69,10 +69,11 @@ class WarmTier:
         self.block_layout = block_layout
         self.snapshot_layout = snapshot_layout
         self.events: TierEvents | None = None  # who hears what the writer did (given to `start`)
-        # (priority, order, job): a block's deletion goes before queued writes, so that the
-        # disk holds at most one block over its budget while a commit's blocks are written
-        # (an eviction's deletions would otherwise wait behind them). Safe: a block is only
-        # deleted once its file is written, and a save queued later stays after the delete.
+        self.shard: dict | None = None  # split over processes: this rank's part, in model.json (shards.py)
+        self.told: Callable[[str], None] | None = None  # rank 0 split: told each block deleted (its ranks follow)
+        # (priority, order, job): a block's deletion goes before queued writes, so that the disk holds
+        # at most one block over its budget while a commit's are written (an eviction's would wait
+        # behind them). Safe: a block is deleted once its file is written; a later save stays after.
         self._jobs: queue.PriorityQueue = queue.PriorityQueue()
         self._order = itertools.count()
         self._pending: set[str] = set()
@@ -93,8 +94,7 @@ class WarmTier:
         return self.backend.location
 
     @property
-    def usage(self) -> BackendUsage:
-        """A shared backend's figures, as the watch last read them."""
+    def usage(self) -> BackendUsage:  # a shared backend's figures, as the watch last read them
         return self.watch.usage
 
     def layout(self, block: BlockRecord) -> Layout:
@@ -113,7 +113,8 @@ class WarmTier:
         fields of `meta` are the ones every block file repeats (checked by `cache verify`)."""
         p = self.precision
         precision = {"bits": p.bits, "group_size": p.group_size if p.quantized else 0}
-        return {"name": self.name, **self.meta, "block_tokens": self.block_tokens, "precision": precision}
+        info = {"name": self.name, **self.meta, "block_tokens": self.block_tokens, "precision": precision}
+        return info if self.shard is None else {**info, "shard": self.shard}
 
     def open(self) -> FolderScan:
         """Make the backend ready; what it holds to restore (a folder: every agent; a shared
@@ -146,8 +147,14 @@ class WarmTier:
         """Write the agent's manifest; with a shared backend, as version `etag` replacing `base`."""
         self._put(SaveManifest(manifest, base, etag))
 
-    def delete_block(self, block_hash: str) -> None:
-        self._put(DeleteBlock(block_hash), priority=0)
+    def delete_block(self, block_hash: str, first: bool = True) -> None:
+        """`first`: before queued writes (see `_jobs`); a follower rank's go in rank 0's order."""
+        if self.told is not None:
+            self.told(block_hash)
+        self._put(DeleteBlock(block_hash), priority=0 if first else 1)
+
+    def saving(self, block_hash: str) -> bool:  # a save of it queued, not done yet
+        return block_hash in self._pending
 
     def delete_agent(self, key: AgentKey) -> Future:
         """Future of whether the backend had the agent's manifest."""

@@ -62,9 +62,23 @@ class ModelFolder:
         return parsed is None or fingerprint[:12] == parsed["fp"]
 
     @cached_property
+    def follower(self) -> bool:
+        """A folder of a rank other than 0 of a split server (memory/warm/shards.py): block files
+        only, which rank 0's manifests name."""
+        parsed = FOLDER_RE.match(self.folder)
+        return bool(parsed and parsed["shard"] and parsed["shard"].split("r")[1] != "0")
+
+    @cached_property
     def users(self) -> Counter[str]:
-        """Block hash -> how many manifests name it."""
-        return Counter(h for m in self.files.manifests for h in set(m.names))
+        """Block hash -> how many manifests name it. A follower rank's blocks: rank 0's folder's
+        manifests, beside it; on a machine without it, every block counts as used."""
+        if not self.follower:
+            return Counter(h for m in self.files.manifests for h in set(m.names))
+        shard = FOLDER_RE.match(self.folder)["shard"]
+        lead = self.layout.root.with_name(self.folder[: -len(shard)] + shard.split("r")[0] + "r0")
+        if not lead.is_dir():
+            return Counter(self.files.blocks)
+        return ModelFolder.scan(Folder(lead)).users
 
     def bytes_of(self, hashes: Iterable[str]) -> int:
         return sum(self.files.blocks[h].size for h in set(hashes) if h in self.files.blocks)

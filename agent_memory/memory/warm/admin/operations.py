@@ -186,6 +186,7 @@ def plan_prune(folder: ModelFolder, max_age: float | None, quarantine: bool, now
     files = folder.files
     old = [m for m in files.manifests if max_age is not None and now - m.last_used > max_age]
     kept = {h for m in files.manifests if m not in old for h in m.names}
+    kept |= set(folder.users) if folder.follower else set()  # rank 0's agents: pruned from its folder
     blocks = [
         h for h, info in files.blocks.items() if h not in kept and (h in folder.users or now - info.mtime > GRACE_S)
     ]

@@ -41,16 +41,16 @@ from agent_memory.memory.warm.scan import FileInfo, FolderScan
 
 log = logging.getLogger(__name__)
 
-FOLDER_RE = re.compile(r"^(?P<model>.+)-(?P<fp>[0-9a-f]{12})-(?P<tag>[A-Za-z0-9]+)$")
+FOLDER_RE = re.compile(r"^(?P<model>.+)-(?P<fp>[0-9a-f]{12})-(?P<tag>[A-Za-z0-9]+)(?:-(?P<shard>(?:tp|pp)\d+r\d+))?$")
 MAX_MODEL_JSON_BYTES = 1 << 20
 MODEL_JSON = "model.json"
 SERVER_JSON = "server.json"
 BLOCK_META_KEYS = ("fingerprint", "bits", "group_size")  # model.json fields every block file repeats
 
 
-def folder_name(model_name: str, fingerprint: str, precision_tag: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", model_name)[:64] or "model"
-    return f"{safe}-{fingerprint[:12]}-{precision_tag}"
+def folder_name(model_name: str, fingerprint: str, precision_tag: str, shard: str = "") -> str:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", model_name)[:64] or "model"  # shard: a split's part (shards.py)
+    return f"{safe}-{fingerprint[:12]}-{precision_tag}" + (f"-{shard}" if shard else "")
 
 
 def model_names(folder: str, name: str | None) -> list[str]:

@@ -1,6 +1,5 @@
-"""Whether a model folder's weights files can be loaded, said in plain words: each safetensors
-file's header read and its tensors' byte ranges checked against the file's size, before mlx reads
-them (its own errors on a truncated file name no cause)."""
+"""A model folder's weights files as files: what they take once loaded, and whether they can be
+loaded at all (a safetensors header read and checked, never the weights)."""
 
 from __future__ import annotations
 
@@ -11,6 +10,11 @@ from pathlib import Path
 
 MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own limit on a header
 MiB = 1 << 20
+
+
+def weights_file_bytes(path: Path) -> int:
+    """What the model's weights take once loaded: MLX maps its safetensors as they are."""
+    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
 def weights_damage(path: Path) -> str | None:

@@ -1,0 +1,185 @@
+"""`agent-memory serve` under `mlx.launch` (issue #38): two local ranks on the ring backend start,
+split the model (tensor where the family shards, pipeline where asked), agree the layout, and
+rank 0 alone serves HTTP while rank 1 follows; what cannot work split is refused at start with
+the reason on every rank; a stuck collective ends the process (the watchdog)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent_memory.engine.loading.budget import RankShares
+from tests.support.server import REPO, free_port
+
+pytestmark = pytest.mark.process
+LAUNCH = Path(sys.executable).with_name("mlx.launch")
+
+
+class Launched:
+    """`mlx.launch --backend ring -n 2 … agent-memory serve` on loopback; its interleaved log."""
+
+    def __init__(self, model: Path | tuple[Path, Path], cache_dir: Path, *args: str) -> None:
+        """`model`: one for every rank, or rank 0's and rank 1's."""
+        self.port = free_port()
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = cache_dir / f"launch-{self.port}.log"
+        ring = free_port()  # rank r listens on ring + r
+        cmd = [str(LAUNCH), "--backend", "ring", "-n", "2", "-p", str(ring), "--env", f"PYTHONPATH={REPO}"]
+        cmd += ["--env", f"AGENT_MEMORY_CONFIG={cache_dir / 'no-config.toml'}", "--env", "PYTHONUNBUFFERED=1"]
+        serve = [sys.executable, "-m", "agent_memory", "serve", "--port", str(self.port)]
+        serve += ["--cache-dir", str(cache_dir), "--kv-bits", "16", *args]
+        if isinstance(model, tuple):  # each rank its own folder: the launcher gives every rank one command
+            pick = f'"$([ "$MLX_RANK" = 1 ] && echo {model[1]} || echo {model[0]})"'
+            cmd += ["bash", "-c", f"exec {' '.join(serve)} --model {pick}"]
+        else:
+            cmd += [*serve, "--model", str(model)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_MEMORY_")}
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def health(self, timeout: float = 180) -> dict:
+        """/health once rank 0 serves (the launcher still running)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the launch ended with {self.proc.returncode}:\n{self.log()}"
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                if answer.status_code == 200:
+                    return answer.json()
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"not ready after {timeout} s:\n{self.log()}")
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> str:
+        """The log once it holds `pattern` (a regex): the ranks write as they go."""
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, log := self.log()):
+            assert time.monotonic() < deadline and self.proc.poll() is None, f"no {pattern!r} in:\n{log}"
+            time.sleep(0.1)
+        return log
+
+    def ended(self, timeout: float = 120) -> str:
+        """The log once every rank exited."""
+        self.proc.wait(timeout)
+        self._log.close()
+        return self.log()
+
+    def rank_0_pid(self) -> int:
+        """Rank 0's process id, from uvicorn's line (a signal to the launcher would orphan the ranks)."""
+        return int(re.search(r"rank=0/2 uvicorn\.error: Started server process \[(\d+)\]", self.log())[1])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.rank_0_pid(), signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if not self._log.closed:
+            self._log.close()
+
+
+def test_tensor_split_rank_0_serves_and_rank_1_follows(tiny_model, tmp_path):
+    launched = Launched(tiny_model, tmp_path / "cache")
+    try:
+        health = launched.health()
+        assert health["status"] == "ok"
+        assert health["ranks"] == {
+            "size": 2,
+            "mode": "tensor",
+            "layout": "tensor 2×: kv heads 0 | 1",  # the tiny llama's 2 KV heads, one a rank
+            "parts": [{"rank": 0, "kv_heads": [0, 1], "layers": [0, 4]}, {"rank": 1, "kv_heads": [1, 2], "layers": [0, 4]}],
+        }
+        launched.wait_for(r"rank=0/2 agent_memory\.api\.app: ready at .*; 2 ranks, tensor 2×: kv heads 0 \| 1")
+        log = launched.wait_for(r"rank=1/2 agent_memory\.cli\.distributed: rank 1 follows rank 0: tensor 2×: kv heads 0 \| 1, 4 l")
+        assert "rank=1/2 uvicorn" not in log  # rank 1 binds no port
+        assert "speculation off: not yet run split over processes" in log
+        os.kill(launched.rank_0_pid(), signal.SIGTERM)
+        log = launched.ended()
+        assert "rank=1/2 agent_memory.engine.distributed.standby: rank 1: rank 0 stopped the server" in log
+    finally:
+        launched.stop()
+
+
+def test_pipeline_split_where_asked(tmp_path):
+    from agent_memory.models.tiny import build_tiny
+
+    qwen2 = build_tiny(tmp_path / "qwen2", arch="qwen2")
+    launched = Launched(qwen2, tmp_path / "cache", "--distributed", "pipeline")
+    try:
+        ranks = launched.health()["ranks"]
+        # mlx-lm's pipeline gives rank 0 the last layers; each rank keeps caches for its own only
+        assert ranks["layout"] == "pipeline 2×: layers 2-3 | 0-1"
+        launched.wait_for(r"rank 1 follows rank 0: pipeline 2×: layers 2-3 \| 0-1, 2 layers here")
+    finally:
+        launched.stop()
+
+
+def test_another_model_on_one_rank_stops_every_rank_with_one_line(tiny_model, tmp_path):
+    from agent_memory.models.tiny import build_tiny
+
+    other = build_tiny(tmp_path / "other", config={"rope_theta": 20000.0})  # the same shapes, other files
+    log = Launched((tiny_model, other), tmp_path / "cache").ended()
+    assert re.search(r"rank 1 of 2 loaded another model or split than rank 0 \(tensor, model \w{12}\): every rank", log)
+    assert "rank 0 of 2 loaded another model or split than rank 1" in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["neither", "several models", "draft"],
+)
+def test_what_cannot_be_split_is_refused_at_start_on_every_rank(case, tiny_model, tmp_path):
+    from agent_memory.models.tiny import build_tiny
+
+    model, args, why = tiny_model, [], ""
+    if case == "neither":
+        model = build_tiny(tmp_path / "gemma", arch="gemma3_text")
+        why = "gemma3_text cannot be split over 2 processes: mlx-lm gives it neither tensor nor pipeline parallelism"
+    elif case == "several models":
+        args, why = ["--model", f"second={tiny_model}"], "--model is given 2 times: a server split over 2 processes"
+    else:
+        args = ["--speculation", "draft", "--draft-model", str(tiny_model)]
+        why = "--speculation draft / --draft-model: a draft model is not served split over processes yet"
+    launched = Launched(model, tmp_path / "cache", *args)
+    log = launched.ended()
+    assert log.count(why) == 2, log  # each rank says it, before any exchange
+    assert "Uvicorn running" not in log
+
+
+def test_a_stuck_collective_ends_the_process(tmp_path):
+    """The watchdog (engine/distributed/group.py) ends a process whose exchange waits past its
+    deadline: a blocked MLX collective cannot be interrupted."""
+    script = (
+        "import logging, time\n"
+        "logging.basicConfig(level='INFO')\n"
+        "from agent_memory.engine.distributed.group import Watchdog\n"
+        "with Watchdog(1).waiting('waiting for rank 0', 0.5):\n"
+        "    time.sleep(30)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 75
+    assert re.search(r"rank 1: no answer from the other ranks for \d s \(waiting for rank 0\): stopping", done.stderr)
+
+
+def test_budgets_agreed_are_the_smallest_any_rank_allows():
+    """Rank 0's budgets in rank-0 bytes: a rank with twice the layers (bytes per token) halves
+    the hot budget, and a rank with less memory left bounds the running requests'."""
+    mib, kib = 1 << 20, 1 << 10
+    shares = RankShares([[8192 * kib, 100 * kib, 1000], [4096 * kib, 200 * kib, 2000]])
+    hot, working = shares.agreed(1024 * mib, 6000 * mib)
+    assert hot == 512 * mib
+    assert working == (4096 - 200 - 1024) * mib // 2
+    assert RankShares().agreed(1024, None) == (1024, None)  # one process: as given
