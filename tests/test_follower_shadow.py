@@ -79,7 +79,7 @@ def test_a_follower_mirrors_rank_0_through_a_random_run(shadowed):
     assert all(told[kind] for kind in kinds + (["KeptSnapshot"] if arch == "qwen3_5" else [])), told
     # Both folders hold the same blocks, byte for byte: the follower wrote its payloads as rank 0 did.
     settled(server, leader)
-    core_folder = server.app.state.server.models[model].engine._model.core.warm.folder.root
+    core_folder = server.app.state.server.models[model].engine._model.core.parts.warm.folder.root
     ours, theirs = block_files(core_folder), block_files(leader.warm.folder.root)
     assert ours and ours.keys() == theirs.keys()
     assert all(ours[name] == theirs[name] for name in ours)

@@ -41,7 +41,7 @@ class ShadowLeader:
         precisions = parts.precisions
         layers = ModelLayers(model)
         self.warm = None
-        if core.warm is not None:  # the follower's own folder, for its own writes and reads
+        if core.parts.warm is not None:  # the follower's own folder, for its own writes and reads
             budget = core.store.disk_budget_bytes
             self.warm = open_warm_tier(warm_dir, budget, parts.loaded, layers, precisions)[0]
             self.warm.start(BlocksOnly())
@@ -160,7 +160,7 @@ def settled(server, leader: ShadowLeader) -> None:
     the follower's writes done: both folders are then comparable."""
     (served,) = server.app.state.server.models.values()
     core = served.engine._model.core
-    core.warm.flush()
+    core.parts.warm.flush()
     served.engine.call(core.recorder.heartbeat).result()
     leader.warm.flush()
 

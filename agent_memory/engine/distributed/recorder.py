@@ -81,8 +81,8 @@ class Recorder:
         writes, its warm tier's deletes; its prefiller's warm reads are agreed by every rank."""
         core.recorder = core.parts.committer.recorder = core.parts.prefiller.recorder = self
         core.store.pool.watch = self.pool_event
-        if core.warm is not None:
-            core.warm.told = self.deleted
+        if core.parts.warm is not None:
+            core.parts.warm.told = self.deleted
             with core.store.lock:
                 self._add(Held(sorted(h for h, b in core.store.pool.blocks.items() if b.disk_bytes)))
 
