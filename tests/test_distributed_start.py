@@ -108,7 +108,7 @@ def test_tensor_split_rank_0_serves_and_rank_1_follows(tiny_model, tmp_path):
         assert "speculation off: not yet run split over processes" in log
         os.kill(launched.rank_0_pid(), signal.SIGTERM)
         log = launched.ended()
-        assert "rank=1/2 agent_memory.engine.distributed.standby: rank 1: rank 0 stopped the server" in log
+        assert "rank=1/2 agent_memory.engine.distributed.follower: rank 0 stopped: stopping" in log
     finally:
         launched.stop()
 

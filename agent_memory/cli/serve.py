@@ -145,7 +145,6 @@ def _serve(settings: Settings, group=None) -> int:
     except (ModelError, ConfigError, SealKeyError) as e:
         error(e)
         return 1
-    stopping = []  # under mlx.launch: the followers told to stop before the engine stops
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -154,7 +153,7 @@ def _serve(settings: Settings, group=None) -> int:
         access_log=False,  # one line per request comes from api/access_log.py, with what it did
         timeout_graceful_shutdown=30,
     )
-    server = distributed.stopping_server(config, stopping) if stopping else uvicorn.Server(config)
+    server = uvicorn.Server(config)
     server.run()
     return 1 if load_failed else 0
 

@@ -1,6 +1,6 @@
 """The processes one model is served across (mx.distributed, started by `mlx.launch`): who this
-process is, the few collectives the server makes on the host (`agree`, `gather`, `broadcast`),
-the `Watchdog` that ends a process whose collective never returns (MLX has no collective
+process is, the few collectives made on the host at start (`agree`, `gather`, `barrier`; each
+step's plan goes by channel.py), the `Watchdog` that ends a process whose collective never returns (MLX has no collective
 timeout), and the `ShardLayout` each rank holds. One process (no launcher) is no group:
 `DistributedGroup.join` returns None and nothing here runs. Collectives only on the engine thread
 (a follower's main thread), at the same program point on every rank: every rank must issue the
@@ -102,15 +102,6 @@ class DistributedGroup:
         rows = [[0] * len(values) for _ in range(self.size)]
         rows[self.rank] = list(values)
         return self._sum(mx.array(rows, dtype=mx.int32), what, None).tolist()
-
-    def broadcast(self, body: bytes | None, what: str, seconds: float | None = None) -> bytes:
-        """Rank 0's bytes on every rank (the others pass None): its size, then, when not empty,
-        the bytes, each by one sum the others add zeros to."""
-        (size,) = self.agree([len(body) if self.rank == 0 else 0], what, seconds)
-        if size == 0:
-            return b""
-        data = mx.array(memoryview(body), dtype=mx.uint8) if self.rank == 0 else mx.zeros((size,), dtype=mx.uint8)
-        return bytes(memoryview(self._sum(data, what, seconds)))
 
     def barrier(self, what: str, seconds: float | None = None) -> None:
         self.agree([1], what, seconds)
