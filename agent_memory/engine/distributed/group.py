@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import agent_memory.blas  # noqa: F401
@@ -38,6 +39,8 @@ class Watchdog:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
+        # Rank 0's engine: tells its requests' clients before the exit (faults.py), given why.
+        self.before_exit: Callable[[str], None] | None = None
         self._pending: tuple[str, float, float] | None = None  # what waits, since when, until when
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
@@ -60,10 +63,10 @@ class Watchdog:
                 pending = self._pending
             if pending is not None and time.monotonic() > pending[2]:
                 what, since, _ = pending
-                log.error(
-                    "rank %d: no answer from the other ranks for %.0f s (%s): stopping",
-                    self.rank, time.monotonic() - since, what,
-                )
+                why = f"no answer from the other ranks for {time.monotonic() - since:.0f} s ({what})"
+                log.error("rank %d: %s: stopping", self.rank, why)
+                if self.before_exit is not None:
+                    self.before_exit(why)
                 logging.shutdown()
                 os._exit(STOPPED)
 
