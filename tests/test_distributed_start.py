@@ -68,13 +68,22 @@ def test_another_model_on_one_rank_stops_every_rank_with_one_line(tiny_model, tm
 
 @pytest.mark.parametrize(
     "case",
-    ["neither", "several models", "draft"],
+    ["neither", "several models", "draft", "unload", "embedding", "vision"],
 )
-def test_what_cannot_be_split_is_refused_at_start_on_every_rank(case, tiny_model, tmp_path):
+def test_what_cannot_be_split_is_refused_at_start_on_every_rank(case, tiny_model, tiny_embedding, tmp_path):
     from agent_memory.models.tiny import build_tiny
 
     model, args, why = tiny_model, [], ""
-    if case == "neither":
+    if case == "unload":
+        args, why = ["--unload-idle-s", "60"], "--unload-idle-s: a model split over processes stays loaded"
+    elif case == "embedding":
+        model, why = tiny_embedding, "is an embedding model: only a chat model is served split over processes"
+    elif case == "vision":
+        from agent_memory.models.tiny_vision import build_tiny_vision
+
+        model = build_tiny_vision(tmp_path / "gemma3", arch="gemma3")
+        why = "gemma3 reads images: a vision model is not served split over processes yet"
+    elif case == "neither":
         model = build_tiny(tmp_path / "gemma", arch="gemma3_text")
         why = "gemma3_text cannot be split over 2 processes: mlx-lm gives it neither tensor nor pipeline parallelism"
     elif case == "several models":
