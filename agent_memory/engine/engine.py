@@ -73,9 +73,10 @@ class BatchEngine(EngineClient):
         )
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._fault: GroupFault | None = None  # split over processes: what it does when a rank is lost
+        self._arriving: dict[int, Sink] = {}  # split: submitted, not admitted yet (told too if the engine is stuck)
         if config.split is not None:
             self._fault = GroupFault(on_group_lost or (lambda: None))
-            config.split.group.watchdog.before_exit = lambda why: self._fault.stuck(why, self._model.core)
+            config.split.group.watchdog.before_exit = self._stuck
 
     # -- lifetime -----------------------------------------------------------------------
 
@@ -111,11 +112,14 @@ class BatchEngine(EngineClient):
         seq_id = next(self._ids)
         submitted = time.perf_counter()
         self._weights.arriving()
+        if self._fault is not None:
+            self._arriving[seq_id] = sink
         self._inbox.put(lambda: self._admit(seq_id, request, sink, submitted))
         return seq_id
 
     def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
         self._weights.arrived()
+        self._arriving.pop(seq_id, None)
         if failed := self._refusal() or self._weights.take():
             sink(failed)
             return
@@ -237,6 +241,10 @@ class BatchEngine(EngineClient):
         # process can abort at exit (ml-explore/mlx#4327).
         mx.synchronize()
         mx.clear_streams()
+
+    def _stuck(self, why: str) -> None:
+        """The watchdog's thread: the engine thread waits in a collective for good (faults.py)."""
+        self._fault.stuck(why, self._model.core, list(self._arriving.values()))
 
     def _refusal(self) -> Failed | None:
         return self._fault.refusal if self._fault is not None else None

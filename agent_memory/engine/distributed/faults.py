@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from agent_memory.engine.distributed.group import STOPPED
-from agent_memory.engine.requests import Failed
+from agent_memory.engine.requests import Failed, Sink
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,13 @@ class GroupFault:
             warm.close()
         self.on_stop()
 
-    def stuck(self, why: str, core) -> None:
+    def stuck(self, why: str, core, arriving: list[Sink]) -> None:
         """On the watchdog's thread, the engine thread blocked in a collective for good (the
-        watchdog said so in its line and exits next): the requests' clients are told at once —
-        their sinks hand events to the API's loop from any thread — and given GRACE_S to be sent."""
-        seqs = list(core.seqs.values()) if core is not None else []
-        refusal = self._refuse(why, len(seqs))
-        for seq in seqs:
-            seq.generation.output.fail(refusal)
+        watchdog said so in its line and exits next): the clients of the requests running and
+        of those `arriving` (still in the engine's inbox) are told at once — sinks hand events to
+        the API's loop from any thread — and given GRACE_S to be sent."""
+        sinks = [seq.generation.output.sink for seq in list(core.seqs.values())] if core is not None else []
+        refusal = self._refuse(why, len(sinks) + len(arriving))
+        for sink in sinks + arriving:
+            sink(refusal)
         time.sleep(GRACE_S)
