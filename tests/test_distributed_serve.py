@@ -52,22 +52,25 @@ def pair(request, tiny_model, tmp_path_factory):
 
 def answers(server) -> dict[str, object]:
     """Every request's greedy answer, the requests sent side by side."""
-    chat, messages = server.client(), server.base_url
+    chat = server.client()
 
     def ask(content: str, max_tokens: int = 16, **kw) -> list:
+        """Each choice's text and its first tool call's arguments."""
+        messages = [{"role": "user", "content": content}]
         reply = chat.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0, **kw
+            model="tiny", messages=messages, max_tokens=max_tokens, temperature=0, **kw
         )
-        return [(c.message.content, c.message.tool_calls and c.message.tool_calls[0].function.arguments) for c in reply.choices]
+        calls = [c.message.tool_calls and c.message.tool_calls[0].function.arguments for c in reply.choices]
+        return [(c.message.content, call) for c, call in zip(reply.choices, calls)]
 
     def respond() -> str:
-        return chat.responses.create(model="tiny", input="Name a colour.", max_output_tokens=16, temperature=0).output_text
+        reply = chat.responses.create(model="tiny", input="Name a colour.", max_output_tokens=16, temperature=0)
+        return reply.output_text
 
     def anthropic_message() -> str:
-        client = anthropic.Anthropic(base_url=messages, api_key="unused", max_retries=0)
-        reply = client.messages.create(
-            model="tiny", max_tokens=16, extra_body={"temperature": 0}, messages=[{"role": "user", "content": "Say hello."}]
-        )
+        client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": "Say hello."}]
+        reply = client.messages.create(model="tiny", max_tokens=16, extra_body={"temperature": 0}, messages=messages)
         return reply.content[0].text
 
     schema = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
@@ -141,7 +144,8 @@ def test_a_killed_follower_stops_the_server_and_fails_the_answers_in_flight(tiny
         log = launched.ended()
     finally:
         launched.stop()
-    assert re.search(r"rank=0/2 \S+: rank 0: the group failed \(.+\): 2 requests in flight end with an error; stop", log)
+    said = r"rank=0/2 \S+: rank 0: the group failed \(.+\): 2 requests in flight end with an error; stopping \(exit 75"
+    assert re.search(said, log)
     assert "Node with rank 0 exited with code 75" in log  # the launcher's line: it exits 0 itself
     openai_error = json.loads(streams["openai"][-2].removeprefix("data: "))["error"]
     assert openai_error["code"] == "rank_lost" and "a rank of the distributed server stopped" in openai_error["message"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import signal
 import sys
 import types
 import typing
@@ -159,6 +160,10 @@ def _serve(settings: Settings, group=None) -> int:
         timeout_graceful_shutdown=30,
     )
     server = uvicorn.Server(config)
+    if group is not None:
+        # uvicorn raises again, once stopped, the SIGTERM it stopped on (the launcher sends one when
+        # a rank dies): ignored then, so that rank 0 exits with its own status (0, or 75)
+        signal.signal(signal.SIGTERM, lambda *_: None)
     server.run()
     return exit_status
 

@@ -1,7 +1,7 @@
 """The processes one model is served across (mx.distributed, started by `mlx.launch`): who this
 process is, the few collectives made on the host at start (`agree`, `gather`, `barrier`; each
-step's plan goes by channel.py), the `Watchdog` that ends a process whose collective never returns (MLX has no collective
-timeout), and the `ShardLayout` each rank holds. One process (no launcher) is no group:
+step's plan goes by channel.py), the `Watchdog` that ends a process whose collective never
+returns (MLX has no collective timeout), and the `ShardLayout` each rank holds. One process (no launcher) is no group:
 `DistributedGroup.join` returns None and nothing here runs. Collectives only on the engine thread
 (a follower's main thread), at the same program point on every rank: every rank must issue the
 same collectives in the same order."""
