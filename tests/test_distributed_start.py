@@ -10,85 +10,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-import httpx
 import pytest
 
 from agent_memory.engine.loading.budget import RankShares
-from tests.support.server import REPO, free_port
+from tests.support.distributed import Launched
+from tests.support.server import REPO
 
 pytestmark = pytest.mark.process
-LAUNCH = Path(sys.executable).with_name("mlx.launch")
-
-
-class Launched:
-    """`mlx.launch --backend ring -n 2 … agent-memory serve` on loopback; its interleaved log."""
-
-    def __init__(self, model: Path | tuple[Path, Path], cache_dir: Path, *args: str) -> None:
-        """`model`: one for every rank, or rank 0's and rank 1's."""
-        self.port = free_port()
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = cache_dir / f"launch-{self.port}.log"
-        ring = free_port()  # rank r listens on ring + r
-        cmd = [str(LAUNCH), "--backend", "ring", "-n", "2", "-p", str(ring), "--env", f"PYTHONPATH={REPO}"]
-        cmd += ["--env", f"AGENT_MEMORY_CONFIG={cache_dir / 'no-config.toml'}", "--env", "PYTHONUNBUFFERED=1"]
-        serve = [sys.executable, "-m", "agent_memory", "serve", "--port", str(self.port)]
-        serve += ["--cache-dir", str(cache_dir), "--kv-bits", "16", *args]
-        if isinstance(model, tuple):  # each rank its own folder: the launcher gives every rank one command
-            pick = f'"$([ "$MLX_RANK" = 1 ] && echo {model[1]} || echo {model[0]})"'
-            cmd += ["bash", "-c", f"exec {' '.join(serve)} --model {pick}"]
-        else:
-            cmd += [*serve, "--model", str(model)]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_MEMORY_")}
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def health(self, timeout: float = 180) -> dict:
-        """/health once rank 0 serves (the launcher still running)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"the launch ended with {self.proc.returncode}:\n{self.log()}"
-            try:
-                answer = httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2)
-                if answer.status_code == 200:
-                    return answer.json()
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"not ready after {timeout} s:\n{self.log()}")
-
-    def wait_for(self, pattern: str, timeout: float = 60) -> str:
-        """The log once it holds `pattern` (a regex): the ranks write as they go."""
-        deadline = time.monotonic() + timeout
-        while not re.search(pattern, log := self.log()):
-            assert time.monotonic() < deadline and self.proc.poll() is None, f"no {pattern!r} in:\n{log}"
-            time.sleep(0.1)
-        return log
-
-    def ended(self, timeout: float = 120) -> str:
-        """The log once every rank exited."""
-        self.proc.wait(timeout)
-        self._log.close()
-        return self.log()
-
-    def rank_0_pid(self) -> int:
-        """Rank 0's process id, from uvicorn's line (a signal to the launcher would orphan the ranks)."""
-        return int(re.search(r"rank=0/2 uvicorn\.error: Started server process \[(\d+)\]", self.log())[1])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.rank_0_pid(), signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        if not self._log.closed:
-            self._log.close()
 
 
 def test_tensor_split_rank_0_serves_and_rank_1_follows(tiny_model, tmp_path):
@@ -108,7 +37,7 @@ def test_tensor_split_rank_0_serves_and_rank_1_follows(tiny_model, tmp_path):
         assert "speculation off: not yet run split over processes" in log
         os.kill(launched.rank_0_pid(), signal.SIGTERM)
         log = launched.ended()
-        assert "rank=1/2 agent_memory.engine.distributed.standby: rank 1: rank 0 stopped the server" in log
+        assert "rank=1/2 agent_memory.engine.distributed.follower: rank 0 stopped: stopping" in log
     finally:
         launched.stop()
 
@@ -139,13 +68,22 @@ def test_another_model_on_one_rank_stops_every_rank_with_one_line(tiny_model, tm
 
 @pytest.mark.parametrize(
     "case",
-    ["neither", "several models", "draft"],
+    ["neither", "several models", "draft", "unload", "embedding", "vision"],
 )
-def test_what_cannot_be_split_is_refused_at_start_on_every_rank(case, tiny_model, tmp_path):
+def test_what_cannot_be_split_is_refused_at_start_on_every_rank(case, tiny_model, tiny_embedding, tmp_path):
     from agent_memory.models.tiny import build_tiny
 
     model, args, why = tiny_model, [], ""
-    if case == "neither":
+    if case == "unload":
+        args, why = ["--unload-idle-s", "60"], "--unload-idle-s: a model split over processes stays loaded"
+    elif case == "embedding":
+        model, why = tiny_embedding, "is an embedding model: only a chat model is served split over processes"
+    elif case == "vision":
+        from agent_memory.models.tiny_vision import build_tiny_vision
+
+        model = build_tiny_vision(tmp_path / "gemma3", arch="gemma3")
+        why = "gemma3 reads images: a vision model is not served split over processes yet"
+    elif case == "neither":
         model = build_tiny(tmp_path / "gemma", arch="gemma3_text")
         why = "gemma3_text cannot be split over 2 processes: mlx-lm gives it neither tensor nor pipeline parallelism"
     elif case == "several models":

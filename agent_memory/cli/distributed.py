@@ -7,7 +7,6 @@ same split; rank 0 then serves HTTP as a single server does, the others follow i
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -107,15 +106,3 @@ def follow(cfg) -> int:
         return STOPPED
     return 0
 
-
-def stopping_server(config, first: list[Callable[[], None]]):
-    """uvicorn's server, calling `first` (rank 0: the followers told to stop) when a signal stops it."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            for call in first:
-                call()
-            super().handle_exit(sig, frame)
-
-    return Server(config)

@@ -58,9 +58,10 @@ def served_models(settings: Settings) -> dict:
     return configs
 
 
-def make_engine(settings: Settings, config, residency, draft: Path | None, split):
+def make_engine(settings: Settings, config, residency, draft: Path | None, split, on_group_lost=None):
     """A served model's engine, with the settings every model shares (the draft model too); an
-    embedding model's folder (models/embedding_layout.py) gets an EmbeddingEngine."""
+    embedding model's folder (models/embedding_layout.py) gets an EmbeddingEngine. `split`,
+    `on_group_lost`: a model split over processes, and what stops the server if a rank is lost."""
     from dataclasses import replace
 
     from agent_memory.models.embedding_layout import is_embedding_model
@@ -70,7 +71,7 @@ def make_engine(settings: Settings, config, residency, draft: Path | None, split
         from agent_memory.embeddings.engine import EmbeddingEngine
 
         return EmbeddingEngine(replace(config, memory_limit_bytes=settings.memory_limit_bytes), residency)
-    return BatchEngine(chat_config(settings, config, draft, split), residency)
+    return BatchEngine(chat_config(settings, config, draft, split), residency, on_group_lost)
 
 
 def chat_config(settings: Settings, config, draft: Path | None, split):

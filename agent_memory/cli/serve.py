@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import signal
 import sys
 import types
 import typing
@@ -133,19 +134,23 @@ def _serve(settings: Settings, group=None) -> int:
     except (ModelError, ConfigError) as e:
         error(e)
         return 1
-    load_failed = False
+    exit_status = 0
 
-    def on_load_failure() -> None:
-        nonlocal load_failed
-        load_failed = True
+    def stop(status: int) -> None:  # the model could not be loaded (1), a rank of a split model was lost (75)
+        nonlocal exit_status
+        exit_status = status
         server.should_exit = True
 
+    def group_lost() -> None:
+        from agent_memory.engine.distributed.group import STOPPED  # loaded already: the group is MLX's
+
+        stop(STOPPED)
+
     try:
-        app = build_app(settings, on_load_failure, split)
+        app = build_app(settings, lambda: stop(1), split, group_lost)
     except (ModelError, ConfigError, SealKeyError) as e:
         error(e)
         return 1
-    stopping = []  # under mlx.launch: the followers told to stop before the engine stops
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -154,15 +159,22 @@ def _serve(settings: Settings, group=None) -> int:
         access_log=False,  # one line per request comes from api/access_log.py, with what it did
         timeout_graceful_shutdown=30,
     )
-    server = distributed.stopping_server(config, stopping) if stopping else uvicorn.Server(config)
+    server = uvicorn.Server(config)
+    if group is not None:
+        # uvicorn raises again, once stopped, the SIGTERM it stopped on (the launcher sends one when
+        # a rank dies): ignored then, so that rank 0 exits with its own status (0, or 75)
+        signal.signal(signal.SIGTERM, lambda *_: None)
     server.run()
-    return 1 if load_failed else 0
+    return exit_status
 
 
-def build_app(settings: Settings, on_load_failure: Callable[[], None], split=None):
+def build_app(
+    settings: Settings, on_load_failure: Callable[[], None], split=None, on_group_lost: Callable[[], None] | None = None
+):
     """The app `serve` runs: every --model's engine over one Residency, the response store and
     the sealer (the tests serve the same in their own process: tests/support/inprocess.py);
-    `split`: rank 0's part of a model split over processes (cli/distributed.py).
+    `split`: rank 0's part of a model split over processes (cli/distributed.py), which calls
+    `on_group_lost` once a rank is lost (engine/distributed/faults.py).
     Raises ModelError, ConfigError or SealKeyError for a model, flag or key that cannot serve."""
     from agent_memory.api.app import create_app
     from agent_memory.api.heads import read_warm_prompts
@@ -177,7 +189,10 @@ def build_app(settings: Settings, on_load_failure: Callable[[], None], split=Non
     served = served_models(settings)
     draft = resolve_model_with_progress(settings.draft_model, settings.models_dir) if settings.draft_model else None
     residency = Residency(settings.memory_limit_bytes, settings.hot_budget_mb << 20, settings.unload_idle_s)
-    engines = {model_id: make_engine(settings, config, residency, draft, split) for model_id, config in served.items()}
+    engines = {
+        model_id: make_engine(settings, config, residency, draft, split, on_group_lost)
+        for model_id, config in served.items()
+    }
 
     def end_agent(key):  # a stored response's KV, in whichever model made it
         for engine in engines.values():

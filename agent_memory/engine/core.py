@@ -132,7 +132,7 @@ class EngineCore:
         """Run one unit of MLX work; if it fails, fail the sequences it touched, not the server."""
         try:
             return work()
-        except Exception as e:
+        except self.recorder.survivable as e:  # split over processes, none: the group fails (faults.py)
             log.exception("engine step failed for requests %s", [s.request.request_id for s in seqs])
             if any(s.status is Status.DECODING for s in seqs):
                 self.parts.batch.reset()
@@ -294,6 +294,6 @@ class EngineCore:
                 seq.agent = seq.generation.usage.agent = None
         return self.store.end_agent(agent)
 
-    def shutdown(self) -> None:
+    def shutdown(self, error: Failed = Failed("the server is shutting down", 503, "shutting_down")) -> None:
         for seq in list(self.seqs.values()):
-            self._end(seq, "shutdown", error=Failed("the server is shutting down", 503, "shutting_down"))
+            self._end(seq, "shutdown", error=error)

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 from agent_memory.agent_key import HEAD, AgentKey
 from agent_memory.engine.chat_model import ChatModel
 from agent_memory.engine.config import EngineConfig
+from agent_memory.engine.distributed.faults import GroupFault
 from agent_memory.engine.loading.budget import give_back_memory
 from agent_memory.engine.loading.loader import UnsupportedModelError
 from agent_memory.engine.loading.residency import NoRoom, Residency
@@ -38,15 +39,18 @@ from agent_memory.engine.observability.metrics import Metrics
 from agent_memory.engine.observability.trace import NO_TRACE, Trace
 from agent_memory.engine.protocol import AgentInfo, EngineClient, Health, ModelFacts, PinResult
 from agent_memory.engine.report import parts_health, summary
-from agent_memory.engine.requests import GenerationRequest, Sink
+from agent_memory.engine.requests import Failed, GenerationRequest, Sink
 
 log = logging.getLogger(__name__)
 
 
 class BatchEngine(EngineClient):
-    def __init__(self, config: EngineConfig, residency: Residency | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, residency: Residency | None = None, on_group_lost: Callable[[], None] | None = None
+    ) -> None:
         """`residency`: the memory limit this engine shares with other served models' engines
-        (None: its own, for a server of one model)."""
+        (None: its own, for a server of one model). `on_group_lost`: rank 0 of a split model
+        (config.split): the server stops and exits with 75 once a rank is lost (faults.py)."""
         self.config = config
         self.name = config.served_as or config.model_name or config.model_path.name
         self._metrics = Metrics()
@@ -68,6 +72,11 @@ class BatchEngine(EngineClient):
             self._metrics,
         )
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._fault: GroupFault | None = None  # split over processes: what it does when a rank is lost
+        self._arriving: dict[int, Sink] = {}  # split: submitted, not admitted yet (told too if the engine is stuck)
+        if config.split is not None:
+            self._fault = GroupFault(on_group_lost or (lambda: None))
+            config.split.group.watchdog.before_exit = self._stuck
 
     # -- lifetime -----------------------------------------------------------------------
 
@@ -103,12 +112,15 @@ class BatchEngine(EngineClient):
         seq_id = next(self._ids)
         submitted = time.perf_counter()
         self._weights.arriving()
+        if self._fault is not None:
+            self._arriving[seq_id] = sink
         self._inbox.put(lambda: self._admit(seq_id, request, sink, submitted))
         return seq_id
 
     def _admit(self, seq_id: int, request: GenerationRequest, sink: Sink, submitted: float) -> None:
         self._weights.arrived()
-        if failed := self._weights.take():
+        self._arriving.pop(seq_id, None)
+        if failed := self._refusal() or self._weights.take():
             sink(failed)
             return
         self._model.core.admit(seq_id, request, sink, submitted)
@@ -172,6 +184,8 @@ class BatchEngine(EngineClient):
             return Health("loading")
         if self._load_error:
             return Health("error", self._load_error)
+        if (refusal := self._refusal()) is not None:
+            return Health("error", refusal.message, refusal.code)
         if not self._thread.is_alive():
             return Health("error", "the engine thread has stopped")
         if (why := self._weights.unavailable()) is not None:
@@ -205,10 +219,18 @@ class BatchEngine(EngineClient):
             return
         self._facts = described.facts(self.config.model_aliases, self.config.default_max_tokens)
         self._loaded.set()
-        while self._drain(block=not self._busy()):
-            if self._busy():  # the inbox may have unloaded the weights
-                with self._model.core.recorder.watching():  # distributed: no step waits for ever
-                    self._model.core.step()
+        try:
+            while self._drain(block=not self._busy()):
+                if self._busy():  # the inbox may have unloaded the weights
+                    with self._model.core.recorder.watching():  # distributed: no step waits for ever
+                        self._model.core.step()
+        except Exception as e:  # split over processes, a step or exchange failed: the group is lost
+            if self._fault is None:  # one process: a step fails only its own requests (EngineCore._guard)
+                raise
+            self._fault.failed(str(e), self._model.core, self._model.parts.warm if self._model.parts else None)
+            while (item := self._inbox.get()) is not None:  # until the server stops: requests refused
+                item()
+            return  # nothing more of MLX: a collective of the lost group may still be pending
         if self._model.core is not None:
             self._model.core.shutdown()
             self._model.core.recorder.stop()  # distributed: the other ranks stop after it
@@ -219,6 +241,13 @@ class BatchEngine(EngineClient):
         # process can abort at exit (ml-explore/mlx#4327).
         mx.synchronize()
         mx.clear_streams()
+
+    def _stuck(self, why: str) -> None:
+        """The watchdog's thread: the engine thread waits in a collective for good (faults.py)."""
+        self._fault.stuck(why, self._model.core, list(self._arriving.values()))
+
+    def _refusal(self) -> Failed | None:
+        return self._fault.refusal if self._fault is not None else None
 
     def _busy(self) -> bool:
         return self._weights.loaded and self._model.core.busy()

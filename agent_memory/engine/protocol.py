@@ -65,6 +65,7 @@ class Health:
 
     status: str
     message: str | None = None
+    code: str | None = None  # an `error` that refuses every request (503 with this code): it serves no more
     loaded: bool = True  # whether its weights are in memory now
     kv: dict[str, str] | None = None  # precision tags: hot, working, disk
     warm_tier: dict | None = None  # on, degraded (why) or off (why)

@@ -79,8 +79,15 @@ class Launched(Serving):
 
     def rank_1_pid(self) -> int:
         """Rank 1's process id: the launcher's other child (Linux's /proc)."""
-        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-        (pid,) = [int(c) for c in children if int(c) != self.rank_0_pid()]
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command's name: state, parent, …
+            except OSError:  # ended meanwhile
+                continue
+            if int(fields[1]) == self.proc.pid:
+                children.append(int(stat.parent.name))
+        (pid,) = [c for c in children if c != self.rank_0_pid()]
         return pid
 
     def stop(self) -> None:

@@ -18,9 +18,12 @@ from agent_memory.engine.requests import MODEL_UNAVAILABLE, Failed, GenerationRe
 
 
 def check_available(model: ServedModel) -> None:
-    """Refuse, before a stream starts, a request to a model whose weights cannot be loaded."""
+    """Refuse, before a stream starts, a request to a model whose weights cannot be loaded, or
+    whose engine serves no more (the server stops: a rank of a split model was lost)."""
     if (health := model.engine.health()).status == "unavailable":
         raise failure(Failed(f"the model {model.id} cannot be loaded: {health.message}", 500, MODEL_UNAVAILABLE))
+    if health.status == "error" and health.code is not None:
+        raise failure(Failed(health.message, 503, health.code))
 
 
 def admit(state: ServerState, model: ServedModel, request: Request, prepared: Prepared, asked: Asked) -> Admitted:

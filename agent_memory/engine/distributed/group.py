@@ -1,7 +1,7 @@
 """The processes one model is served across (mx.distributed, started by `mlx.launch`): who this
-process is, the few collectives the server makes on the host (`agree`, `gather`, `broadcast`),
-the `Watchdog` that ends a process whose collective never returns (MLX has no collective
-timeout), and the `ShardLayout` each rank holds. One process (no launcher) is no group:
+process is, the few collectives made on the host at start (`agree`, `gather`, `barrier`; each
+step's plan goes by channel.py), the `Watchdog` that ends a process whose collective never
+returns (MLX has no collective timeout), and the `ShardLayout` each rank holds. One process (no launcher) is no group:
 `DistributedGroup.join` returns None and nothing here runs. Collectives only on the engine thread
 (a follower's main thread), at the same program point on every rank: every rank must issue the
 same collectives in the same order."""
@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import agent_memory.blas  # noqa: F401
@@ -38,6 +39,8 @@ class Watchdog:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
+        # Rank 0's engine: tells its requests' clients before the exit (faults.py), given why.
+        self.before_exit: Callable[[str], None] | None = None
         self._pending: tuple[str, float, float] | None = None  # what waits, since when, until when
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
@@ -60,10 +63,10 @@ class Watchdog:
                 pending = self._pending
             if pending is not None and time.monotonic() > pending[2]:
                 what, since, _ = pending
-                log.error(
-                    "rank %d: no answer from the other ranks for %.0f s (%s): stopping",
-                    self.rank, time.monotonic() - since, what,
-                )
+                why = f"no answer from the other ranks for {time.monotonic() - since:.0f} s ({what})"
+                log.error("rank %d: %s: stopping", self.rank, why)
+                if self.before_exit is not None:
+                    self.before_exit(why)
                 logging.shutdown()
                 os._exit(STOPPED)
 
@@ -102,15 +105,6 @@ class DistributedGroup:
         rows = [[0] * len(values) for _ in range(self.size)]
         rows[self.rank] = list(values)
         return self._sum(mx.array(rows, dtype=mx.int32), what, None).tolist()
-
-    def broadcast(self, body: bytes | None, what: str, seconds: float | None = None) -> bytes:
-        """Rank 0's bytes on every rank (the others pass None): its size, then, when not empty,
-        the bytes, each by one sum the others add zeros to."""
-        (size,) = self.agree([len(body) if self.rank == 0 else 0], what, seconds)
-        if size == 0:
-            return b""
-        data = mx.array(memoryview(body), dtype=mx.uint8) if self.rank == 0 else mx.zeros((size,), dtype=mx.uint8)
-        return bytes(memoryview(self._sum(data, what, seconds)))
 
     def barrier(self, what: str, seconds: float | None = None) -> None:
         self.agree([1], what, seconds)

@@ -65,6 +65,7 @@ class Group(Protocol):
 
 class Recorder:
     active = True
+    survivable = ()  # a failed step fails the group, not its requests: the ranks would differ
 
     def __init__(self, group: Group) -> None:
         self.group = group
@@ -185,6 +186,7 @@ class NoRecorder:
     """One process: nothing to record or send."""
 
     active = False
+    survivable = Exception  # a failed step fails the requests it touched
     heartbeat_s = None  # the engine waits for work as long as it takes
 
     def watching(self) -> AbstractContextManager:
