@@ -7,14 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from agent_memory.chat.call_check import check_call
 from agent_memory.chat.conversation import ToolCall
 from tests.support.scripted import scripted_model
-from tests.support.server import Server
-
-pytestmark = pytest.mark.process
+from tests.support.inprocess import InProcessServer
 
 # A task tool like Claude Code's TaskCreate, plus a rule llguidance cannot enforce either: an
 # empty title needs metadata. Under `auto` the call is constrained without propertyNames, if
@@ -62,7 +58,7 @@ def test_a_loosened_call_that_fails_its_schema_is_returned_and_said(tmp_path):
     (`{"title": ""}`): valid for the loosened schema, not for the whole one."""
     model = scripted_model(tmp_path / "models", tool="create")
     tools = [{"type": "function", "function": {"name": "create", "parameters": CREATE}}]
-    with Server(model, tmp_path / "cache") as server:
+    with InProcessServer(model, tmp_path / "cache") as server:
         client = server.client()
         r = client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "Add a task."}], tools=tools, max_tokens=64

@@ -66,35 +66,55 @@ def test_another_model_on_one_rank_stops_every_rank_with_one_line(tiny_model, tm
     assert "Traceback" not in log
 
 
-@pytest.mark.parametrize(
-    "case",
-    ["neither", "several models", "draft", "unload", "embedding", "vision"],
-)
-def test_what_cannot_be_split_is_refused_at_start_on_every_rank(case, tiny_model, tiny_embedding, tmp_path):
+@pytest.mark.parametrize("case", ["neither", "several models"])
+def test_what_cannot_be_split_is_refused_at_start_on_every_rank(case, tiny_model, tmp_path):
+    """Launched: a model refusal (its family) and a flag refusal, each said by every rank before
+    any exchange; the other reasons take the same two paths (checked below, in this process)."""
     from agent_memory.models.tiny import build_tiny
 
-    model, args, why = tiny_model, [], ""
-    if case == "unload":
-        args, why = ["--unload-idle-s", "60"], "--unload-idle-s: a model split over processes stays loaded"
-    elif case == "embedding":
-        model, why = tiny_embedding, "is an embedding model: only a chat model is served split over processes"
-    elif case == "vision":
-        from agent_memory.models.tiny_vision import build_tiny_vision
-
-        model = build_tiny_vision(tmp_path / "gemma3", arch="gemma3")
-        why = "gemma3 reads images: a vision model is not served split over processes yet"
-    elif case == "neither":
-        model = build_tiny(tmp_path / "gemma", arch="gemma3_text")
+    if case == "neither":
+        model, args = build_tiny(tmp_path / "gemma", arch="gemma3_text"), []
         why = "gemma3_text cannot be split over 2 processes: mlx-lm gives it neither tensor nor pipeline parallelism"
-    elif case == "several models":
-        args, why = ["--model", f"second={tiny_model}"], "--model is given 2 times: a server split over 2 processes"
     else:
-        args = ["--speculation", "draft", "--draft-model", str(tiny_model)]
-        why = "--speculation draft / --draft-model: a draft model is not served split over processes yet"
-    launched = Launched(model, tmp_path / "cache", *args)
-    log = launched.ended()
+        model, args = tiny_model, ["--model", f"second={tiny_model}"]
+        why = "--model is given 2 times: a server split over 2 processes"
+    log = Launched(model, tmp_path / "cache", *args).ended()
     assert log.count(why) == 2, log  # each rank says it, before any exchange
     assert "Uvicorn running" not in log
+
+
+@pytest.mark.parametrize(
+    "case, why",
+    [
+        ("draft", "--speculation draft / --draft-model: a draft model is not served split over processes yet"),
+        ("unload", "--unload-idle-s: a model split over processes stays loaded"),
+        ("redis", "--warm-store: a model split over processes keeps its warm tier in each rank's own cache folder"),
+        ("embedding", "is an embedding model: only a chat model is served split over processes"),
+        ("vision", "gemma3 reads images: a vision model is not served split over processes yet"),
+    ],
+)
+def test_each_reason_a_split_is_refused(case, why, tiny_model, tiny_embedding, tmp_path):
+    """The flags (`flag_refusal`) and the models (`prepare`) a split server refuses, and why."""
+    from types import SimpleNamespace
+
+    from agent_memory.cli.distributed import flag_refusal, prepare
+    from agent_memory.config import ConfigError, load_settings
+    from agent_memory.models.tiny_vision import build_tiny_vision
+
+    flags = {
+        "draft": {"speculation": "draft", "draft_model": str(tiny_model)},
+        "unload": {"unload_idle_s": 60},
+        "redis": {"warm_store": "redis://127.0.0.1:1"},
+    }
+    if case in flags:
+        settings = load_settings(model=[str(tiny_model)], **flags[case])
+        assert why in flag_refusal(settings, 2)
+        return
+    model = tiny_embedding if case == "embedding" else build_tiny_vision(tmp_path / "gemma3", arch="gemma3")
+    settings = load_settings(model=[str(model)])
+    assert flag_refusal(settings, 2) is None
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        prepare(settings, SimpleNamespace(size=2), model)
 
 
 def test_a_stuck_collective_ends_the_process(tmp_path):

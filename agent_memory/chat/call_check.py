@@ -16,11 +16,9 @@ import jsonschema
 import referencing.exceptions
 
 from agent_memory.chat.conversation import Tool, ToolCall
+from agent_memory.log_once import first_time
 
 log = logging.getLogger(__name__)
-
-_SAID: set[tuple[str, str]] = set()  # (tool, keyword) already logged
-
 
 class CheckedReader:
     """A reply reader (chat/reader.py, or harmony's) whose calls are checked at the reply's end."""
@@ -55,8 +53,7 @@ def check_call(call: ToolCall, schema: dict | None) -> str | None:
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "(the arguments)"
-    if (call.name, str(error.validator)) not in _SAID:
-        _SAID.add((call.name, str(error.validator)))
+    if first_time(("call off its schema", call.name, str(error.validator))):
         log.warning(
             "tool %r: a call does not follow its schema (%s at %s: %s); returned as written, for the client to answer",
             call.name,

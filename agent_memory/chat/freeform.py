@@ -12,11 +12,11 @@ import logging
 
 from agent_memory.chat.conversation import Tool
 from agent_memory.chat.lark_regex import lark_regex
+from agent_memory.log_once import first_time
 
 log = logging.getLogger(__name__)
 
 INPUT = "input"
-_UNENFORCED: set[str] = set()  # tools whose grammar was said to be unenforceable, once each
 
 
 def freeform_tool(name: str, description: str, syntax: str | None, definition: str | None) -> Tool:
@@ -30,8 +30,7 @@ def freeform_tool(name: str, description: str, syntax: str | None, definition: s
         pattern = lark_regex(definition)
         if pattern is None:
             description = f"{description}\n\nThe input follows this Lark grammar:\n{definition}".strip()
-            if name not in _UNENFORCED:
-                _UNENFORCED.add(name)
+            if first_time(("unenforced grammar", name)):
                 log.info("custom tool %r: its Lark grammar recurses or uses what a regex cannot: not enforced", name)
     if pattern is not None:
         text["pattern"] = f"^(?:{pattern})$"

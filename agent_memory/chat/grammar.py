@@ -26,9 +26,9 @@ from agent_memory.chat.formats.calls import ANY_OBJECT, JSON_STYLE, Wanted
 from agent_memory.chat.formats.markup import Markup
 from agent_memory.chat.formats.reply import reply_format
 from agent_memory.chat.loosen import AS_ANY_OF, ONE_OF, loosen
+from agent_memory.log_once import first_time
 
 log = logging.getLogger(__name__)
-_LOOSENED: set[tuple[str, tuple[str, ...]]] = set()  # (tool, keywords dropped) already logged
 
 
 class GrammarError(ValueError):
@@ -184,8 +184,7 @@ class GrammarCompiler:
             self._enforceable(schema, f"{param} (tool '{tool.name}')", "a call to it", param)
             return tool
         fitted, dropped = loosened
-        if dropped and (tool.name, tuple(dropped)) not in _LOOSENED:
-            _LOOSENED.add((tool.name, tuple(dropped)))
+        if dropped and first_time(("loosened", tool.name, tuple(dropped))):
             keywords = [d for d in dropped if d != AS_ANY_OF]
             how = [f"without {', '.join(keywords)}"] if keywords else []
             how += ["with oneOf as anyOf"] if AS_ANY_OF in dropped else []

@@ -16,10 +16,14 @@ log = logging.getLogger(__name__)
 
 
 def join(settings: Settings):
-    """The group this process was launched in, or None when it runs alone."""
+    """The group this process was launched in, or None when it runs alone; ConfigError when the
+    launcher's group cannot be joined (a port of its hostfile taken, a peer unreachable)."""
     from agent_memory.engine.distributed.group import DistributedGroup
 
-    return DistributedGroup.join(settings.distributed_timeout)
+    try:
+        return DistributedGroup.join(settings.distributed_timeout)
+    except RuntimeError as e:  # MLX's backend could not connect the ranks
+        raise ConfigError(f"could not join the processes mlx.launch started: {e}") from None
 
 
 def flag_refusal(settings: Settings, size: int) -> str | None:

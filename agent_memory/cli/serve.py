@@ -106,7 +106,11 @@ def settings_options(command: Callable[[Settings], None]) -> Callable[..., None]
 @settings_options
 def serve(settings: Settings) -> None:
     """Serve a model on an OpenAI-compatible API, keeping every agent's KV cache."""
-    group = distributed.join(settings)  # under mlx.launch: this process's rank; alone: None
+    try:
+        group = distributed.join(settings)  # under mlx.launch: this process's rank; alone: None
+    except ConfigError as e:
+        error(e)
+        sys.exit(1)
     _configure_logging(settings.log_level, settings.log_format, f" {group.label}" if group else "")
     logging.getLogger("agent_memory").info("settings: %s", settings.describe())
     sys.exit(_serve(settings, group))
@@ -182,7 +186,9 @@ def build_app(
     from agent_memory.api.sealing import Sealer
     from agent_memory.chat.images import ImageLimits
     from agent_memory.engine.loading.residency import Residency
+    from agent_memory.log_once import start_afresh
 
+    start_afresh()  # this server has said nothing yet (agent_memory/log_once.py)
     # The operator's file must exist (servers behind a router share it); the default is made.
     sealer = Sealer.from_file(settings.seal_key_path, create=settings.seal_key_file is None)
     warm_prompts = read_warm_prompts(settings.warm_prompts) if settings.warm_prompts else []

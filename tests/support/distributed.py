@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,22 @@ from tests.support.server import REPO, Serving, free_port
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
 
 
+def free_ring(avoid: int) -> int:
+    """A port whose next one is free too (rank 0 listens on it, rank 1 on the next), neither of
+    them `avoid` (the API's port)."""
+    while True:
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            if avoid in (port, port + 1):
+                continue
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:  # taken: another pair
+                continue
+        return port
+
+
 class Launched(Serving):
     """`mlx.launch --backend ring -n 2 … agent-memory serve` on loopback; its interleaved log."""
 
@@ -28,7 +45,7 @@ class Launched(Serving):
         self.port = free_port()
         cache_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = cache_dir / f"launch-{self.port}.log"
-        ring = free_port()  # rank r listens on ring + r
+        ring = free_ring(avoid=self.port)  # rank r listens on ring + r
         cmd = [str(LAUNCH), "--backend", "ring", "-n", "2", "-p", str(ring), "--env", f"PYTHONPATH={REPO}"]
         cmd += ["--env", f"AGENT_MEMORY_CONFIG={cache_dir / 'no-config.toml'}", "--env", "PYTHONUNBUFFERED=1"]
         serve = [sys.executable, "-m", "agent_memory", "serve", "--port", str(self.port)]

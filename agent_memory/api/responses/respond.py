@@ -28,10 +28,10 @@ from agent_memory.api.serving.wire import Admitted, Asked, WireFormat
 from agent_memory.api.state import ServedModel
 from agent_memory.chat.conversation import Message
 from agent_memory.engine.requests import Event, Failed, Finished, Sampling
+from agent_memory.log_once import first_time
 
 log = logging.getLogger(__name__)
 IGNORED_HEADER = "x-agent-memory-ignored-tools"  # the hosted tools a request offered, left out
-_IGNORED_SAID: set[str] = set()  # hosted tool types already logged
 
 
 class CreateResponse(WireFormat):
@@ -65,8 +65,7 @@ def _ignored(body: ResponsesRequest) -> dict[str, str]:
     """The response's header naming the hosted tools left out, each logged once."""
     ignored = body.ignored_tools()
     for kind in ignored:
-        if kind not in _IGNORED_SAID:
-            _IGNORED_SAID.add(kind)
+        if first_time(("ignored tool", kind)):
             log.info("the %s tool is one this server cannot run: it is left out of what the model sees", kind)
     return {IGNORED_HEADER: ", ".join(ignored)} if ignored else {}
 
