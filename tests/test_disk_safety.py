@@ -361,13 +361,14 @@ def test_a_delete_wins_over_a_turn_in_flight(tiny_model, tmp_path):
     with InProcessServer(tiny_model, cache) as s:
         folder = kv_folder(cache)
         wait_for(lambda: folder.read_server_json() is not None)
-        for agent, delete in (("x", delete_through_api), ("y", delete_with_the_cli)):
+        # Long enough a turn that the delete lands in it: the CLI's process takes seconds to start.
+        for agent, delete, length in (("x", delete_through_api, 200), ("y", delete_with_the_cli, 800)):
             ask(s.client(), [{"role": "user", "content": f"Remember me, I am {agent}."}], agent)
             wait_for(lambda: folder.agent_path(agent).exists())
             stream = s.client(timeout=60).chat.completions.create(
                 model="tiny",
                 messages=[{"role": "user", "content": f"Remember me, I am {agent}."}, {"role": "user", "content": "Tell me everything."}],
-                max_tokens=800,
+                max_tokens=length,
                 temperature=0,
                 stream=True,
                 logit_bias=eos_ban(tiny_model),

@@ -44,10 +44,29 @@ def three(models, tmp_path_factory):
                 yield {"off": off, "lookup": lookup, "draft": d}
 
 
+class Reference:
+    """The server without speculation's replies, each asked once for the module: both ways of
+    proposing are compared with the same replies."""
+
+    def __init__(self, server) -> None:
+        self.client, self.replies = server.client(), {}
+
+    def create(self, **body):
+        key = json.dumps(body, sort_keys=True)
+        if key not in self.replies:
+            self.replies[key] = self.client.chat.completions.create(**body)
+        return self.replies[key]
+
+
+@pytest.fixture(scope="module")
+def reference(three) -> Reference:
+    return Reference(three["off"])
+
+
 @pytest.fixture(params=["lookup", "draft"])
-def servers(request, three):
-    """(the server without speculation, one with it), for each way of proposing."""
-    return three["off"], three[request.param]
+def servers(request, three, reference):
+    """(the replies without speculation, the server with it), for each way of proposing."""
+    return reference, three[request.param]
 
 
 def request(prompt: str, max_tokens: int, **kw) -> dict:
@@ -89,12 +108,12 @@ def predictions(response) -> tuple[int, int]:
 
 def test_greedy_output_equals_output_without_speculation(servers):
     off, on = servers
-    plain, spec = off.client(), on.client()
+    plain, spec = off, on.client()
     accepted = rejected = 0
     for prompt in PROMPTS:
         for max_tokens, kw in ((7, {}), (29, FEW), (80, {}), (80, FEW)):  # max_tokens may cut an accepted run
             body = request(prompt, max_tokens, **kw)
-            expected = plain.chat.completions.create(**body)
+            expected = plain.create(**body)
             got = spec.chat.completions.create(**body)
             assert answer(got) == answer(expected)
             assert got.usage.completion_tokens == expected.usage.completion_tokens
@@ -108,12 +127,12 @@ def test_greedy_output_equals_output_without_speculation(servers):
 
 def test_stop_strings_inside_accepted_runs(servers):
     off, on = servers
-    plain, spec = off.client(), on.client()
+    plain, spec = off, on.client()
     for prompt in PROMPTS[:2]:
-        text = plain.chat.completions.create(**request(prompt, 80, **FEW)).choices[0].message.content
+        text = plain.create(**request(prompt, 80, **FEW)).choices[0].message.content
         for at in (5, len(text) // 2, len(text) - 6):
             body = request(prompt, 80, stop=[text[at : at + 4]], **FEW)
-            expected = plain.chat.completions.create(**body)
+            expected = plain.create(**body)
             assert answer(spec.chat.completions.create(**body)) == answer(expected)
             assert streamed(spec, body) == answer(expected)
 
@@ -122,8 +141,8 @@ def test_batch_of_eight_mixed_equals_solo_without_speculation(servers):
     """Free and constrained (JSON schema, a required tool call) requests of different lengths,
     streamed and not, together in one batch, against each alone without speculation."""
     off, on = servers
-    plain = off.client()
-    text = plain.chat.completions.create(**request(PROMPTS[0], 60, **FEW)).choices[0].message.content
+    plain = off
+    text = plain.create(**request(PROMPTS[0], 60, **FEW)).choices[0].message.content
     schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
     bodies = [
         request(PROMPTS[0], 60),
@@ -135,7 +154,7 @@ def test_batch_of_eight_mixed_equals_solo_without_speculation(servers):
         request(f"Read handler_3's file. {CODE}", 40, tools=TOOLS, tool_choice="required"),
         request(PROMPTS[3], 70, tools=TOOLS, tool_choice="auto"),
     ]
-    expected = [answer(plain.chat.completions.create(**b)) for b in bodies]
+    expected = [answer(plain.create(**b)) for b in bodies]
 
     async def together():
         client = on.async_client()
@@ -158,7 +177,7 @@ def test_cached_follow_up_turn_answers_exactly(servers):
     """A turn's rejected proposals never reach the KV its agent keeps: the next turn, read from
     the cache, answers as the uncached model does."""
     off, on = servers
-    plain, spec = off.client(), on.client()
+    plain, spec = off, on.client()
     rejected = 0
     for n, prompt in enumerate(PROMPTS):
         agent = {"prompt_cache_key": f"editor-{n}"}
@@ -172,7 +191,7 @@ def test_cached_follow_up_turn_answers_exactly(servers):
         body = dict(model="tiny", messages=messages, max_tokens=60, temperature=0, **FEW)
         second = spec.chat.completions.create(**body, extra_body=agent)
         assert second.usage.prompt_tokens_details.model_extra["hot_tokens"] > first.usage.prompt_tokens
-        assert answer(second) == answer(plain.chat.completions.create(**body))
+        assert answer(second) == answer(plain.create(**body))
     assert rejected > 0
 
 
@@ -186,7 +205,7 @@ def test_seeded_sampling_equals_sampling_without_speculation(servers):
     for prompt in PROMPTS[:2]:
         for kw in ({}, FEW):
             body = request(prompt, 60, seed=11, **kw) | {"temperature": 0.7, "top_p": 0.9}
-            expected = answer(off.client().chat.completions.create(**body))
+            expected = answer(off.create(**body))
             alone = spec.chat.completions.create(**body)
             accepted += predictions(alone)[0]
             assert answer(alone) == expected

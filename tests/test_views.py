@@ -6,30 +6,27 @@ response leaves none of its files."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import httpx
-import pytest
+from typer.testing import CliRunner
 
+from agent_memory.cli.cache.commands import cache_app
 from tests.support.chat import ask
+from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
-from tests.support.server import Server
-
-pytestmark = pytest.mark.process
 
 
 def cache(cache_dir, *args: str) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-m", "agent_memory", "cache", *args, "--cache-dir", str(cache_dir), "--format", "json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "AGENT_MEMORY_CONFIG": str(cache_dir / "no-config.toml")},
+    """The `cache` command line's JSON (run in this process: its commands reach the running
+    server through its server.json as from a shell)."""
+    result = CliRunner().invoke(
+        cache_app,
+        [*args, "--cache-dir", str(cache_dir), "--format", "json"],
+        env={"AGENT_MEMORY_CONFIG": str(cache_dir / "no-config.toml")},
     )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
 
 
 def manifests(cache_dir) -> list:
@@ -56,7 +53,7 @@ def views(server, cache_dir) -> dict:
 
 def test_every_view_counts_the_same_agents(tiny_model, tmp_path):
     cache_dir = tmp_path / "cache"
-    with Server(tiny_model, cache_dir) as server:
+    with InProcessServer(tiny_model, cache_dir) as server:
         client = server.client()
         for agent in ("a", "b", "c"):
             ask(client, [{"role": "user", "content": f"hello {agent}"}], agent)
@@ -89,7 +86,7 @@ def test_every_view_counts_the_same_agents(tiny_model, tmp_path):
 
 def test_cache_rm_of_a_stored_response_with_no_server_leaves_none_of_its_files(tiny_model, tmp_path):
     cache_dir = tmp_path / "cache"
-    with Server(tiny_model, cache_dir) as server:
+    with InProcessServer(tiny_model, cache_dir) as server:
         response = server.client().responses.create(model="tiny", input="Hi.", max_output_tokens=4, temperature=0)
         wait_for(lambda: len(manifests(cache_dir)) == 1 and list((cache_dir / "responses").glob("*.json")))
     assert cache(cache_dir, "ls")["stored_responses"] == 1
