@@ -255,7 +255,10 @@ def test_claude_code_sub_agents_each_reuse_their_own_turns(tmp_path):
         assert len(turns) >= 2
         for before, after in zip(turns, turns[1:]):
             assert int(after["cached_tokens"]) >= int(before["prompt_tokens"]) - 64, turns
-            assert after["miss"].startswith("none@"), turns  # with its billing line (stripped): nothing missed
+            # With its billing line (stripped) nothing is missed; but a sub-agent's call is sampled
+            # (Claude Code asks at temperature 1), and at times its turn's end comes back in other
+            # tokens (seen: 31 tokens rewritten at the end of a 10.7k-token turn) — said as such.
+            assert after["miss"].startswith(("none@", "rewritten@")), turns
 
 
 def test_opencode_through_launch_turns_reuse_the_previous_one(models, tmp_path):

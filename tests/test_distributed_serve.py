@@ -4,7 +4,8 @@ qwen2). At 16 bits the greedy answers of requests running side by side — a sto
 a JSON schema, a forced tool call, the Responses and Anthropic APIs — equal a one-process
 server's on the same model; an agent's second turn reuses its first; a follower killed mid-answer
 stops the server with one line, and the answers in flight end with an error in their API's shape.
-One launch per family serves the module (a start is seconds of both cores)."""
+One launch per family serves the module (a start is seconds of both cores); the pipeline's is
+started again once, and turn 2 reads turn 1 back from each rank's folder."""
 
 from __future__ import annotations
 
@@ -26,14 +27,28 @@ from tests.support.inprocess import InProcessServer
 
 pytestmark = pytest.mark.process
 
-# No warm tier: the followers' disk side is another piece of issue #38 (test_distributed_memory.py).
-FLAGS = ("--disk-budget-mb", "0")
+FLAGS = ("--disk-budget-mb", "64")
+PLAN = "Plan a trip to the coast, step by step."
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER}}
+
+
+class Pair:
+    """A family's two-process server (`split`, started again on the same folders by `restart`)
+    and its one-process reference (`one`, in this process)."""
+
+    def __init__(self, model, folder, args: list[str], one: InProcessServer) -> None:
+        self.model, self.folder, self.args, self.one = model, folder, args, one
+        self.split = Launched(model, folder, *args)
+
+    def restart(self) -> None:
+        """Both ranks stopped (each flushes its warm folder) and launched again."""
+        self.split.stop()
+        self.split = Launched(self.model, self.folder, *self.args)
+        self.split.health()
 
 
 @pytest.fixture(scope="module", params=["tensor", "pipeline"])
 def pair(request, tiny_model, tmp_path_factory):
-    """The family's two-process server and its one-process reference (in this process)."""
     model = tiny_model
     args = [*FLAGS, "--distributed-timeout", "30"]
     if request.param == "pipeline":
@@ -41,13 +56,13 @@ def pair(request, tiny_model, tmp_path_factory):
 
         model = build_tiny(tmp_path_factory.mktemp("models") / "qwen2", arch="qwen2")
         args += ["--distributed", "pipeline"]
-    launched = Launched(model, tmp_path_factory.mktemp("split"), *args)  # starting while the reference does
-    try:
-        with InProcessServer(model, tmp_path_factory.mktemp("one"), *FLAGS, "--speculation", "off") as one:
-            assert launched.health()["ranks"]["mode"] == request.param
-            yield launched, one
-    finally:
-        launched.stop()
+    with InProcessServer(model, tmp_path_factory.mktemp("one"), *FLAGS, "--speculation", "off") as one:
+        both = Pair(model, tmp_path_factory.mktemp("split"), args, one)  # starting while the reference does
+        try:
+            assert both.split.health()["ranks"]["mode"] == request.param
+            yield both
+        finally:
+            both.split.stop()
 
 
 def answers(server) -> dict[str, object]:
@@ -91,32 +106,52 @@ def answers(server) -> dict[str, object]:
 
 
 def test_greedy_answers_equal_one_process(pair):
-    split, one = pair
+    split, one = pair.split, pair.one
     got, expected = answers(split), answers(one)
     assert got == expected
     json.loads(got["schema"][0][0])  # constrained on rank 0 alone, yet a whole object
     assert json.loads(got["tool"][0][1])["city"] in {"Paris", "Oslo", "Lima"}
 
 
+def turns(server, agent: str, follow_ups: tuple[str | None, ...]) -> tuple[list[str], object]:
+    """An agent's turns (its history sent back each time): what it said, the last turn's usage."""
+    chat = server.client()
+    messages, said = [{"role": "user", "content": PLAN}], []
+    for follow in follow_ups:
+        reply = chat.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=12, temperature=0, extra_body={"prompt_cache_key": agent}
+        )
+        said.append(reply.choices[0].message.content)
+        messages += [{"role": "assistant", "content": said[-1]}, {"role": "user", "content": follow}]
+    return said, reply.usage
+
+
 def test_turn_2_reuses_turn_1(pair):
-    split, one = pair
-
-    def turns(server) -> tuple[list[str], int]:
-        chat = server.client()
-        messages, said = [{"role": "user", "content": "Plan a trip to the coast, step by step."}], []
-        for follow in ("And the second day?", None):
-            reply = chat.chat.completions.create(
-                model="tiny", messages=messages, max_tokens=12, temperature=0, extra_body={"prompt_cache_key": "trip"}
-            )
-            said.append(reply.choices[0].message.content)
-            messages += [{"role": "assistant", "content": said[-1]}, {"role": "user", "content": follow}]
-        return said, reply.usage.prompt_tokens_details.cached_tokens
-
-    (said, cached), (expected, _) = turns(split), turns(one)
+    follow_ups = ("And the second day?", None)
+    (said, usage), (expected, _) = turns(pair.split, "trip", follow_ups), turns(pair.one, "trip", follow_ups)
     assert said == expected
-    assert cached > 0  # every rank kept its part of turn 1's KV
-    agents = httpx.get(split.base_url + "/v1/agents").json()["data"]
+    assert usage.prompt_tokens_details.cached_tokens > 0  # every rank kept its part of turn 1's KV
+    agents = httpx.get(pair.split.base_url + "/v1/agents").json()["data"]
     assert [a["id"] for a in agents].count("trip") == 1  # one agent, not one a rank
+
+
+@pytest.mark.parametrize("pair", ["pipeline"], indirect=True)
+def test_after_a_restart_of_both_ranks_turn_2_reads_turn_1_from_disk(pair):
+    """Each rank wrote its layers' part of turn 1 to its own folder; both started again, turn 2
+    reads it back on each and answers as one process does (tensor: test_distributed_memory.py)."""
+    (first,), _ = turns(pair.split, "voyage", (None,))
+    pair.restart()
+    messages = [
+        {"role": "user", "content": PLAN},
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": "And the second day?"},
+    ]
+    second = pair.split.client().chat.completions.create(
+        model="tiny", messages=messages, max_tokens=12, temperature=0, extra_body={"prompt_cache_key": "voyage"}
+    )
+    expected, _ = turns(pair.one, "voyage", ("And the second day?", None))
+    assert [first, second.choices[0].message.content] == expected
+    assert second.usage.prompt_tokens_details.model_extra["warm_tokens"] > 0, second.usage
 
 
 def test_a_killed_follower_stops_the_server_and_fails_the_answers_in_flight(tiny_model, tmp_path):
