@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from agent_memory.agent_key import AGENT, RESPONSE, UNNAMED, AgentKey
 from agent_memory.cache_miss import Miss
 from agent_memory.memory.hashing import BlockNames, SpanKey
-from agent_memory.memory.index import pins
+from agent_memory.memory.index import holds
 from agent_memory.memory.index.blocks import Block, BlockPool, Tier
 from agent_memory.memory.index.conversations import ConversationIndex
 from agent_memory.memory.index.eviction import retention_weight
@@ -87,7 +87,7 @@ class AgentIndex:
         if old is not None:
             record.etag, record.stored, record.misses = old.etag, old.stored, old.misses
             record.keep_until, record.keep_on_disk_until = old.keep_until, old.keep_on_disk_until
-            pins.move_hold(self.pool, old, record)  # a pinned agent's new blocks are held instead
+            holds.move_hold(self.pool, old, record)  # a pinned agent's new blocks are held instead
             self._unref([*old.blocks, *old.snapshots], retention_weight(agent.kind, old.turns))
         self.conversations.file(agent, record)
 
@@ -120,7 +120,7 @@ class AgentIndex:
         """Drop an agent here only (the shared tier no longer has it); whether it was here."""
         record = self.agents.pop(agent, None)
         if record is not None:
-            pins.hold(self.pool, record, -1 if record.pinned else 0)
+            holds.hold(self.pool, record, -1 if record.pinned else 0)
             self.conversations.remove(agent)
             self._unref([*record.blocks, *record.snapshots], retention_weight(agent.kind, record.turns))
         return record is not None

@@ -2,7 +2,7 @@
 
 A pinned record's blocks and snapshots count one `Block.held` each, and eviction moves no held
 block in either tier (eviction.py `unpinned`); a pinned agent's next turn moves the hold to its
-new blocks (`move_hold`). Pinned records together may hold at most PINNED_SHARE of the hot
+new blocks (holds.py `move_hold`). Pinned records together may hold at most PINNED_SHARE of the hot
 budget, and a tenant at most its fair share of that (the limit over the tenants holding blocks),
 so pins cannot starve the rest. A block counts its hot bytes, or its warm copy's where it is not
 in memory: what it will take once read back. The pin is kept in the agent's manifest
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent_memory.agent_key import AgentKey, shown_id
-from agent_memory.memory.index.blocks import Block, BlockPool
+from agent_memory.memory.index.blocks import Block
+from agent_memory.memory.index.holds import hold
 from agent_memory.memory.index.store_records import AgentRecord
 from agent_memory.memory.warm.format.records import Manifest
 
@@ -35,20 +36,6 @@ class PinResult:
     found: bool  # whether the store holds the agent
     pinned: bool  # whether it is pinned now
     refused: str | None = None  # why pinning it was refused: the numbers over the budget
-
-
-def hold(pool: BlockPool, record: AgentRecord, n: int) -> None:
-    """Add n holds (1, -1, or 0) to each block and snapshot of the record."""
-    for h in [*record.blocks, *record.snapshots]:
-        pool.blocks[h].held += n
-
-
-def move_hold(pool: BlockPool, old: AgentRecord, new: AgentRecord) -> None:
-    """A pinned agent's latest sequence replaced: the pin and its holds go to the new one."""
-    if old.pinned:
-        new.pinned = old.pinned
-        hold(pool, new, 1)
-        hold(pool, old, -1)
 
 
 def pin(index: AgentIndex, agent: AgentKey, on: bool, hot_budget: int) -> PinResult:
