@@ -23,7 +23,7 @@ def test_bench_sessions_smoke(tiny_model, tmp_path):
     out = tmp_path / "sessions.json"
     cmd = [
         sys.executable, str(REPO / "scripts/bench_sessions.py"), "--model", str(tiny_model),
-        "--head-scale", "0.02", "--turns", "3", "--max-tokens", "64", "--runs", "named+restart,unnamed",
+        "--head-scale", "0.02", "--turns", "3", "--max-tokens", "48", "--runs", "named+restart,unnamed",
         "--work-dir", str(tmp_path / "work"), "--json", str(out), "--markdown", str(tmp_path / "sessions.md"),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=REPO)

@@ -10,16 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
 from agent_memory.models.tiny import build_tiny
-from tests.support.inprocess import InProcessServer
-from tests.support.server import REPO, free_port
+from tests.support.inprocess import InProcessServer, refused_start
 
 pytestmark = pytest.mark.process
 PROMPTS = [
@@ -215,26 +212,9 @@ def test_decode_quantized_is_refused_at_start_for_models_it_cannot_serve(models,
         if arch == "deepseek_v3"
         else models(arch)
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "agent_memory",
-        "serve",
-        "--model",
-        str(folder),
-        "--port",
-        str(free_port()),
-        "--cache-dir",
-        str(tmp_path),
-        "--kv-bits",
-        "4",
-        "--decode-quantized",
-    ]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert run.returncode != 0
-    output = run.stdout + run.stderr
-    assert why in output and "Traceback" not in output
-    refusals = [line for line in output.splitlines() if why in line]
+    said = refused_start(folder, tmp_path, "--kv-bits", "4", "--decode-quantized")
+    assert why in said and "Traceback" not in said
+    refusals = [line for line in said.splitlines() if why in line]
     assert len(refusals) == 1 and f"{arch}: " in refusals[0]
 
 

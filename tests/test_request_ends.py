@@ -6,16 +6,13 @@ gets its model's `--default-max-tokens`, and a client that leaves is logged as `
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
-from tests.support.inprocess import InProcessServer
+from tests.support.inprocess import InProcessServer, refused_start
 
 pytestmark = pytest.mark.process
 CONTEXT = 1024
@@ -145,15 +142,8 @@ def test_the_models_list_shows_the_default_limit(tight):
 
 
 def test_a_default_limit_for_no_served_model_is_refused_at_start(tight):
-    r = subprocess.run(
-        [sys.executable, "-m", "agent_memory", "serve", "--model", tight.model, "--default-max-tokens", "other=5",
-         "--cache-dir", str(tight.cache_dir / "refused")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("AGENT_MEMORY_")}, "AGENT_MEMORY_CONFIG": "/none"},
-    )
-    assert r.returncode == 1 and "--default-max-tokens other=…: not a served model's name" in r.stderr, r.stderr
+    said = refused_start(tight.model, tight.cache_dir / "refused", "--default-max-tokens", "other=5")
+    assert "--default-max-tokens other=…: not a served model's name" in said, said
 
 
 def _leave(server, api: str, stream: bool, request_id: str) -> None:

@@ -8,15 +8,12 @@ A real server on Qwen3.5's template (its prompt opens the reasoning) with two te
 from __future__ import annotations
 
 import base64
-import os
-import subprocess
-import sys
 
 import anthropic
 import openai
 import pytest
 
-from tests.support.inprocess import InProcessServer
+from tests.support.inprocess import InProcessServer, refused_start
 from tests.support.templates import templated_model
 pytestmark = pytest.mark.process
 
@@ -195,8 +192,5 @@ def test_a_missing_operator_key_file_stops_the_start(model, tmp_path):
     """A --seal-key-file that does not exist is not made (servers meant to share it would each
     make their own): the start stops, naming it."""
     missing = tmp_path / "absent.key"
-    cmd = [sys.executable, "-m", "agent_memory", "serve", "--model", str(model), "--cache-dir", str(tmp_path)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_MEMORY_")}
-    env["AGENT_MEMORY_CONFIG"] = str(tmp_path / "no-config.toml")
-    done = subprocess.run([*cmd, "--seal-key-file", str(missing)], capture_output=True, text=True, env=env)
-    assert done.returncode == 1 and str(missing) in done.stderr and not missing.exists()
+    said = refused_start(model, tmp_path, "--seal-key-file", str(missing))
+    assert str(missing) in said and not missing.exists()

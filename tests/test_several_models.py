@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from agent_memory.models.tiny import build_tiny
-from tests.support.inprocess import InProcessServer
+from tests.support.inprocess import InProcessServer, refused_start
 from tests.support.metrics import metric
 from tests.support.server import Server
 
@@ -212,10 +212,17 @@ def test_with_unload_idle_s_an_idle_model_unloads_and_its_agent_returns_warm(tin
     ],
 )
 def test_names_are_checked_at_start(tiny_model, tmp_path, flags, said):
-    s = Server(tiny_model, tmp_path / "cache", *[f.replace("=tiny", f"={tiny_model}") for f in flags])
+    flags = [f.replace("=tiny", f"={tiny_model}") for f in flags]
+    assert said in refused_start(tiny_model, tmp_path / "cache", *flags)
+
+
+def test_a_refused_start_exits_1_with_its_reason_on_one_line(tiny_model, tmp_path):
+    """The process itself (the other refusals are checked in process: tests/support/inprocess.py)."""
+    s = Server(tiny_model, tmp_path / "cache", "--model", f"tiny2={tiny_model}")
     with pytest.raises(RuntimeError, match="server exited with 1"):
         s.start()
-    assert said in s.log()
+    said = [line for line in s.log().splitlines() if line.startswith("error: ")]
+    assert len(said) == 1 and said[0].endswith("the name 'tiny' is already tiny's") and "Traceback" not in s.log()
 
 
 def cut_short(weights: Path) -> None:

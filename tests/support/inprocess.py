@@ -62,7 +62,11 @@ class InProcessServer(Serving):
             failed.set()
             self._uvicorn.should_exit = True
 
-        app = self.app = build_app(settings, on_load_failure)
+        try:
+            app = self.app = build_app(settings, on_load_failure)
+        except Exception:
+            self.stop()  # its log handler off: a refused start leaves nothing behind
+            raise
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_config=None, access_log=False, timeout_graceful_shutdown=30
         )
@@ -104,3 +108,22 @@ class InProcessServer(Serving):
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def refused_start(model: Path | str, cache_dir: Path, *args: str) -> str:
+    """Why `agent-memory serve MODEL ARGS` does not start, as the line it prints after "error: "
+    says it: the same settings check, app build and first load as the process, in this one (a
+    process's own exit status and output: tests/test_several_models.py). A start fails the test."""
+    from agent_memory.api.sealing import SealKeyError
+    from agent_memory.config import ConfigError
+    from agent_memory.models.folders import ModelError
+
+    server = InProcessServer(model, cache_dir, *args)
+    try:
+        server.start()
+    except (ConfigError, ModelError, SealKeyError) as e:
+        return str(e)
+    except RuntimeError as e:  # the first model failed to load once the app was built
+        return str(e)
+    server.stop()
+    raise AssertionError(f"the server started with {args}")
