@@ -28,7 +28,8 @@ def chat(server, agent: str, content: str, **headers):
 
 
 def test_one_line_per_request_says_what_it_did(tiny_model, tmp_path):
-    with Server(tiny_model, tmp_path) as s:
+    """The text format, served in process (its log lines go to a file, as a process's do)."""
+    with InProcessServer(tiny_model, tmp_path) as s:
         for _ in range(3):
             assert httpx.get(s.base_url + "/health").status_code == 200
         chat(s, "secret-agent-name", "Which ship came in?", **{"X-Request-Id": "req-one"})
@@ -37,12 +38,7 @@ def test_one_line_per_request_says_what_it_did(tiny_model, tmp_path):
         assert httpx.delete(s.base_url + "/v1/agents/secret-agent-name").status_code == 200
         bad = httpx.post(s.base_url + "/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]})
         assert bad.status_code == 400
-        # A prompt longer than the model's context, counted: tokenizers' own warning stays out.
-        long = [{"role": "user", "content": "lighthouse keeper " * 3000}]
-        counted = httpx.post(s.base_url + "/v1/messages/count_tokens", json={"model": "tiny", "messages": long})
-        assert counted.json()["input_tokens"] > 4096
     log = s.log()  # once it has stopped: a request's line is written after its response is sent
-    assert "Token indices sequence length" not in log
     lines = [line for line in log.splitlines() if "agent_memory.requests" in line]
     (first,) = [line for line in lines if "request_id=req-one" in line]
     (second,) = [line for line in lines if "request_id=req-two" in line]
@@ -57,9 +53,15 @@ def test_one_line_per_request_says_what_it_did(tiny_model, tmp_path):
 
 
 def test_json_logs_and_agent_ids_on_request(tiny_model, tmp_path):
+    """The process's own logging: JSON lines, agent ids named, and nothing else on its output."""
     with Server(tiny_model, tmp_path, "--log-format", "json", "--log-agent-ids") as s:
         chat(s, "named-agent", "Hello.")
+        # A prompt longer than the model's context, counted: tokenizers' own warning stays out.
+        long = [{"role": "user", "content": "lighthouse keeper " * 3000}]
+        counted = httpx.post(s.base_url + "/v1/messages/count_tokens", json={"model": "tiny", "messages": long})
+        assert counted.json()["input_tokens"] > 4096
     log = s.log()  # once it has stopped, as above
+    assert "Token indices sequence length" not in log
     records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     request = next(r for r in records if r.get("name") == "agent_memory.requests" and r["request"]["status"] == 200)
     assert request["request"]["agent"] == "named-agent" and request["levelname"] == "INFO"
