@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from agent_memory.cli.cache.commands import cache_app
 from tests.support.chat import tiers
+from tests.support.inprocess import InProcessServer
 from tests.support.server import Server
 from tests.support.services import HAProxy, RedisServer, haproxy_config
 
@@ -56,10 +57,10 @@ def redis(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model, tmp_path_factory, redis):
-    """Three servers on the shared tier and one without any warm tier (the reference), started
-    together (a start is mostly waiting for imports)."""
+    """Three server processes on the shared tier, started together (a start is mostly waiting
+    for imports), and one without any warm tier in this process: the reference answers."""
     servers = [Server(tiny_model, tmp_path_factory.mktemp(f"s{i}"), "--warm-store", redis.url) for i in range(3)]
-    fresh = Server(tiny_model, tmp_path_factory.mktemp("fresh"), "--disk-budget-mb", "0")
+    fresh = InProcessServer(tiny_model, tmp_path_factory.mktemp("fresh"), "--disk-budget-mb", "0")
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda s: s.start(), [*servers, fresh]))
     yield servers, fresh
@@ -67,7 +68,7 @@ def cluster(tiny_model, tmp_path_factory, redis):
         s.stop()
 
 
-def fresh_answer(fresh: Server, msgs: list[dict]) -> str:
+def fresh_answer(fresh: InProcessServer, msgs: list[dict]) -> str:
     return ask(fresh.client(), msgs, None).choices[0].message.content
 
 
