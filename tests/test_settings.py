@@ -10,7 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from agent_memory.cli import app
 from agent_memory.cli.serve import HELP_GROUPS
 from agent_memory.config import ConfigError, Settings, load_settings
 from tests.support.chat import chat
@@ -131,9 +133,22 @@ def test_flag_beats_env_beats_file_beats_default(name, tmp_path, monkeypatch):
         ('default_max_tokens = ["a=lots"]\n', "--default-max-tokens"),
     ],
 )
-def test_a_wrong_setting_is_a_clear_error_at_start(toml, named, tmp_path, tiny_model):
+def test_a_wrong_setting_is_a_clear_error_at_start(toml, named, tmp_path, tiny_model, monkeypatch):
+    """`serve`'s own command, in process: the settings are read and refused before anything loads."""
     config = tmp_path / "config.toml"
     config.write_text(toml)
+    for key in [k for k in os.environ if k.startswith("AGENT_MEMORY_")]:
+        monkeypatch.delenv(key)
+    serve = ["serve", "--model", str(tiny_model), "--cache-dir", str(tmp_path)]
+    r = CliRunner().invoke(app, serve, env={"AGENT_MEMORY_CONFIG": str(config)})
+    assert r.exit_code == 2, r.output
+    assert named in r.stderr and "Traceback" not in r.output and isinstance(r.exception, SystemExit)
+
+
+def test_a_wrong_setting_stops_the_process_with_status_2(tiny_model, tmp_path):
+    """The same refusal from the process itself: its status and one clear line on stderr."""
+    config = tmp_path / "config.toml"
+    config.write_text("kv_bits = 5\n")
     r = subprocess.run(
         [sys.executable, "-m", "agent_memory", "serve", "--model", str(tiny_model), "--cache-dir", str(tmp_path)],
         capture_output=True,
@@ -142,7 +157,7 @@ def test_a_wrong_setting_is_a_clear_error_at_start(toml, named, tmp_path, tiny_m
         env={"AGENT_MEMORY_CONFIG": str(config), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
     assert r.returncode == 2, r.stderr
-    assert named in r.stderr and "Traceback" not in r.stderr
+    assert "--kv-bits" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_the_config_file_reaches_the_running_server(tiny_model, tmp_path):
