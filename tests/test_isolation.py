@@ -4,13 +4,14 @@ disk, before or after a restart."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 
 import httpx
 import openai
 import pytest
+from typer.testing import CliRunner
 
+from agent_memory.cli import app
 from tests.support.inprocess import InProcessServer
 
 pytestmark = pytest.mark.process
@@ -90,14 +91,12 @@ def test_tenants_have_their_own_agents_and_blocks_even_after_a_restart(tenants):
 
 
 @pytest.mark.parametrize("content", ["alice\n", "alice key-1 extra\n", "al ice key\n", "a k\nb k\n", "# only comments\n"])
-def test_a_broken_keys_file_stops_the_start_naming_its_line(tiny_model, tmp_path, content):
+def test_a_broken_keys_file_stops_the_start_naming_its_line(tiny_model, tmp_path, content, monkeypatch):
+    """`serve`'s own command, in process (tests/test_settings.py runs such a refusal as a process)."""
     keys = tmp_path / "keys"
     keys.write_text(content)
-    r = subprocess.run(
-        [sys.executable, "-m", "agent_memory", "serve", "--model", str(tiny_model), "--api-keys-file", str(keys)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AGENT_MEMORY_CONFIG": str(tmp_path / "none.toml")},
-    )
-    assert r.returncode == 2 and str(keys) in r.stderr and "Traceback" not in r.stderr
+    for key in [k for k in os.environ if k.startswith("AGENT_MEMORY_")]:
+        monkeypatch.delenv(key)
+    serve = ["serve", "--model", str(tiny_model), "--api-keys-file", str(keys)]
+    r = CliRunner().invoke(app, serve, env={"AGENT_MEMORY_CONFIG": str(tmp_path / "none.toml")})
+    assert r.exit_code == 2 and str(keys) in r.stderr and "Traceback" not in r.output, r.output
