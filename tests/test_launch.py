@@ -7,26 +7,29 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import Result
+from typer.testing import CliRunner
 
+from agent_memory.cli import app
 from tests.support.server import free_port
+
 PROGRAMS = ["claude", "codex", "opencode", "qwen", "aider", "llm"]
 USER_PLACES = ("XDG_CONFIG_HOME", "CLAUDE_CONFIG_DIR", "CODEX_HOME", "LLM_USER_PATH", "AGENT_MEMORY_")
 
 
-def launch(home: Path, *args: str, path: str | None = None, cache: Path | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(USER_PLACES)}
+def launch(home: Path, *args: str, path: str | None = None, cache: Path | None = None) -> Result:
+    """`agent-memory launch ARGS` in this process (its logic is what these tests check) on a
+    temporary HOME: `exit_code`, `stdout`, `stderr`."""
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(USER_PLACES)}
     env.update(HOME=str(home), AGENT_MEMORY_CONFIG=str(home / "no-config.toml"), AGENT_MEMORY_PORT=str(free_port()))
     if path is not None:
         env["PATH"] = path
-    cmd = [sys.executable, "-m", "agent_memory", "launch", *args, "--cache-dir", str(cache or home / "cache")]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    return CliRunner().invoke(app, ["launch", *args, "--cache-dir", str(cache or home / "cache")], env=env)
 
 
 @pytest.mark.parametrize(
@@ -42,7 +45,7 @@ def launch(home: Path, *args: str, path: str | None = None, cache: Path | None =
 )
 def test_print_shows_the_settings_and_runs_nothing(server, tmp_path, program, shown):
     done = launch(tmp_path, program, "--print", "--base-url", server.base_url + "/v1", path="/nonexistent")
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert shown in done.stdout and f"{server.base_url}" in done.stdout and "context 4096 tokens" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, not even its cache folder
 
@@ -65,7 +68,7 @@ def test_write_config_changes_only_its_own_settings(server, tmp_path):
 
     for program in ("codex", "opencode", "claude", "aider", "qwen"):
         done = launch(tmp_path, program, "--write-config", "--base-url", server.base_url, path="/nonexistent")
-        assert done.returncode == 0, done.stderr
+        assert done.exit_code == 0, done.stderr
         assert done.stdout.startswith("---") and "+" in done.stdout  # the diff
     config = tomllib.loads(codex.read_text())
     assert config["approval_policy"] == "never" and config["mcp_servers"] == {"docs": {"command": "x"}}
@@ -94,24 +97,24 @@ def test_write_config_changes_only_its_own_settings(server, tmp_path):
     assert metadata["openai/tiny"]["max_input_tokens"] == 4096
 
     again = launch(tmp_path, "codex", "--write-config", "--base-url", server.base_url, path="/nonexistent")
-    assert again.returncode == 0 and again.stdout == "" and "already set" in again.stderr
+    assert again.exit_code == 0 and again.stdout == "" and "already set" in again.stderr
     assert len(list(codex.parent.glob("config.toml.*.bak"))) == 1
 
 
 def test_a_missing_program_is_named_with_how_to_install_it(server, tmp_path):
     done = launch(tmp_path, "qwen", "--base-url", server.base_url, "--", "-p", "hi", path="/nonexistent")
-    assert done.returncode == 1 and "npm install -g @qwen-code/qwen-code" in done.stderr
+    assert done.exit_code == 1 and "npm install -g @qwen-code/qwen-code" in done.stderr
 
 
 def test_unknown_program_or_model(server, tmp_path):
     unknown = launch(tmp_path, "vim", "--print", "--base-url", server.base_url)
-    assert unknown.returncode == 2 and "one of: claude, codex, opencode, qwen, aider, llm" in unknown.stderr
+    assert unknown.exit_code == 2 and "one of: claude, codex, opencode, qwen, aider, llm" in unknown.stderr
     other = launch(tmp_path, "claude", "--print", "--base-url", server.base_url, "--model", "gpt-9")
-    assert other.returncode == 1 and "serves no model 'gpt-9' (it serves: tiny)" in other.stderr
+    assert other.exit_code == 1 and "serves no model 'gpt-9' (it serves: tiny)" in other.stderr
 
 
 def test_a_running_server_is_found_by_its_record(server, tmp_path):
     """No --base-url: the server recorded in the cache folder (server.json) is the one used."""
     done = launch(tmp_path, "codex", "--print", path="/nonexistent", cache=server.cache_dir)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert f'base_url = "{server.base_url}/v1"' in done.stdout and "starting" not in done.stderr
