@@ -6,12 +6,9 @@ real server and SDKs."""
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +18,7 @@ import openai
 import pytest
 
 from agent_memory.models.tiny import build_tiny
+from tests.support.cli import cache_json
 from tests.support.inprocess import InProcessServer, refused_start
 from tests.support.metrics import metric
 from tests.support.server import Server
@@ -45,18 +43,6 @@ def turn(client, model: str, agent: str, question: str, history: list | None = N
 
 def follow(first, question: str) -> list:
     return [{"role": "user", "content": question}, {"role": "assistant", "content": first.choices[0].message.content}]
-
-
-def cache(server, *args: str) -> dict:
-    """`agent-memory cache ...` on the server's cache folder, its JSON output."""
-    done = subprocess.run(
-        [sys.executable, "-m", "agent_memory", "cache", *args, "--cache-dir", str(server.cache_dir)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "AGENT_MEMORY_CONFIG": "/nonexistent"},
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 def loaded(server) -> dict[str, bool]:
@@ -113,12 +99,12 @@ def test_two_models_each_with_its_own_agents(tiny_model, small, tmp_path):
         ]
         assert sorted(a["model"] for a in agents["data"] if a["kind"] == "unnamed") == ["small", "tiny"]
         # The cache commands see each model's folder, and end an agent in its own model only.
-        listed = cache(s, "ls", "--format", "json")["agents"]
+        listed = cache_json(s.cache_dir, "ls")["agents"]
         assert sorted((a["id"], a["model"]) for a in listed if a["id"] == "alice") == [
             ("alice", "qwen3"),
             ("alice", "tiny"),
         ]
-        cache(s, "rm", "alice", "--model", "qwen3", "--yes", "--format", "json")
+        cache_json(s.cache_dir, "rm", "alice", "--model", "qwen3", "--yes")
         held = [(a["id"], a["model"]) for a in httpx.get(s.base_url + "/v1/agents").json()["data"]]
         assert ("alice", "tiny") in held and ("alice", "small") not in held
         assert metric(s, "agent_memory_model_loaded", model="small") == 1

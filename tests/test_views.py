@@ -9,24 +9,11 @@ import json
 import time
 
 import httpx
-from typer.testing import CliRunner
 
-from agent_memory.cli.cache.commands import cache_app
 from tests.support.chat import ask
+from tests.support.cli import cache_json
 from tests.support.inprocess import InProcessServer
 from tests.support.metrics import metric
-
-
-def cache(cache_dir, *args: str) -> dict:
-    """The `cache` command line's JSON (run in this process: its commands reach the running
-    server through its server.json as from a shell)."""
-    result = CliRunner().invoke(
-        cache_app,
-        [*args, "--cache-dir", str(cache_dir), "--format", "json"],
-        env={"AGENT_MEMORY_CONFIG": str(cache_dir / "no-config.toml")},
-    )
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
 
 
 def manifests(cache_dir) -> list:
@@ -42,7 +29,7 @@ def wait_for(condition, timeout: float = 30) -> None:
 
 def views(server, cache_dir) -> dict:
     listing = httpx.get(server.base_url + "/v1/agents").json()
-    ls = cache(cache_dir, "ls")
+    ls = cache_json(cache_dir, "ls")
     return {
         "/v1/agents": (len(listing["data"]), listing["stored_responses"]),
         "totals": (listing["agents"], listing["stored_responses"]),
@@ -60,28 +47,28 @@ def test_every_view_counts_the_same_agents(tiny_model, tmp_path):
         response = client.responses.create(model="tiny", input="Remember me.", max_output_tokens=4, temperature=0)
         wait_for(lambda: len(manifests(cache_dir)) == 4)  # three agents and the response, written
         assert set(views(server, cache_dir).values()) == {(3, 1)}
-        assert {a["where"] for a in cache(cache_dir, "ls")["agents"]} == {"disk+server"}
+        assert {a["where"] for a in cache_json(cache_dir, "ls")["agents"]} == {"disk+server"}
 
         # An agent only in the server's memory (its manifest not written, here: taken away).
         stem = next(p for p in manifests(cache_dir) if json.loads(p.read_text())["agent"] == "c")
         stem.unlink()
         assert set(views(server, cache_dir).values()) == {(3, 1)}
-        where = {a["id"]: a["where"] for a in cache(cache_dir, "ls")["agents"]}
+        where = {a["id"]: a["where"] for a in cache_json(cache_dir, "ls")["agents"]}
         assert where == {"a": "disk+server", "b": "disk+server", "c": "server"}
 
         # Removing the stored response through `cache rm` goes through the server: both its KV
         # and its conversation file go.
         assert list((cache_dir / "responses").glob("*.json"))
-        cache(cache_dir, "rm", "-y", response.id)
+        cache_json(cache_dir, "rm", "-y", response.id)
         assert views(server, cache_dir)["/v1/agents"] == (3, 0)
         wait_for(lambda: not list((cache_dir / "responses").glob("*.json")))
 
     # No server: the disk's agents, in `ls` and `stats` alike.
-    assert [(a["id"], a["where"]) for a in sorted(cache(cache_dir, "ls")["agents"], key=lambda a: a["id"])] == [
+    assert [(a["id"], a["where"]) for a in sorted(cache_json(cache_dir, "ls")["agents"], key=lambda a: a["id"])] == [
         ("a", "disk"),
         ("b", "disk"),
     ]
-    assert (cache(cache_dir, "stats")["total"]["agents"], cache(cache_dir, "stats")["total"]["stored_responses"]) == (2, 0)
+    assert (cache_json(cache_dir, "stats")["total"]["agents"], cache_json(cache_dir, "stats")["total"]["stored_responses"]) == (2, 0)
 
 
 def test_cache_rm_of_a_stored_response_with_no_server_leaves_none_of_its_files(tiny_model, tmp_path):
@@ -89,6 +76,6 @@ def test_cache_rm_of_a_stored_response_with_no_server_leaves_none_of_its_files(t
     with InProcessServer(tiny_model, cache_dir) as server:
         response = server.client().responses.create(model="tiny", input="Hi.", max_output_tokens=4, temperature=0)
         wait_for(lambda: len(manifests(cache_dir)) == 1 and list((cache_dir / "responses").glob("*.json")))
-    assert cache(cache_dir, "ls")["stored_responses"] == 1
-    cache(cache_dir, "rm", "-y", response.id)
+    assert cache_json(cache_dir, "ls")["stored_responses"] == 1
+    cache_json(cache_dir, "rm", "-y", response.id)
     assert manifests(cache_dir) == [] and list((cache_dir / "responses").glob("*.json")) == []
