@@ -97,29 +97,36 @@ def joined(chunks) -> tuple:
     return text or None, [calls[i] for i in sorted(calls)], finish
 
 
-def streamed(client, body: dict) -> tuple:
-    return joined(client.chat.completions.create(**body, stream=True))
+def said(client, body: dict, stream: bool) -> tuple[tuple, object]:
+    """What the reply to `body` says (`answer`), and its usage, streamed (the usage in its last
+    chunk) or not."""
+    if not stream:
+        response = client.chat.completions.create(**body)
+        return answer(response), response.usage
+    chunks = list(client.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+    return joined(chunks), chunks[-1].usage
 
 
-def predictions(response) -> tuple[int, int]:
-    details = response.usage.completion_tokens_details
+def predictions(usage) -> tuple[int, int]:
+    details = usage.completion_tokens_details
     return details.accepted_prediction_tokens, details.rejected_prediction_tokens
 
 
 def test_greedy_output_equals_output_without_speculation(servers):
+    """Each request asked once with speculation, streamed or not in turn: every budget is asked
+    both ways over the prompts."""
     off, on = servers
     plain, spec = off, on.client()
     accepted = rejected = 0
-    for prompt in PROMPTS:
-        for max_tokens, kw in ((7, {}), (29, FEW), (80, {}), (80, FEW)):  # max_tokens may cut an accepted run
+    for n, prompt in enumerate(PROMPTS):
+        for m, (max_tokens, kw) in enumerate(((7, {}), (29, FEW), (80, {}), (80, FEW))):  # may cut an accepted run
             body = request(prompt, max_tokens, **kw)
             expected = plain.create(**body)
-            got = spec.chat.completions.create(**body)
-            assert answer(got) == answer(expected)
-            assert got.usage.completion_tokens == expected.usage.completion_tokens
-            assert streamed(spec, body) == answer(expected)
-            accepted, rejected = accepted + predictions(got)[0], rejected + predictions(got)[1]
-            assert predictions(expected) == (0, 0)
+            got, usage = said(spec, body, stream=(n + m) % 2 == 1)
+            assert got == answer(expected)
+            assert usage.completion_tokens == expected.usage.completion_tokens
+            accepted, rejected = accepted + predictions(usage)[0], rejected + predictions(usage)[1]
+            assert predictions(expected.usage) == (0, 0)
     assert accepted > 0 and rejected > 0  # speculation ran: runs were verified, some refused
     assert metric(on, "agent_memory_speculation_accepted_tokens_total") >= accepted
     assert metric(on, "agent_memory_speculation_proposed_tokens_total") >= accepted
@@ -128,13 +135,11 @@ def test_greedy_output_equals_output_without_speculation(servers):
 def test_stop_strings_inside_accepted_runs(servers):
     off, on = servers
     plain, spec = off, on.client()
-    for prompt in PROMPTS[:2]:
+    for n, prompt in enumerate(PROMPTS[:2]):
         text = plain.create(**request(prompt, 80, **FEW)).choices[0].message.content
-        for at in (5, len(text) // 2, len(text) - 6):
+        for m, at in enumerate((5, len(text) // 2, len(text) - 6)):  # each both ways over the prompts
             body = request(prompt, 80, stop=[text[at : at + 4]], **FEW)
-            expected = plain.create(**body)
-            assert answer(spec.chat.completions.create(**body)) == answer(expected)
-            assert streamed(spec, body) == answer(expected)
+            assert said(spec, body, stream=(n + m) % 2 == 1)[0] == answer(plain.create(**body))
 
 
 def test_batch_of_eight_mixed_equals_solo_without_speculation(servers):
@@ -182,7 +187,7 @@ def test_cached_follow_up_turn_answers_exactly(servers):
     for n, prompt in enumerate(PROMPTS):
         agent = {"prompt_cache_key": f"editor-{n}"}
         first = spec.chat.completions.create(**request(prompt, 80, **FEW), extra_body=agent)
-        rejected += predictions(first)[1]
+        rejected += predictions(first.usage)[1]
         messages = [
             {"role": "user", "content": prompt},
             {"role": "assistant", "content": first.choices[0].message.content},
@@ -207,7 +212,7 @@ def test_seeded_sampling_equals_sampling_without_speculation(servers):
             body = request(prompt, 60, seed=11, **kw) | {"temperature": 0.7, "top_p": 0.9}
             expected = answer(off.create(**body))
             alone = spec.chat.completions.create(**body)
-            accepted += predictions(alone)[0]
+            accepted += predictions(alone.usage)[0]
             assert answer(alone) == expected
 
             async def with_others():
