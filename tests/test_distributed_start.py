@@ -1,59 +1,22 @@
-"""`agent-memory serve` under `mlx.launch` (issue #38): two local ranks on the ring backend start,
-split the model (tensor where the family shards, pipeline where asked), agree the layout, and
-rank 0 alone serves HTTP while rank 1 follows; what cannot work split is refused at start with
-the reason on every rank; a stuck collective ends the process (the watchdog)."""
+"""`agent-memory serve` under `mlx.launch` (issue #38): two local ranks on the ring backend agree
+the layout (another model on one rank stops every rank with one line); what cannot work split is
+refused at start with the reason on every rank; a stuck collective ends the process (the
+watchdog). The splits that start and serve are tests/test_distributed_serve.py's."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
 
 import pytest
 
+from agent_memory.config import Settings
 from agent_memory.engine.loading.budget import RankShares
 from tests.support.distributed import Launched
 from tests.support.server import REPO
 
 pytestmark = pytest.mark.process
-
-
-def test_tensor_split_rank_0_serves_and_rank_1_follows(tiny_model, tmp_path):
-    launched = Launched(tiny_model, tmp_path / "cache")
-    try:
-        health = launched.health()
-        assert health["status"] == "ok"
-        assert health["ranks"] == {
-            "size": 2,
-            "mode": "tensor",
-            "layout": "tensor 2×: kv heads 0 | 1",  # the tiny llama's 2 KV heads, one a rank
-            "parts": [{"rank": 0, "kv_heads": [0, 1], "layers": [0, 4]}, {"rank": 1, "kv_heads": [1, 2], "layers": [0, 4]}],
-        }
-        launched.wait_for(r"rank=0/2 agent_memory\.api\.app: ready at .*; 2 ranks, tensor 2×: kv heads 0 \| 1")
-        log = launched.wait_for(r"rank=1/2 agent_memory\.cli\.distributed: rank 1 follows rank 0: tensor 2×: kv heads 0 \| 1, 4 l")
-        assert "rank=1/2 uvicorn" not in log  # rank 1 binds no port
-        assert "speculation off: not yet run split over processes" in log
-        os.kill(launched.rank_0_pid(), signal.SIGTERM)
-        log = launched.ended()
-        assert "rank=1/2 agent_memory.engine.distributed.follower: rank 0 stopped: stopping" in log
-    finally:
-        launched.stop()
-
-
-def test_pipeline_split_where_asked(tmp_path):
-    from agent_memory.models.tiny import build_tiny
-
-    qwen2 = build_tiny(tmp_path / "qwen2", arch="qwen2")
-    launched = Launched(qwen2, tmp_path / "cache", "--distributed", "pipeline")
-    try:
-        ranks = launched.health()["ranks"]
-        # mlx-lm's pipeline gives rank 0 the last layers; each rank keeps caches for its own only
-        assert ranks["layout"] == "pipeline 2×: layers 2-3 | 0-1"
-        launched.wait_for(r"rank 1 follows rank 0: pipeline 2×: layers 2-3 \| 0-1, 2 layers here")
-    finally:
-        launched.stop()
 
 
 def test_another_model_on_one_rank_stops_every_rank_with_one_line(tiny_model, tmp_path):
@@ -115,6 +78,14 @@ def test_each_reason_a_split_is_refused(case, why, tiny_model, tiny_embedding, t
     assert flag_refusal(settings, 2) is None
     with pytest.raises(ConfigError, match=re.escape(why)):
         prepare(settings, SimpleNamespace(size=2), model)
+
+
+def test_a_shared_redis_warm_tier_is_refused_split_with_the_reason():
+    from agent_memory.cli.distributed import flag_refusal
+
+    why = flag_refusal(Settings(model=["tiny"], warm_store="redis://127.0.0.1:6379"), 2)
+    assert why.startswith("--warm-store: a model split over processes keeps its warm tier in each rank's own cache")
+    assert flag_refusal(Settings(model=["tiny"], warm_store="redis://127.0.0.1:6379", disk_budget_mb=0), 2) is None
 
 
 def test_a_stuck_collective_ends_the_process(tmp_path):

@@ -1,7 +1,8 @@
 """`mlx.launch --backend ring -n 2 … agent-memory serve` on 127.0.0.1, as the tests of a model
 split over processes start it (tests/test_distributed_start.py, test_distributed_serve.py): the
 ranks' interleaved log, rank 0's /health and pid, its stop by SIGTERM (the launcher then stops
-the others; it exits 0 itself even when a rank failed, so tests read rank 0's status and log)."""
+the others; it exits 0 itself even when a rank failed, so tests read rank 0's status and log);
+`Pair`, a split server stopped and launched again on its folders next to a one-process reference."""
 
 from __future__ import annotations
 
@@ -116,3 +117,30 @@ class Launched(Serving):
                 self.proc.kill()
         if not self._log.closed:
             self._log.close()
+
+
+class Pair:
+    """A model's two-process server (`split`, launched again on the same folders by `start`) and
+    its one-process reference (`one`, an in-process server): the tests of one split share both."""
+
+    def __init__(self, model: Path, folder: Path, args: list[str], one: Serving) -> None:
+        self.model, self.folder, self.args, self.one = model, folder, args, one
+        self.split = Launched(model, folder, *args)
+
+    def stop(self) -> str:
+        """Rank 0 stopped by SIGTERM, and rank 1 with it once told (each flushes its warm
+        folder first): their log."""
+        os.kill(self.split.rank_0_pid(), signal.SIGTERM)
+        log = self.split.ended()
+        assert "rank=1/2 agent_memory.engine.distributed.follower: rank 0 stopped: stopping" in log, log
+        return log
+
+    def start(self) -> Launched:
+        """Both ranks launched again on their folders, once serving."""
+        self.split = Launched(self.model, self.folder, *self.args)
+        self.split.health()
+        return self.split
+
+    def serving(self) -> Launched:
+        """The split, launched again if a test left it stopped."""
+        return self.split if self.split.proc.poll() is None else self.start()
