@@ -19,7 +19,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import Result
 from tokenizers import Tokenizer
+from typer.testing import CliRunner
+
+from agent_memory.cli import app
+from agent_memory.config import Settings
 
 from tests.support.scripted import CONTEXT, LINE_END, scripted_model
 from tests.support.inprocess import InProcessServer
@@ -55,9 +60,9 @@ def python_program(name: str) -> Path:
     return path
 
 
-def logged_requests(server: Serving, path: str) -> list[dict[str, str]]:
-    """The server's request log lines for `path`, as their key=value fields."""
-    lines = [line for line in server.log().splitlines() if "agent_memory.requests:" in line]
+def logged_requests(log: str, path: str) -> list[dict[str, str]]:
+    """A server log's request lines for `path`, as their key=value fields."""
+    lines = [line for line in log.splitlines() if "agent_memory.requests:" in line]
     fields = [dict(re.findall(r"(\w+)=(\S+)", line.split("agent_memory.requests:", 1)[1])) for line in lines]
     return [f for f in fields if f.get("path") == path and f.get("method") == "POST"]
 
@@ -85,6 +90,21 @@ def launch(binary: Path, args: list[str], cwd: Path, env: dict[str, str], code: 
     }
     cmd = [sys.executable, "-m", "agent_memory", "launch", *args[:1], "--cache-dir", cache, *args[1:]]
     return run(cmd, cwd, env, code)
+
+
+def launch_here(binary: Path, args: list[str], env: dict[str, str], code: int = 0) -> Result:
+    """`agent-memory launch` as `launch` runs it, in this process (typer's runner): for what is the
+    command's own logic (what it refuses, the files it writes), where no program runs."""
+    cache = env.pop("CACHE")
+    env = {
+        **env,
+        "PATH": f"{binary.parent}{os.pathsep}{os.environ['PATH']}",
+        "AGENT_MEMORY_CONFIG": str(Path(cache) / "no-config.toml"),
+        "AGENT_MEMORY_PORT": env.pop("PORT"),
+    }
+    done = CliRunner().invoke(app, ["launch", *args[:1], "--cache-dir", cache, *args[1:]], env=env)
+    assert done.exit_code == code, f"launch exited {done.exit_code}:\n{done.output}"
+    return done
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +135,7 @@ def test_codex_exec_completes_a_task_with_a_tool_call(models, tmp_path, model):
         task = "What is the current goal? Use the get_goal tool."
         args = ["codex", "--base-url", server.base_url, "--", "exec", "--skip-git-repo-check", "--json", task]
         done = launch(codex, args, work, {"CODEX_HOME": str(home), "CACHE": str(tmp_path / "launch")})
-        requests = logged_requests(server, "/v1/responses")
+        requests = logged_requests(server.log(), "/v1/responses")
         log = server.log()
 
     if model == "gpt-5.5":  # its freeform apply_patch is offered; its tool_search is left out, said once
@@ -163,7 +183,7 @@ def test_claude_code_turns_reuse_the_previous_one(models, tmp_path, release):
         first = launch(claude, ["claude", "--base-url", server.base_url, "--", "-p", "Say hello."], work, dict(env))
         again = ["claude", "--base-url", server.base_url, "--", "-p", "--continue", "Once more."]
         second = launch(claude, again, work, dict(env))
-        requests = logged_requests(server, "/v1/messages")
+        requests = logged_requests(server.log(), "/v1/messages")
         log = server.log()
 
     assert first.stdout.strip() == ANSWER and second.stdout.strip() == ANSWER
@@ -196,7 +216,7 @@ def test_claude_code_with_a_main_and_a_small_model(models, tmp_path):
         }
         main_turn = run([str(claude), "-p", "Say hello."], work, env)
         small_turn = run([str(claude), "-p", "--model", "haiku", "Say hello."], work, env)
-        requests = logged_requests(server, "/v1/messages")
+        requests = logged_requests(server.log(), "/v1/messages")
         log = server.log()
 
     assert main_turn.stdout.strip() == ANSWER and small_turn.stdout.strip() == ANSWER
@@ -220,7 +240,7 @@ def test_claude_code_compacts_on_prompt_too_long(tmp_path):
         run([str(claude), "-p", "Say hello."], work, env)
         words = " ".join(f"word{i}" for i in range(400))
         failed = run([str(claude), "-p", "--continue", f"Remember these: {words}"], work, env, code=1)
-        requests = logged_requests(server, "/v1/messages")
+        requests = logged_requests(server.log(), "/v1/messages")
         log = server.log()
 
     assert "Prompt is too long" in failed.stdout + failed.stderr
@@ -244,7 +264,7 @@ def test_claude_code_sub_agents_each_reuse_their_own_turns(tmp_path):
         # before it sends a request (seen in CI): run it in the foreground.
         env = {**claude_env(server, home, CONTEXT), "CLAUDE_CODE_DISABLE_BACKGROUND_TASKS": "1"}
         done = run([str(claude), "-p", "Use a sub-agent to say hello."], work, env)
-        requests = logged_requests(server, "/v1/messages")
+        requests = logged_requests(server.log(), "/v1/messages")
 
     assert done.stdout.strip().endswith(ANSWER) and {r["status"] for r in requests} == {"200"}
     by_agent: dict[str, list[dict]] = {}
@@ -272,10 +292,10 @@ def test_opencode_through_launch_turns_reuse_the_previous_one(models, tmp_path):
         env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
         first_launch = ["opencode", "--base-url", server.base_url, "--", "run", "Say hello."]
         third = launch(opencode, first_launch, work, dict(env))
-        launched = logged_requests(server, "/v1/chat/completions")
+        launched = logged_requests(server.log(), "/v1/chat/completions")
         again = ["opencode", "--base-url", server.base_url, "--", "run", "--continue", "Once more."]
         fourth = launch(opencode, again, work, dict(env))
-        continued = logged_requests(server, "/v1/chat/completions")[len(launched) :]
+        continued = logged_requests(server.log(), "/v1/chat/completions")[len(launched) :]
 
     assert third.stdout.strip().endswith(ANSWER) and fourth.stdout.strip().endswith(ANSWER)
     assert {r["status"] for r in launched + continued} == {"200"}
@@ -298,12 +318,12 @@ def test_qwen_code_answers_through_launch(models, tmp_path):
         env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
         args = ["qwen", "--base-url", server.base_url, "--"]
         first = launch(qwen, [*args, "-p", "Say hello."], work, dict(env), code=None)
-        requests = logged_requests(server, "/v1/chat/completions")
+        requests = logged_requests(server.log(), "/v1/chat/completions")
         # Its `agent` tool's `fork_turns` is a oneOf llguidance cannot compile: loosened to anyOf.
         assert "oneOf as anyOf" in server.log()
         assert first.returncode == 0, first.stderr[-3000:]
         second = launch(qwen, [*args, "-p", "Once more.", "--continue"], work, dict(env))
-        later = logged_requests(server, "/v1/chat/completions")[len(requests) :]
+        later = logged_requests(server.log(), "/v1/chat/completions")[len(requests) :]
 
     assert first.stdout.strip().endswith(ANSWER) and second.stdout.strip().endswith(ANSWER)
     assert {r["status"] for r in requests + later} == {"200"}, requests + later
@@ -340,13 +360,13 @@ def test_opencode_without_a_session_key_is_remembered_whole_and_after_a_restart(
     with InProcessServer(models["answers"], tmp_path / "cache") as server:
         opencode_by_hand(work, server)
         first = run([str(opencode), "run", "Say hello."], work, env)
-        one = logged_requests(server, "/v1/chat/completions")
+        one = logged_requests(server.log(), "/v1/chat/completions")
         second = run([str(opencode), "run", "--continue", "Once more."], work, env)
-        two = logged_requests(server, "/v1/chat/completions")[len(one) :]
+        two = logged_requests(server.log(), "/v1/chat/completions")[len(one) :]
     with InProcessServer(models["answers"], tmp_path / "cache") as server:
         opencode_by_hand(work, server)
         third = run([str(opencode), "run", "--continue", "And again."], work, env)
-        three = logged_requests(server, "/v1/chat/completions")
+        three = logged_requests(server.log(), "/v1/chat/completions")
 
     assert all(r.stdout.strip().endswith(ANSWER) for r in (first, second, third))
     assert {r["status"] for r in one + two + three} == {"200"}
@@ -356,31 +376,6 @@ def test_opencode_without_a_session_key_is_remembered_whole_and_after_a_restart(
     assert int(turns[1]["cached_tokens"]) >= whole(turns[0], models["answers"]), turns
     assert turns[1]["miss"].startswith("none@"), turns  # recognised by its content: nothing missed
     assert int(turns[2]["warm_tokens"]) >= 0.9 * whole(turns[1], models["answers"]), turns
-
-
-def test_llm_continued_without_a_name_is_remembered_whole_and_after_a_restart(models, tmp_path):
-    """`llm -c` names no agent: its conversation is recognised by content, so the next turn
-    reuses all of the previous one, reply included, and after a restart at least 90 % from disk."""
-    llm = python_program("llm")
-    user = tmp_path / "llm"
-    user.mkdir()
-    env = {"LLM_USER_PATH": str(user)}
-    requests = []
-    for prompts in (["Say hello.", "Once more."], ["And again."]):  # a restart between
-        with InProcessServer(models["answers"], tmp_path / "cache") as server:
-            (user / "extra-openai-models.yaml").write_text(
-                f'- model_id: local\n  model_name: local\n  api_base: "{server.base_url}/v1"\n'
-            )
-            for i, prompt in enumerate(prompts):
-                args = ["-m", "local"] if not requests and i == 0 else ["-c"]
-                assert run([str(llm), *args, prompt], tmp_path, env).stdout.strip() == ANSWER
-            requests += logged_requests(server, "/v1/chat/completions")
-
-    assert [r["status"] for r in requests] == ["200"] * 3, requests
-    one, two, three = requests
-    assert one["agent"].startswith("~") and two["agent"] == three["agent"] == one["agent"], requests
-    assert int(two["cached_tokens"]) >= whole(one, models["answers"]), requests
-    assert int(three["warm_tokens"]) >= 0.9 * whole(two, models["answers"]), requests
 
 
 def test_aider_answers_and_its_next_turn_reuses_its_head(models, tmp_path):
@@ -398,7 +393,7 @@ def test_aider_answers_and_its_next_turn_reuses_its_head(models, tmp_path):
         env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
         first = launch(aider, [*flags, "--message", "Say hello."], work, dict(env))
         second = launch(aider, [*flags, "--restore-chat-history", "--message", "Once more."], work, dict(env))
-        requests = logged_requests(server, "/v1/chat/completions")
+        requests = logged_requests(server.log(), "/v1/chat/completions")
 
     # aider prints a reply's lines with a blank line between them.
     assert all(line in done.stdout for done in (first, second) for line in ANSWER.splitlines())
@@ -411,28 +406,49 @@ def test_aider_answers_and_its_next_turn_reuses_its_head(models, tmp_path):
     assert two["miss"] == f"new_conversation@{two['cached_tokens']}", requests
 
 
-def test_launch_llm_writes_its_model_once_then_starts_and_stops_a_server(models, tmp_path):
+def test_llm_through_launch_then_continued_by_hand_is_remembered_after_a_restart_and_whole(models, tmp_path):
     """llm reads its models only from its own yaml: launch says so until --write-config adds the
-    entry (supports_schema, so `llm --schema` works); then each launch starts a server for the
-    run, on the configured port, and stops it when llm is done."""
+    entry (supports_schema, so `llm --schema` works); then a launch with no server running starts
+    one for the run, on the configured port, and stops it when llm is done. `llm -c` names no
+    agent: its conversation is recognised by content, so after that restart (the folder's server
+    now another) at least 90 % of it comes back from disk, and the next turn reuses all of the
+    previous one, reply included."""
     llm = python_program("llm")
-    user, port = tmp_path / "llm", str(free_port())
+    user, cache = tmp_path / "llm", tmp_path / "launch"
     user.mkdir()
-    (user / "extra-openai-models.yaml").write_text("- model_id: other\n  model_name: other\n")  # the user's own
-    env = {"LLM_USER_PATH": str(user), "CACHE": str(tmp_path / "launch"), "PORT": port}
-    args = ["llm", "--model", str(models["answers"])]
-    refused = launch(llm, [*args, "--", "Say hello."], tmp_path, dict(env), code=1)
-    assert "--write-config" in refused.stderr and "has no entry for scripted-answer" in refused.stderr
-
-    written = launch(llm, [*args, "--write-config"], tmp_path, dict(env))
+    models_file = user / "extra-openai-models.yaml"
+    models_file.write_text("- model_id: other\n  model_name: other\n")  # the user's own
+    model, kv_bits = str(models["answers"]), str(Settings.model_fields["kv_bits"].default)  # as launch's server: its disk blocks read back
+    running = InProcessServer(model, cache, "--kv-bits", kv_bits)  # on the configured port: launch finds it
+    env = {"LLM_USER_PATH": str(user), "CACHE": str(cache), "PORT": str(running.port)}
+    args = ["llm", "--model", model]
+    with running:  # the command's logic, run in process
+        refused = launch_here(llm, [*args, "--", "Say hello."], dict(env), code=1)
+        assert "--write-config" in refused.stderr and "has no entry for scripted-answer" in refused.stderr
+        written = launch_here(llm, [*args, "--write-config"], dict(env))
     assert "+  supports_schema: true" in written.stdout
-    assert "model_id: other" in (user / "extra-openai-models.yaml").read_text()  # the user's own kept
+    assert "model_id: other" in models_file.read_text()  # the user's own kept
     assert len(list(user.glob("extra-openai-models.yaml.*.bak"))) == 1
 
-    done = launch(llm, [*args, "--", "Say hello."], tmp_path, dict(env))
+    done = launch(llm, [*args, "--", "Say hello."], tmp_path, dict(env))  # no server running: one started
     assert done.stdout.strip() == ANSWER
-    log = (tmp_path / "launch" / "launch" / "server.log").read_text()
+    log = (cache / "launch" / "server.log").read_text()
     assert re.search(r"method=POST path=/v1/chat/completions .*status=200", log), log[-2000:]
-    assert f"127.0.0.1:{port}" in log and not list((tmp_path / "launch" / "kv").glob("*/server.json"))
+    assert f"127.0.0.1:{running.port}" in log and not list((cache / "kv").glob("*/server.json"))
     with pytest.raises(httpx.ConnectError):  # stopped with llm
-        httpx.get(f"http://127.0.0.1:{port}/health")
+        httpx.get(f"{running.base_url}/health")
+
+    requests = logged_requests(log, "/v1/chat/completions")
+    with InProcessServer(model, cache, "--kv-bits", kv_bits) as server:  # set up by hand (docs/usage.md)
+        with models_file.open("a") as f:
+            f.write(f'- model_id: local\n  model_name: local\n  api_base: "{server.base_url}/v1"\n')
+        for prompt in ("Once more.", "And again."):
+            by_hand = ["-c", "-m", "local", prompt]
+            assert run([str(llm), *by_hand], tmp_path, {"LLM_USER_PATH": str(user)}).stdout.strip() == ANSWER
+        requests += logged_requests(server.log(), "/v1/chat/completions")
+
+    assert [r["status"] for r in requests] == ["200"] * 3, requests
+    one, two, three = requests
+    assert one["agent"].startswith("~") and two["agent"] == three["agent"] == one["agent"], requests
+    assert int(two["warm_tokens"]) >= 0.9 * whole(one, models["answers"]), requests
+    assert int(three["cached_tokens"]) >= whole(two, models["answers"]), requests
