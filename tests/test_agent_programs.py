@@ -281,31 +281,6 @@ def test_claude_code_sub_agents_each_reuse_their_own_turns(tmp_path):
             assert after["miss"].startswith(("none@", "rewritten@")), turns
 
 
-def test_opencode_through_launch_turns_reuse_the_previous_one(models, tmp_path):
-    """opencode through launch: its own config, the session's id as the agent (setCacheKey); with
-    each turn it also sends a short title request. (Set up by hand, naming no agent: below.)"""
-    opencode = program("opencode-latest", "opencode")
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    with InProcessServer(models["answers"], tmp_path / "cache") as server:
-        env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
-        first_launch = ["opencode", "--base-url", server.base_url, "--", "run", "Say hello."]
-        third = launch(opencode, first_launch, work, dict(env))
-        launched = logged_requests(server.log(), "/v1/chat/completions")
-        again = ["opencode", "--base-url", server.base_url, "--", "run", "--continue", "Once more."]
-        fourth = launch(opencode, again, work, dict(env))
-        continued = logged_requests(server.log(), "/v1/chat/completions")[len(launched) :]
-
-    assert third.stdout.strip().endswith(ANSWER) and fourth.stdout.strip().endswith(ANSWER)
-    assert {r["status"] for r in launched + continued} == {"200"}
-    turn, next_turn = (main_turn(rs) for rs in (launched, continued))
-    assert int(turn["prompt_tokens"]) > 5_000
-    assert "agent" in turn and turn["agent"] == next_turn["agent"], launched  # the session (setCacheKey)
-    assert int(next_turn["cached_tokens"]) >= int(turn["prompt_tokens"]) - 64
-    assert next_turn["miss"].startswith("none@"), continued  # named: its next turn missed nothing
-
-
 def test_qwen_code_answers_through_launch(models, tmp_path):
     """Qwen Code (OpenAI's chat route, its OPENAI_* variables) through launch: a prompt answered,
     then the session continued, its prompt reused from memory (it sends no agent id: an unnamed
@@ -332,7 +307,7 @@ def test_qwen_code_answers_through_launch(models, tmp_path):
     assert int(next_main["cached_tokens"]) >= int(main["prompt_tokens"]) // 2
 
 
-def opencode_by_hand(work: Path, server: Server) -> None:
+def opencode_by_hand(work: Path, server: Serving) -> None:
     """docs/usage.md's opencode.json: its openai-compatible provider, no session key (unnamed)."""
     provider = {
         "npm": "@ai-sdk/openai-compatible",
@@ -348,26 +323,47 @@ def main_turn(requests: list[dict[str, str]]) -> dict[str, str]:
     return max(requests, key=lambda r: int(r["prompt_tokens"]))
 
 
-def test_opencode_without_a_session_key_is_remembered_whole_and_after_a_restart(models, tmp_path):
-    """opencode set up by hand sends no agent id: its session is recognised by content as one
-    unnamed conversation, so its next turn reuses the whole previous one (prompt and a reply
-    that came back as other tokens), and after a restart most of it from disk."""
+def test_opencode_through_launch_and_set_up_by_hand(models, tmp_path):
+    """opencode through launch: its own config, the session's id as the agent (setCacheKey); with
+    each turn it also sends a short title request. Set up by hand (in another folder, one home for
+    both) it sends no agent id: its session is recognised by content as one unnamed conversation,
+    so its next turn reuses the whole previous one (prompt and a reply that came back as other
+    tokens), and after a restart most of it from disk."""
     opencode = program("opencode-latest", "opencode")
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
+    home, launched_work, work = tmp_path / "home", tmp_path / "launched", tmp_path / "work"
+    for folder in (home, launched_work, work):
+        folder.mkdir()
     env = {"HOME": str(home)}
+    chats = "/v1/chat/completions"
     with InProcessServer(models["answers"], tmp_path / "cache") as server:
+        through_launch = {**env, "CACHE": str(tmp_path / "launch")}
+        first_launch = ["opencode", "--base-url", server.base_url, "--", "run", "Say hello."]
+        launched_first = launch(opencode, first_launch, launched_work, dict(through_launch))
+        launched = logged_requests(server.log(), chats)
+        again = ["opencode", "--base-url", server.base_url, "--", "run", "--continue", "Once more."]
+        launched_second = launch(opencode, again, launched_work, dict(through_launch))
+        continued = logged_requests(server.log(), chats)[len(launched) :]
+
         opencode_by_hand(work, server)
         first = run([str(opencode), "run", "Say hello."], work, env)
-        one = logged_requests(server.log(), "/v1/chat/completions")
+        one = logged_requests(server.log(), chats)[len(launched) + len(continued) :]
         second = run([str(opencode), "run", "--continue", "Once more."], work, env)
-        two = logged_requests(server.log(), "/v1/chat/completions")[len(one) :]
+        two = logged_requests(server.log(), chats)[len(launched) + len(continued) + len(one) :]
     with InProcessServer(models["answers"], tmp_path / "cache") as server:
         opencode_by_hand(work, server)
         third = run([str(opencode), "run", "--continue", "And again."], work, env)
-        three = logged_requests(server.log(), "/v1/chat/completions")
+        three = logged_requests(server.log(), chats)
 
+    # Through launch.
+    assert launched_first.stdout.strip().endswith(ANSWER) and launched_second.stdout.strip().endswith(ANSWER)
+    assert {r["status"] for r in launched + continued} == {"200"}
+    turn, next_turn = (main_turn(rs) for rs in (launched, continued))
+    assert int(turn["prompt_tokens"]) > 5_000
+    assert "agent" in turn and turn["agent"] == next_turn["agent"], launched  # the session (setCacheKey)
+    assert int(next_turn["cached_tokens"]) >= int(turn["prompt_tokens"]) - 64
+    assert next_turn["miss"].startswith("none@"), continued  # named: its next turn missed nothing
+
+    # By hand.
     assert all(r.stdout.strip().endswith(ANSWER) for r in (first, second, third))
     assert {r["status"] for r in one + two + three} == {"200"}
     turns = [main_turn(rs) for rs in (one, two, three)]
