@@ -124,20 +124,30 @@ def whole(turn: dict[str, str], model: Path) -> int:
     return int(turn["prompt_tokens"]) + len(reply)
 
 
+@pytest.fixture(scope="module")
+def codex_server(models, tmp_path_factory):
+    """The scripted caller served as `local` and as `gpt-5.5` (a copy: two models), for Codex's runs."""
+    root = tmp_path_factory.mktemp("codex")
+    known = shutil.copytree(models["calls"], root / "calls")
+    with InProcessServer(f"local={models['calls']}", root / "cache", "--model", f"gpt-5.5={known}") as server:
+        yield server
+
+
 @pytest.mark.parametrize("model", ["local", "gpt-5.5"])
-def test_codex_exec_completes_a_task_with_a_tool_call(models, tmp_path, model):
+def test_codex_exec_completes_a_task_with_a_tool_call(codex_server, tmp_path, model):
     """Any model name, and one Codex knows: to those it sends its freeform `apply_patch` tool,
     a `tool_search` tool, `text.verbosity` and a reasoning effort."""
     codex = program("codex-latest", "codex")
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    with InProcessServer(f"{model}={models['calls']}", tmp_path / "cache") as server:  # served as `model`
-        task = "What is the current goal? Use the get_goal tool."
-        args = ["codex", "--base-url", server.base_url, "--", "exec", "--skip-git-repo-check", "--json", task]
-        done = launch(codex, args, work, {"CODEX_HOME": str(home), "CACHE": str(tmp_path / "launch")})
-        requests = logged_requests(server.log(), "/v1/responses")
-        log = server.log()
+    server, before = codex_server, len(codex_server.log())
+    task = "What is the current goal? Use the get_goal tool."
+    args = ["codex", "--base-url", server.base_url, "--model", model]
+    args += ["--", "exec", "--skip-git-repo-check", "--json", task]
+    done = launch(codex, args, work, {"CODEX_HOME": str(home), "CACHE": str(tmp_path / "launch")})
+    log = server.log()[before:]  # this run's lines
+    requests = logged_requests(log, "/v1/responses")
 
     if model == "gpt-5.5":  # its freeform apply_patch is offered; its tool_search is left out, said once
         assert "the tool_search tool is one this server cannot run" in log
@@ -153,7 +163,7 @@ def test_codex_exec_completes_a_task_with_a_tool_call(models, tmp_path, model):
     assert [o["call_id"] for o in outputs] == [calls[0]["call_id"]]
 
     # The server: the call, then the answer with the first request's prompt served from memory.
-    assert [r["status"] for r in requests] == ["200", "200"], requests
+    assert [(r["status"], r["model"]) for r in requests] == [("200", model)] * 2, requests
     first, second = requests
     assert first["agent"] == second["agent"] and int(first["prompt_tokens"]) > 10_000
     assert int(second["cached_tokens"]) >= int(first["prompt_tokens"]) - 64
@@ -182,7 +192,8 @@ def test_claude_code_turns_reuse_the_previous_one(models, tmp_path, release):
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    with InProcessServer(f"main={models['answers']}", tmp_path / "cache", "--model", f"small={models['small']}") as server:
+    two_models = (f"main={models['answers']}", tmp_path / "cache", "--model", f"small={models['small']}")
+    with InProcessServer(*two_models) as server:
         env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
         at = ["claude", "--base-url", server.base_url, "--model", "main", "--"]
         first = launch(claude, [*at, "-p", "Say hello."], work, dict(env))
@@ -404,7 +415,8 @@ def test_llm_through_launch_then_continued_by_hand_is_remembered_after_a_restart
     user.mkdir()
     models_file = user / "extra-openai-models.yaml"
     models_file.write_text("- model_id: other\n  model_name: other\n")  # the user's own
-    model, kv_bits = str(models["answers"]), str(Settings.model_fields["kv_bits"].default)  # as launch's server: its disk blocks read back
+    model = str(models["answers"])
+    kv_bits = str(Settings.model_fields["kv_bits"].default)  # as launch's server, so its disk blocks read back
     running = InProcessServer(model, cache, "--kv-bits", kv_bits)  # on the configured port: launch finds it
     env = {"LLM_USER_PATH": str(user), "CACHE": str(cache), "PORT": str(running.port)}
     args = ["llm", "--model", model]
