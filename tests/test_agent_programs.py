@@ -19,7 +19,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import Result
 from tokenizers import Tokenizer
+from typer.testing import CliRunner
+
+from agent_memory.cli import app
+from agent_memory.config import Settings
 
 from tests.support.scripted import CONTEXT, LINE_END, scripted_model
 from tests.support.inprocess import InProcessServer
@@ -55,9 +60,9 @@ def python_program(name: str) -> Path:
     return path
 
 
-def logged_requests(server: Serving, path: str) -> list[dict[str, str]]:
-    """The server's request log lines for `path`, as their key=value fields."""
-    lines = [line for line in server.log().splitlines() if "agent_memory.requests:" in line]
+def logged_requests(log: str, path: str) -> list[dict[str, str]]:
+    """A server log's request lines for `path`, as their key=value fields."""
+    lines = [line for line in log.splitlines() if "agent_memory.requests:" in line]
     fields = [dict(re.findall(r"(\w+)=(\S+)", line.split("agent_memory.requests:", 1)[1])) for line in lines]
     return [f for f in fields if f.get("path") == path and f.get("method") == "POST"]
 
@@ -87,12 +92,28 @@ def launch(binary: Path, args: list[str], cwd: Path, env: dict[str, str], code: 
     return run(cmd, cwd, env, code)
 
 
+def launch_here(binary: Path, args: list[str], env: dict[str, str], code: int = 0) -> Result:
+    """`agent-memory launch` as `launch` runs it, in this process (typer's runner): for what is the
+    command's own logic (what it refuses, the files it writes), where no program runs."""
+    cache = env.pop("CACHE")
+    env = {
+        **env,
+        "PATH": f"{binary.parent}{os.pathsep}{os.environ['PATH']}",
+        "AGENT_MEMORY_CONFIG": str(Path(cache) / "no-config.toml"),
+        "AGENT_MEMORY_PORT": env.pop("PORT"),
+    }
+    done = CliRunner().invoke(app, ["launch", *args[:1], "--cache-dir", cache, *args[1:]], env=env)
+    assert done.exit_code == code, f"launch exited {done.exit_code}:\n{done.output}"
+    return done
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("scripted")
     return {
         "calls": scripted_model(root, tool="get_goal", answer=REPLY),
         "answers": scripted_model(root, tool=None, answer=REPLY),
+        "small": shutil.copytree(scripted_model(root, tool=None, answer=REPLY), root / "small"),  # a second model
     }
 
 
@@ -103,20 +124,30 @@ def whole(turn: dict[str, str], model: Path) -> int:
     return int(turn["prompt_tokens"]) + len(reply)
 
 
+@pytest.fixture(scope="module")
+def codex_server(models, tmp_path_factory):
+    """The scripted caller served as `local` and as `gpt-5.5` (a copy: two models), for Codex's runs."""
+    root = tmp_path_factory.mktemp("codex")
+    known = shutil.copytree(models["calls"], root / "calls")
+    with InProcessServer(f"local={models['calls']}", root / "cache", "--model", f"gpt-5.5={known}") as server:
+        yield server
+
+
 @pytest.mark.parametrize("model", ["local", "gpt-5.5"])
-def test_codex_exec_completes_a_task_with_a_tool_call(models, tmp_path, model):
+def test_codex_exec_completes_a_task_with_a_tool_call(codex_server, tmp_path, model):
     """Any model name, and one Codex knows: to those it sends its freeform `apply_patch` tool,
     a `tool_search` tool, `text.verbosity` and a reasoning effort."""
     codex = program("codex-latest", "codex")
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    with InProcessServer(f"{model}={models['calls']}", tmp_path / "cache") as server:  # served as `model`
-        task = "What is the current goal? Use the get_goal tool."
-        args = ["codex", "--base-url", server.base_url, "--", "exec", "--skip-git-repo-check", "--json", task]
-        done = launch(codex, args, work, {"CODEX_HOME": str(home), "CACHE": str(tmp_path / "launch")})
-        requests = logged_requests(server, "/v1/responses")
-        log = server.log()
+    server, before = codex_server, len(codex_server.log())
+    task = "What is the current goal? Use the get_goal tool."
+    args = ["codex", "--base-url", server.base_url, "--model", model]
+    args += ["--", "exec", "--skip-git-repo-check", "--json", task]
+    done = launch(codex, args, work, {"CODEX_HOME": str(home), "CACHE": str(tmp_path / "launch")})
+    log = server.log()[before:]  # this run's lines
+    requests = logged_requests(log, "/v1/responses")
 
     if model == "gpt-5.5":  # its freeform apply_patch is offered; its tool_search is left out, said once
         assert "the tool_search tool is one this server cannot run" in log
@@ -132,7 +163,7 @@ def test_codex_exec_completes_a_task_with_a_tool_call(models, tmp_path, model):
     assert [o["call_id"] for o in outputs] == [calls[0]["call_id"]]
 
     # The server: the call, then the answer with the first request's prompt served from memory.
-    assert [r["status"] for r in requests] == ["200", "200"], requests
+    assert [(r["status"], r["model"]) for r in requests] == [("200", model)] * 2, requests
     first, second = requests
     assert first["agent"] == second["agent"] and int(first["prompt_tokens"]) > 10_000
     assert int(second["cached_tokens"]) >= int(first["prompt_tokens"]) - 64
@@ -154,54 +185,44 @@ def claude_env(server: Serving, home: Path, context: int) -> dict[str, str]:
 
 @pytest.mark.parametrize("release", ["latest", "2.1.197"])
 def test_claude_code_turns_reuse_the_previous_one(models, tmp_path, release):
+    """Two turns through launch, on the main model of a server with two. The newest release then
+    runs as docs/usage.md's two-model set-up gives by hand: its small fast model (`haiku`) is the
+    server's other model, which loads on its first request."""
     claude = program(f"claude-{release}", "claude")
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    with InProcessServer(models["answers"], tmp_path / "cache") as server:
+    two_models = (f"main={models['answers']}", tmp_path / "cache", "--model", f"small={models['small']}")
+    with InProcessServer(*two_models) as server:
         env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
-        first = launch(claude, ["claude", "--base-url", server.base_url, "--", "-p", "Say hello."], work, dict(env))
-        again = ["claude", "--base-url", server.base_url, "--", "-p", "--continue", "Once more."]
-        second = launch(claude, again, work, dict(env))
-        requests = logged_requests(server, "/v1/messages")
+        at = ["claude", "--base-url", server.base_url, "--model", "main", "--"]
+        first = launch(claude, [*at, "-p", "Say hello."], work, dict(env))
+        second = launch(claude, [*at, "-p", "--continue", "Once more."], work, dict(env))
+        if release == "latest":
+            by_hand = {
+                **claude_env(server, home, CONTEXT),
+                "ANTHROPIC_MODEL": "main",
+                "ANTHROPIC_DEFAULT_SONNET_MODEL": "main",
+                "ANTHROPIC_DEFAULT_HAIKU_MODEL": "small",
+                "ANTHROPIC_SMALL_FAST_MODEL": "small",
+            }
+            small_turn = run([str(claude), "-p", "--model", "haiku", "Say hello."], work, by_hand)
+            assert small_turn.stdout.strip() == ANSWER
+        requests = logged_requests(server.log(), "/v1/messages")
         log = server.log()
 
     assert first.stdout.strip() == ANSWER and second.stdout.strip() == ANSWER
-    assert [r["status"] for r in requests] == ["200", "200"], requests
-    one, two = requests
+    small = [("200", "small")] if release == "latest" else []
+    assert [(r["status"], r["model"]) for r in requests] == [("200", "main")] * 2 + small, requests  # as named
+    one, two = requests[:2]
     assert one["agent"] == two["agent"] and int(one["prompt_tokens"]) > 10_000
     # The second turn is the first turn plus a few tokens: all of the first from memory.
     assert int(two["cached_tokens"]) >= int(one["prompt_tokens"]) - 64
     assert one["miss"].startswith("new_conversation@") and two["miss"].startswith("none@"), requests
+    if release == "latest":
+        assert "loading small for a request" in log
     if release == "2.1.197":  # its task tools describe `metadata` with propertyNames: constrained without it
         assert "tool 'TaskCreate': its calls are constrained without propertyNames" in log
-
-
-def test_claude_code_with_a_main_and_a_small_model(models, tmp_path):
-    """docs/usage.md's two-model set-up: Claude Code's main model and its small fast one
-    (`haiku`) are two models of one server; the small one loads on its first request."""
-    claude = program("claude-latest", "claude")
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    small = tmp_path / "fast"
-    shutil.copytree(models["answers"], small)
-    with InProcessServer(f"main={models['answers']}", tmp_path / "cache", "--model", f"small={small}") as server:
-        env = {
-            **claude_env(server, home, CONTEXT),
-            "ANTHROPIC_MODEL": "main",
-            "ANTHROPIC_DEFAULT_SONNET_MODEL": "main",
-            "ANTHROPIC_DEFAULT_HAIKU_MODEL": "small",
-            "ANTHROPIC_SMALL_FAST_MODEL": "small",
-        }
-        main_turn = run([str(claude), "-p", "Say hello."], work, env)
-        small_turn = run([str(claude), "-p", "--model", "haiku", "Say hello."], work, env)
-        requests = logged_requests(server, "/v1/messages")
-        log = server.log()
-
-    assert main_turn.stdout.strip() == ANSWER and small_turn.stdout.strip() == ANSWER
-    assert [(r["status"], r["model"]) for r in requests] == [("200", "main"), ("200", "small")]  # as named
-    assert "loading small for a request" in log
 
 
 def test_claude_code_compacts_on_prompt_too_long(tmp_path):
@@ -220,7 +241,7 @@ def test_claude_code_compacts_on_prompt_too_long(tmp_path):
         run([str(claude), "-p", "Say hello."], work, env)
         words = " ".join(f"word{i}" for i in range(400))
         failed = run([str(claude), "-p", "--continue", f"Remember these: {words}"], work, env, code=1)
-        requests = logged_requests(server, "/v1/messages")
+        requests = logged_requests(server.log(), "/v1/messages")
         log = server.log()
 
     assert "Prompt is too long" in failed.stdout + failed.stderr
@@ -244,7 +265,7 @@ def test_claude_code_sub_agents_each_reuse_their_own_turns(tmp_path):
         # before it sends a request (seen in CI): run it in the foreground.
         env = {**claude_env(server, home, CONTEXT), "CLAUDE_CODE_DISABLE_BACKGROUND_TASKS": "1"}
         done = run([str(claude), "-p", "Use a sub-agent to say hello."], work, env)
-        requests = logged_requests(server, "/v1/messages")
+        requests = logged_requests(server.log(), "/v1/messages")
 
     assert done.stdout.strip().endswith(ANSWER) and {r["status"] for r in requests} == {"200"}
     by_agent: dict[str, list[dict]] = {}
@@ -261,31 +282,6 @@ def test_claude_code_sub_agents_each_reuse_their_own_turns(tmp_path):
             assert after["miss"].startswith(("none@", "rewritten@")), turns
 
 
-def test_opencode_through_launch_turns_reuse_the_previous_one(models, tmp_path):
-    """opencode through launch: its own config, the session's id as the agent (setCacheKey); with
-    each turn it also sends a short title request. (Set up by hand, naming no agent: below.)"""
-    opencode = program("opencode-latest", "opencode")
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    with InProcessServer(models["answers"], tmp_path / "cache") as server:
-        env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
-        first_launch = ["opencode", "--base-url", server.base_url, "--", "run", "Say hello."]
-        third = launch(opencode, first_launch, work, dict(env))
-        launched = logged_requests(server, "/v1/chat/completions")
-        again = ["opencode", "--base-url", server.base_url, "--", "run", "--continue", "Once more."]
-        fourth = launch(opencode, again, work, dict(env))
-        continued = logged_requests(server, "/v1/chat/completions")[len(launched) :]
-
-    assert third.stdout.strip().endswith(ANSWER) and fourth.stdout.strip().endswith(ANSWER)
-    assert {r["status"] for r in launched + continued} == {"200"}
-    turn, next_turn = (main_turn(rs) for rs in (launched, continued))
-    assert int(turn["prompt_tokens"]) > 5_000
-    assert "agent" in turn and turn["agent"] == next_turn["agent"], launched  # the session (setCacheKey)
-    assert int(next_turn["cached_tokens"]) >= int(turn["prompt_tokens"]) - 64
-    assert next_turn["miss"].startswith("none@"), continued  # named: its next turn missed nothing
-
-
 def test_qwen_code_answers_through_launch(models, tmp_path):
     """Qwen Code (OpenAI's chat route, its OPENAI_* variables) through launch: a prompt answered,
     then the session continued, its prompt reused from memory (it sends no agent id: an unnamed
@@ -298,12 +294,12 @@ def test_qwen_code_answers_through_launch(models, tmp_path):
         env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
         args = ["qwen", "--base-url", server.base_url, "--"]
         first = launch(qwen, [*args, "-p", "Say hello."], work, dict(env), code=None)
-        requests = logged_requests(server, "/v1/chat/completions")
+        requests = logged_requests(server.log(), "/v1/chat/completions")
         # Its `agent` tool's `fork_turns` is a oneOf llguidance cannot compile: loosened to anyOf.
         assert "oneOf as anyOf" in server.log()
         assert first.returncode == 0, first.stderr[-3000:]
         second = launch(qwen, [*args, "-p", "Once more.", "--continue"], work, dict(env))
-        later = logged_requests(server, "/v1/chat/completions")[len(requests) :]
+        later = logged_requests(server.log(), "/v1/chat/completions")[len(requests) :]
 
     assert first.stdout.strip().endswith(ANSWER) and second.stdout.strip().endswith(ANSWER)
     assert {r["status"] for r in requests + later} == {"200"}, requests + later
@@ -312,7 +308,7 @@ def test_qwen_code_answers_through_launch(models, tmp_path):
     assert int(next_main["cached_tokens"]) >= int(main["prompt_tokens"]) // 2
 
 
-def opencode_by_hand(work: Path, server: Server) -> None:
+def opencode_by_hand(work: Path, server: Serving) -> None:
     """docs/usage.md's opencode.json: its openai-compatible provider, no session key (unnamed)."""
     provider = {
         "npm": "@ai-sdk/openai-compatible",
@@ -328,26 +324,47 @@ def main_turn(requests: list[dict[str, str]]) -> dict[str, str]:
     return max(requests, key=lambda r: int(r["prompt_tokens"]))
 
 
-def test_opencode_without_a_session_key_is_remembered_whole_and_after_a_restart(models, tmp_path):
-    """opencode set up by hand sends no agent id: its session is recognised by content as one
-    unnamed conversation, so its next turn reuses the whole previous one (prompt and a reply
-    that came back as other tokens), and after a restart most of it from disk."""
+def test_opencode_through_launch_and_set_up_by_hand(models, tmp_path):
+    """opencode through launch: its own config, the session's id as the agent (setCacheKey); with
+    each turn it also sends a short title request. Set up by hand (in another folder, one home for
+    both) it sends no agent id: its session is recognised by content as one unnamed conversation,
+    so its next turn reuses the whole previous one (prompt and a reply that came back as other
+    tokens), and after a restart most of it from disk."""
     opencode = program("opencode-latest", "opencode")
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
+    home, launched_work, work = tmp_path / "home", tmp_path / "launched", tmp_path / "work"
+    for folder in (home, launched_work, work):
+        folder.mkdir()
     env = {"HOME": str(home)}
+    chats = "/v1/chat/completions"
     with InProcessServer(models["answers"], tmp_path / "cache") as server:
+        through_launch = {**env, "CACHE": str(tmp_path / "launch")}
+        first_launch = ["opencode", "--base-url", server.base_url, "--", "run", "Say hello."]
+        launched_first = launch(opencode, first_launch, launched_work, dict(through_launch))
+        launched = logged_requests(server.log(), chats)
+        again = ["opencode", "--base-url", server.base_url, "--", "run", "--continue", "Once more."]
+        launched_second = launch(opencode, again, launched_work, dict(through_launch))
+        continued = logged_requests(server.log(), chats)[len(launched) :]
+
         opencode_by_hand(work, server)
         first = run([str(opencode), "run", "Say hello."], work, env)
-        one = logged_requests(server, "/v1/chat/completions")
+        one = logged_requests(server.log(), chats)[len(launched) + len(continued) :]
         second = run([str(opencode), "run", "--continue", "Once more."], work, env)
-        two = logged_requests(server, "/v1/chat/completions")[len(one) :]
+        two = logged_requests(server.log(), chats)[len(launched) + len(continued) + len(one) :]
     with InProcessServer(models["answers"], tmp_path / "cache") as server:
         opencode_by_hand(work, server)
         third = run([str(opencode), "run", "--continue", "And again."], work, env)
-        three = logged_requests(server, "/v1/chat/completions")
+        three = logged_requests(server.log(), chats)
 
+    # Through launch.
+    assert launched_first.stdout.strip().endswith(ANSWER) and launched_second.stdout.strip().endswith(ANSWER)
+    assert {r["status"] for r in launched + continued} == {"200"}
+    turn, next_turn = (main_turn(rs) for rs in (launched, continued))
+    assert int(turn["prompt_tokens"]) > 5_000
+    assert "agent" in turn and turn["agent"] == next_turn["agent"], launched  # the session (setCacheKey)
+    assert int(next_turn["cached_tokens"]) >= int(turn["prompt_tokens"]) - 64
+    assert next_turn["miss"].startswith("none@"), continued  # named: its next turn missed nothing
+
+    # By hand.
     assert all(r.stdout.strip().endswith(ANSWER) for r in (first, second, third))
     assert {r["status"] for r in one + two + three} == {"200"}
     turns = [main_turn(rs) for rs in (one, two, three)]
@@ -356,31 +373,6 @@ def test_opencode_without_a_session_key_is_remembered_whole_and_after_a_restart(
     assert int(turns[1]["cached_tokens"]) >= whole(turns[0], models["answers"]), turns
     assert turns[1]["miss"].startswith("none@"), turns  # recognised by its content: nothing missed
     assert int(turns[2]["warm_tokens"]) >= 0.9 * whole(turns[1], models["answers"]), turns
-
-
-def test_llm_continued_without_a_name_is_remembered_whole_and_after_a_restart(models, tmp_path):
-    """`llm -c` names no agent: its conversation is recognised by content, so the next turn
-    reuses all of the previous one, reply included, and after a restart at least 90 % from disk."""
-    llm = python_program("llm")
-    user = tmp_path / "llm"
-    user.mkdir()
-    env = {"LLM_USER_PATH": str(user)}
-    requests = []
-    for prompts in (["Say hello.", "Once more."], ["And again."]):  # a restart between
-        with InProcessServer(models["answers"], tmp_path / "cache") as server:
-            (user / "extra-openai-models.yaml").write_text(
-                f'- model_id: local\n  model_name: local\n  api_base: "{server.base_url}/v1"\n'
-            )
-            for i, prompt in enumerate(prompts):
-                args = ["-m", "local"] if not requests and i == 0 else ["-c"]
-                assert run([str(llm), *args, prompt], tmp_path, env).stdout.strip() == ANSWER
-            requests += logged_requests(server, "/v1/chat/completions")
-
-    assert [r["status"] for r in requests] == ["200"] * 3, requests
-    one, two, three = requests
-    assert one["agent"].startswith("~") and two["agent"] == three["agent"] == one["agent"], requests
-    assert int(two["cached_tokens"]) >= whole(one, models["answers"]), requests
-    assert int(three["warm_tokens"]) >= 0.9 * whole(two, models["answers"]), requests
 
 
 def test_aider_answers_and_its_next_turn_reuses_its_head(models, tmp_path):
@@ -398,7 +390,7 @@ def test_aider_answers_and_its_next_turn_reuses_its_head(models, tmp_path):
         env = {"HOME": str(home), "CACHE": str(tmp_path / "launch")}
         first = launch(aider, [*flags, "--message", "Say hello."], work, dict(env))
         second = launch(aider, [*flags, "--restore-chat-history", "--message", "Once more."], work, dict(env))
-        requests = logged_requests(server, "/v1/chat/completions")
+        requests = logged_requests(server.log(), "/v1/chat/completions")
 
     # aider prints a reply's lines with a blank line between them.
     assert all(line in done.stdout for done in (first, second) for line in ANSWER.splitlines())
@@ -411,28 +403,50 @@ def test_aider_answers_and_its_next_turn_reuses_its_head(models, tmp_path):
     assert two["miss"] == f"new_conversation@{two['cached_tokens']}", requests
 
 
-def test_launch_llm_writes_its_model_once_then_starts_and_stops_a_server(models, tmp_path):
+def test_llm_through_launch_then_continued_by_hand_is_remembered_after_a_restart_and_whole(models, tmp_path):
     """llm reads its models only from its own yaml: launch says so until --write-config adds the
-    entry (supports_schema, so `llm --schema` works); then each launch starts a server for the
-    run, on the configured port, and stops it when llm is done."""
+    entry (supports_schema, so `llm --schema` works); then a launch with no server running starts
+    one for the run, on the configured port, and stops it when llm is done. `llm -c` names no
+    agent: its conversation is recognised by content, so after that restart (the folder's server
+    now another) at least 90 % of it comes back from disk, and the next turn reuses all of the
+    previous one, reply included."""
     llm = python_program("llm")
-    user, port = tmp_path / "llm", str(free_port())
+    user, cache = tmp_path / "llm", tmp_path / "launch"
     user.mkdir()
-    (user / "extra-openai-models.yaml").write_text("- model_id: other\n  model_name: other\n")  # the user's own
-    env = {"LLM_USER_PATH": str(user), "CACHE": str(tmp_path / "launch"), "PORT": port}
-    args = ["llm", "--model", str(models["answers"])]
-    refused = launch(llm, [*args, "--", "Say hello."], tmp_path, dict(env), code=1)
-    assert "--write-config" in refused.stderr and "has no entry for scripted-answer" in refused.stderr
-
-    written = launch(llm, [*args, "--write-config"], tmp_path, dict(env))
+    models_file = user / "extra-openai-models.yaml"
+    models_file.write_text("- model_id: other\n  model_name: other\n")  # the user's own
+    model = str(models["answers"])
+    kv_bits = str(Settings.model_fields["kv_bits"].default)  # as launch's server, so its disk blocks read back
+    running = InProcessServer(model, cache, "--kv-bits", kv_bits)  # on the configured port: launch finds it
+    env = {"LLM_USER_PATH": str(user), "CACHE": str(cache), "PORT": str(running.port)}
+    args = ["llm", "--model", model]
+    with running:  # the command's logic, run in process
+        refused = launch_here(llm, [*args, "--", "Say hello."], dict(env), code=1)
+        assert "--write-config" in refused.stderr and "has no entry for scripted-answer" in refused.stderr
+        written = launch_here(llm, [*args, "--write-config"], dict(env))
     assert "+  supports_schema: true" in written.stdout
-    assert "model_id: other" in (user / "extra-openai-models.yaml").read_text()  # the user's own kept
+    assert "model_id: other" in models_file.read_text()  # the user's own kept
     assert len(list(user.glob("extra-openai-models.yaml.*.bak"))) == 1
 
-    done = launch(llm, [*args, "--", "Say hello."], tmp_path, dict(env))
+    done = launch(llm, [*args, "--", "Say hello."], tmp_path, dict(env))  # no server running: one started
     assert done.stdout.strip() == ANSWER
-    log = (tmp_path / "launch" / "launch" / "server.log").read_text()
+    log = (cache / "launch" / "server.log").read_text()
     assert re.search(r"method=POST path=/v1/chat/completions .*status=200", log), log[-2000:]
-    assert f"127.0.0.1:{port}" in log and not list((tmp_path / "launch" / "kv").glob("*/server.json"))
+    assert f"127.0.0.1:{running.port}" in log and not list((cache / "kv").glob("*/server.json"))
     with pytest.raises(httpx.ConnectError):  # stopped with llm
-        httpx.get(f"http://127.0.0.1:{port}/health")
+        httpx.get(f"{running.base_url}/health")
+
+    requests = logged_requests(log, "/v1/chat/completions")
+    with InProcessServer(model, cache, "--kv-bits", kv_bits) as server:  # set up by hand (docs/usage.md)
+        with models_file.open("a") as f:
+            f.write(f'- model_id: local\n  model_name: local\n  api_base: "{server.base_url}/v1"\n')
+        for prompt in ("Once more.", "And again."):
+            by_hand = ["-c", "-m", "local", prompt]
+            assert run([str(llm), *by_hand], tmp_path, {"LLM_USER_PATH": str(user)}).stdout.strip() == ANSWER
+        requests += logged_requests(server.log(), "/v1/chat/completions")
+
+    assert [r["status"] for r in requests] == ["200"] * 3, requests
+    one, two, three = requests
+    assert one["agent"].startswith("~") and two["agent"] == three["agent"] == one["agent"], requests
+    assert int(two["warm_tokens"]) >= 0.9 * whole(one, models["answers"]), requests
+    assert int(three["cached_tokens"]) >= whole(two, models["answers"]), requests
