@@ -74,10 +74,9 @@ def test_serve_by_hub_id(machine, tmp_path, hub_id):
 
 
 def test_a_hub_id_not_on_the_machine_is_refused_with_what_to_do(machine, tmp_path):
-    started = subprocess.run(
-        [sys.executable, "-m", "agent_memory", "serve", "--model", "acme/elsewhere", "--cache-dir", str(tmp_path / "cache")],
-        capture_output=True, text=True, env={**os.environ, **machine},
-    )
+    command = [sys.executable, "-m", "agent_memory", "serve", "--model", "acme/elsewhere"]
+    command += ["--cache-dir", str(tmp_path / "cache")]
+    started = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **machine})
     assert started.returncode == 1
     assert "'acme/elsewhere' is not on this machine" in started.stderr
     assert "agent-memory models fetch acme/elsewhere" in started.stderr
