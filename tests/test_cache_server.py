@@ -1,6 +1,9 @@
 """`agent-memory cache rm/prune` and a running server agree: the server records itself in its
 model folder (server.json) and the commands end its agents through its API; a crashed server
-leaves no claim, and one that does not answer stops the command before anything is deleted."""
+leaves no claim, and one that does not answer stops the command before anything is deleted.
+The commands run in this process (CliRunner: what is tested is their logic; `cache` as its own
+process is started in tests/test_cache_cli.py); the server is a process where its record is
+what is tested (its pid, a SIGKILL), else it serves in this process."""
 
 from __future__ import annotations
 
@@ -14,12 +17,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import Result
+from typer.testing import CliRunner
 
+from agent_memory.cli.cache.commands import cache_app
 from agent_memory.memory.hashing import BlockNames
 from agent_memory.memory.warm.folder.paths import Folder, model_folders
 from agent_memory.memory.warm.format.records import Manifest
 from tests.support.chat import ask
-from tests.support.server import REPO, Server, free_port
+from tests.support.inprocess import InProcessServer
+from tests.support.server import Server, Serving, free_port
 from tests.support.warm_folders import DAY, FP_TINY, age, make_folder, write_agent, write_block
 
 pytestmark = pytest.mark.process
@@ -27,12 +34,11 @@ pytestmark = pytest.mark.process
 KEY = "s3cret-key"
 
 
-def cache_cli(cache_dir: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The real command line, with no settings but these (no user config file, no env)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_MEMORY_")}
-    clean.update({"AGENT_MEMORY_CONFIG": str(cache_dir / "no-config.toml"), **(env or {})})
-    cmd = [sys.executable, "-m", "agent_memory", "cache", *args, "--cache-dir", str(cache_dir)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=clean, cwd=REPO, timeout=120)
+def cache_cli(cache_dir: Path, *args: str, env: dict | None = None) -> Result:
+    """The `cache` command line in this process, with no settings but these (conftest: no user
+    config file, no AGENT_MEMORY_ env)."""
+    env = {"AGENT_MEMORY_CONFIG": str(cache_dir / "no-config.toml"), **(env or {})}
+    return CliRunner().invoke(cache_app, [*args, "--cache-dir", str(cache_dir)], env=env)
 
 
 def wait_for(predicate, timeout: float = 30) -> None:
@@ -42,14 +48,14 @@ def wait_for(predicate, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-def server_agents(server: Server, **headers) -> list[str]:
+def server_agents(server: Serving, **headers) -> list[str]:
     with server.http() as http:
         response = http.get("/v1/agents", headers=headers)
     assert response.status_code == 200, response.text
     return [a["id"] for a in response.json()["data"]]
 
 
-def turn(server: Server, agent: str, text: str, **kw) -> None:
+def turn(server: Serving, agent: str, text: str, **kw) -> None:
     ask(server.client(**kw), [{"role": "user", "content": text}], agent)
 
 
@@ -90,12 +96,12 @@ def test_a_server_that_does_not_answer_stops_rm_and_prune_before_any_deletion(tm
 
     for args in (["rm", "alice", "-y"], ["prune", "--older-than", "1d", "-y"]):
         result = cache_cli(root, *args)
-        assert result.returncode == 1, result.stdout
+        assert result.exit_code == 1, result.stdout
         assert "does not answer" in result.stderr and "nothing was deleted" in result.stderr
         assert str(layout.server_json) in result.stderr
         assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
     result = cache_cli(root, "prune", "--older-than", "1d", "--dry-run")
-    assert result.returncode == 0 and "would free" in result.stdout  # a dry run asks no server
+    assert result.exit_code == 0 and "would free" in result.stdout  # a dry run asks no server
 
 
 # -- a real server -------------------------------------------------------------------------
@@ -115,7 +121,7 @@ def test_cache_rm_and_prune_end_agents_through_the_running_server(tiny_model, tm
         wait_for(lambda: folder.agent_path(alice).exists() and folder.agent_path("bob").exists())
 
         result = cache_cli(cache_dir, "rm", alice, "--yes", "--format", "json")
-        assert result.returncode == 0, result.stderr
+        assert result.exit_code == 0, result.output
         doc = json.loads(result.stdout)
         assert doc["server"] == server.base_url and doc["removed_blocks"] and doc["kept_shared_blocks"] > 0
         assert not folder.agent_path(alice).exists()
@@ -134,36 +140,36 @@ def test_cache_rm_and_prune_end_agents_through_the_running_server(tiny_model, tm
         turn(server, "carol", shared + "Plan a picnic. Bring bread.")  # carol stays recent
         wait_for(lambda: Manifest.read(folder.agent_path("carol")).last_used >= recent)
         result = cache_cli(cache_dir, "prune", "--older-than", "3s", "--yes", "--format", "json")
-        assert result.returncode == 0, result.stderr
+        assert result.exit_code == 0, result.output
         assert [i["name"] for i in json.loads(result.stdout)["removed"] if i["kind"] == "agent"] == ["bob"]
         assert server_agents(server) == ["carol"] and not folder.agent_path("bob").exists()
-        assert cache_cli(cache_dir, "verify").returncode == 0
+        assert cache_cli(cache_dir, "verify").exit_code == 0
 
         server.kill()  # SIGKILL: server.json stays, naming a dead process
         assert folder.server_json.exists() and folder.read_server_json() is None
         result = cache_cli(cache_dir, "rm", "carol", "--yes", "--format", "json")
-        assert result.returncode == 0, result.stderr
+        assert result.exit_code == 0, result.output
         assert json.loads(result.stdout)["server"] is None and not folder.agent_path("carol").exists()
 
 
 def test_cache_rm_takes_the_servers_api_key_from_the_settings(tiny_model, tmp_path):
     cache_dir = tmp_path / "cache"
-    with Server(tiny_model, cache_dir, "--api-key", KEY) as server:
+    with InProcessServer(tiny_model, cache_dir, "--api-key", KEY) as server:
         (folder,) = model_folders(cache_dir / "kv")
         wait_for(lambda: folder.read_server_json() is not None)
         turn(server, "dora", "Hello, remember me.", api_key=KEY)
         wait_for(lambda: folder.agent_path("dora").exists())
 
         result = cache_cli(cache_dir, "rm", "dora", "--yes")
-        assert result.returncode == 1 and "AGENT_MEMORY_API_KEY" in result.stderr
+        assert result.exit_code == 1 and "AGENT_MEMORY_API_KEY" in result.stderr
         assert "api_key" in result.stderr and folder.agent_path("dora").exists()
         assert server_agents(server, authorization=f"Bearer {KEY}") == ["dora"]
 
         result = cache_cli(cache_dir, "rm", "dora", "--yes", env={"AGENT_MEMORY_API_KEY": KEY})
-        assert result.returncode == 0, result.stderr
+        assert result.exit_code == 0, result.output
         assert "through the server" in result.stdout and not folder.agent_path("dora").exists()
         assert server_agents(server, authorization=f"Bearer {KEY}") == []
-        server.stop()  # SIGTERM: a clean shutdown
+        server.stop()  # a clean shutdown, as at SIGTERM: uvicorn's exit, the app's lifespan ends
     assert not folder.server_json.exists()  # a clean shutdown takes the record away
     with pytest.raises(httpx.HTTPError):
         httpx.get(server.base_url + "/health", timeout=2)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib.util
 import os
 import re
@@ -112,6 +113,7 @@ def missing_imports(code: str) -> list[str]:
 FRAMEWORKS_PYTHON = REPO / ".venv-frameworks" / "bin" / "python"
 
 
+@functools.cache
 def interpreter(code: str) -> str | None:
     """The Python that can run a block: this one, else the frameworks' venv if it has what the
     block imports; None when neither does."""
@@ -150,17 +152,23 @@ DOC_AGENTS = ("planner", "researcher-1")  # named by the docs' curl and cache co
 
 
 def make_agents(base_url: str, cache_dir: Path | None, agents: tuple[str, ...] = DOC_AGENTS) -> None:
-    """One short turn of each agent, then (given the cache folder) wait for its manifest on
-    disk, which is written behind the reply."""
+    """One short turn of each agent that the server or (given the cache folder) the disk does
+    not hold (a command before may have ended it), then wait for its manifest on disk, which
+    is written behind the reply."""
     import httpx
 
     from agent_memory.memory.warm.folder.paths import model_folders
 
+    def on_disk(agent: str) -> bool:
+        return cache_dir is None or all(f.agent_path(agent).exists() for f in model_folders(cache_dir / "kv"))
+
     for agent in agents:
+        if httpx.get(f"{base_url}/v1/agents/{agent}", timeout=120).status_code == 200 and on_disk(agent):
+            continue
         body = {"messages": [{"role": "user", "content": "Plan the trip."}], "max_tokens": 4, "prompt_cache_key": agent}
         httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120).raise_for_status()
     deadline = time.monotonic() + 30
-    while cache_dir and not all(f.agent_path(a).exists() for f in model_folders(cache_dir / "kv") for a in agents):
+    while not all(on_disk(a) for a in agents):
         assert time.monotonic() < deadline, "the agents' manifests were not written"
         time.sleep(0.05)
 

@@ -1,7 +1,8 @@
 """Models by hub id, with no network: a Hugging Face cache layout and an LM Studio folder built
 on disk (the tiny model copied in), found by `serve --model OWNER/NAME` and `models ls`; a vision
 model by hub id answering an image; a hub id that is not on the machine is refused at start with
-what to do."""
+what to do. Only the refusal starts a process (what it tests is the process's start); the rest
+serve in this process and run `models ls` in it, pointed at the machine built here."""
 
 from __future__ import annotations
 
@@ -13,36 +14,48 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from agent_memory.cli import app
 from agent_memory.models.tiny_vision import build_tiny_vision
 from tests.support.chat import chat
 from tests.support.images import data_url, encoded, picture
-from tests.support.server import Server
+from tests.support.inprocess import InProcessServer
 
 pytestmark = pytest.mark.process
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
+def point_at(monkeypatch, hub: Path, home: Path) -> dict[str, str]:
+    """This process's environment as a machine with this hub cache and home: the variables a
+    process would start with, and huggingface_hub's copies of HF_HUB_CACHE (it reads the
+    variable once, when it is imported). Returns the variables, for a process to start with."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _cache_manager
+
+    env = {"HF_HUB_CACHE": str(hub), "HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setattr(_cache_manager, "HF_HUB_CACHE", str(hub))
+    return env
+
+
 @pytest.fixture
-def machine(tmp_path, tiny_model) -> dict[str, str]:
-    """A home with an LM Studio model and a hub cache with one snapshot, as env vars."""
+def machine(tmp_path, tiny_model, monkeypatch) -> dict[str, str]:
+    """A home with an LM Studio model and a hub cache with one snapshot, this process pointed
+    at them; their env vars."""
     hub = tmp_path / "hub" / "models--acme--tiny-chat"
     shutil.copytree(tiny_model, hub / "snapshots" / REVISION)
     (hub / "refs").mkdir()
     (hub / "refs" / "main").write_text(REVISION)
     shutil.copytree(tiny_model, tmp_path / "home" / ".lmstudio" / "models" / "lms" / "tiny-lms")
-    return {"HF_HUB_CACHE": str(tmp_path / "hub"), "HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
-
-
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "agent_memory", *args], capture_output=True, text=True, env={**os.environ, **env}
-    )
+    return point_at(monkeypatch, tmp_path / "hub", tmp_path / "home")
 
 
 def test_models_ls_lists_what_is_on_the_machine(machine, tmp_path):
-    listed = cli(machine, "models", "ls", "--cache-dir", str(tmp_path / "cache"))
-    assert listed.returncode == 0, listed.stderr
+    listed = CliRunner().invoke(app, ["models", "ls", "--cache-dir", str(tmp_path / "cache")])
+    assert listed.exit_code == 0, listed.output
     rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines()[1:]}
     assert rows["acme/tiny-chat"][1:3] == ["llama", "4"] and "yes" in rows["acme/tiny-chat"]
     assert REVISION in rows["acme/tiny-chat"][-1]
@@ -51,7 +64,7 @@ def test_models_ls_lists_what_is_on_the_machine(machine, tmp_path):
 
 @pytest.mark.parametrize("hub_id", ["acme/tiny-chat", "lms/tiny-lms"])
 def test_serve_by_hub_id(machine, tmp_path, hub_id):
-    with Server(hub_id, tmp_path / "cache", env=machine) as server:
+    with InProcessServer(hub_id, tmp_path / "cache") as server:
         client = server.client()
         assert [m.id for m in client.models.list().data] == [hub_id]
         reply = chat(client, "Hello", max_tokens=4, model=hub_id)
@@ -61,7 +74,9 @@ def test_serve_by_hub_id(machine, tmp_path, hub_id):
 
 
 def test_a_hub_id_not_on_the_machine_is_refused_with_what_to_do(machine, tmp_path):
-    started = cli(machine, "serve", "--model", "acme/elsewhere", "--cache-dir", str(tmp_path / "cache"))
+    command = [sys.executable, "-m", "agent_memory", "serve", "--model", "acme/elsewhere"]
+    command += ["--cache-dir", str(tmp_path / "cache")]
+    started = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **machine})
     assert started.returncode == 1
     assert "'acme/elsewhere' is not on this machine" in started.stderr
     assert "agent-memory models fetch acme/elsewhere" in started.stderr
@@ -82,13 +97,13 @@ def hub_cached(folder: Path, hub: Path, repo_id: str) -> None:
     (repo / "refs" / "main").write_text(REVISION)
 
 
-def test_a_vision_model_by_hub_id_answers_an_image(tmp_path):
+def test_a_vision_model_by_hub_id_answers_an_image(tmp_path, monkeypatch):
     """The tiny Gemma 3 vision model (models/tiny_vision.py) in the hub cache's layout: served
     by its hub id with its vision half and processor (both read through the snapshot's links),
     an image answered and its tokens counted."""
     hub_cached(build_tiny_vision(tmp_path / "built", arch="gemma3"), tmp_path / "hub", "acme/tiny-vision")
-    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
-    with Server("acme/tiny-vision", tmp_path / "cache", env=env) as server:
+    point_at(monkeypatch, tmp_path / "hub", tmp_path / "home")
+    with InProcessServer("acme/tiny-vision", tmp_path / "cache") as server:
         client = server.client()
         (model,) = client.models.list().data
         assert model.id == "acme/tiny-vision" and model.model_extra["input"] == ["text", "image"]

@@ -1,20 +1,16 @@
 """Models, offline: the tiny model is deterministic and usable, names resolve without a hub,
-the GGUF conversion undoes llama.cpp's q/k layout, and the demo model (when fetched) answers."""
+the GGUF conversion undoes llama.cpp's q/k layout (the demo model: tests/test_demo.py)."""
 
 from __future__ import annotations
 
 import json
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from tokenizers import Tokenizer
+from typer.testing import CliRunner
 
-from agent_memory.config import default_cache_dir
-from agent_memory.models.demo import DEMO_NAME, fetch_demo
+from agent_memory.cli import app
+from agent_memory.models.demo import fetch_demo
 from agent_memory.models.folders import ModelError, ModelFetchError, ModelNotFoundError, move_into_place
 from agent_memory.models.registry import list_models, resolve_model
 from agent_memory.models.tiny import build_tiny
@@ -23,7 +19,6 @@ CHATML_HI = (
     "<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n"
     "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 )
-DEMO = Path(os.environ.get("AGENT_MEMORY_CACHE_DIR") or default_cache_dir()) / "models" / DEMO_NAME
 
 
 def test_tiny_builds_byte_identical(tmp_path, tiny_model):
@@ -117,38 +112,21 @@ def test_unpermute_inverts_llama_cpp_qk_permutation():
 
 
 def test_models_cli(tmp_path):
-    def run(*args: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "agent_memory", "models", *args]
-        return subprocess.run(command, capture_output=True, text=True)
+    def run(*args: str):
+        """The `models` command line, run in this process (its own process is tested by the
+        serve and build-tiny tests that start it)."""
+        return CliRunner().invoke(app, ["models", *args])
 
     built = run("build-tiny", str(tmp_path / "models" / "tiny"))
-    assert built.returncode == 0, built.stderr
+    assert built.exit_code == 0, built.output
     # Room for a coding agent's prompt by default (the tests' own build_tiny keeps 4,096).
     config = json.loads((tmp_path / "models" / "tiny" / "config.json").read_text())
     tokenizer = json.loads((tmp_path / "models" / "tiny" / "tokenizer_config.json").read_text())
     assert config["max_position_embeddings"] == tokenizer["model_max_length"] == 65536
     small = run("build-tiny", str(tmp_path / "small"), "--context", "8192")
-    assert small.returncode == 0, small.stderr
+    assert small.exit_code == 0, small.output
     assert json.loads((tmp_path / "small" / "config.json").read_text())["max_position_embeddings"] == 8192
     listed = run("ls", "--cache-dir", str(tmp_path))
-    assert listed.returncode == 0 and "tiny" in listed.stdout and "llama" in listed.stdout
+    assert listed.exit_code == 0 and "tiny" in listed.stdout and "llama" in listed.stdout
     refused = run("fetch", "something-else", "--cache-dir", str(tmp_path))
-    assert refused.returncode != 0
-
-
-@pytest.mark.skipif(not (DEMO / "config.json").is_file(), reason=f"demo model not fetched into {DEMO}")
-def test_demo_model_knows_the_capital_of_france():
-    import agent_memory.blas  # noqa: F401
-    from mlx_lm import generate, load
-
-    model, tokenizer = load(str(DEMO))
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_end|>\n<|im_start|>assistant\n")
-    # GPT-2 style tokens, as in the GGUF's vocabulary: "Ġ" marks a leading space, digits split.
-    ids = tokenizer.encode(" the capital 2024", add_special_tokens=False)
-    assert tokenizer.convert_ids_to_tokens(ids) == ["Ġthe", "Ġcapital", "Ġ", "2", "0", "2", "4"]
-    assert tokenizer.decode(ids) == " the capital 2024"
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    answer = generate(model, tokenizer, prompt, max_tokens=24)
-    assert "Paris" in answer
+    assert refused.exit_code != 0
