@@ -27,17 +27,11 @@ REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
 def point_at(monkeypatch, hub: Path, home: Path) -> dict[str, str]:
-    """This process's environment as a machine with this hub cache and home: the variables a
-    process would start with, and huggingface_hub's copies of HF_HUB_CACHE (it reads the
-    variable once, when it is imported). Returns the variables, for a process to start with."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import _cache_manager
-
+    """This process's environment as a machine with this hub cache and home (the server reads
+    them when it looks for a model: models/hub.py); the variables, for a process to start with."""
     env = {"HF_HUB_CACHE": str(hub), "HOME": str(home), "HF_HUB_OFFLINE": "1"}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
-    monkeypatch.setattr(_cache_manager, "HF_HUB_CACHE", str(hub))
     return env
 
 

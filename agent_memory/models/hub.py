@@ -8,6 +8,7 @@ honours `HF_HUB_OFFLINE` and `HF_TOKEN`); `serve` never downloads.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,15 @@ MODEL_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.tikto
 def is_hub_id(spec: str) -> bool:
     """`owner/name`, as the hub spells repositories (a path that exists is a path)."""
     return bool(HUB_ID.match(spec)) and not Path(spec).expanduser().exists()
+
+
+def hub_cache() -> Path:
+    """The Hugging Face cache as the environment names it when asked (huggingface_hub reads it
+    once, at its import): HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if cache := os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(cache).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
 
 
 def lmstudio_roots() -> list[Path]:
@@ -44,7 +54,7 @@ def _cached_snapshot(repo_id: str) -> Path | None:
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        snapshot = Path(snapshot_download(repo_id, local_files_only=True))
+        snapshot = Path(snapshot_download(repo_id, local_files_only=True, cache_dir=hub_cache()))
     except (LocalEntryNotFoundError, ValueError, OSError):
         return None
     return snapshot if _loadable(snapshot) else None
@@ -54,7 +64,7 @@ def download(repo_id: str) -> Path:
     """Fetch the model's files into the Hugging Face cache (huggingface_hub shows progress)."""
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(repo_id, allow_patterns=MODEL_FILES))
+    return Path(snapshot_download(repo_id, allow_patterns=MODEL_FILES, cache_dir=hub_cache()))
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,7 @@ def local_repos() -> list[LocalRepo]:
 
     found: list[LocalRepo] = []
     try:
-        cache = scan_cache_dir()
+        cache = scan_cache_dir(hub_cache())
     except (CacheNotFound, OSError):
         cache = None
     for repo in sorted(cache.repos, key=lambda r: r.repo_id) if cache is not None else []:
