@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent_memory.models.folders import ModelNotFoundError, complete
-from agent_memory.models.hub import find_local, is_hub_id, local_repos
+from agent_memory.models.hub import find_local, hub_cache, is_hub_id, local_repos
 
 if TYPE_CHECKING:  # gguf imports MLX, which `models ls` does not need
     from agent_memory.models.gguf import Progress
@@ -83,12 +83,6 @@ def resolve_model(spec: str, models_dir: Path, progress: Progress | None = None)
 def served_name(spec: str, path: Path) -> str:
     """The id a model is served under: the hub id it was named by, else its folder's name."""
     return spec if is_hub_id(spec) and not complete(Path(spec).expanduser()) else path.name
-
-
-def hub_cache() -> str:
-    from huggingface_hub import constants
-
-    return constants.HF_HUB_CACHE
 
 
 def list_models(models_dir: Path) -> list[ModelInfo]:
