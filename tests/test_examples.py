@@ -204,10 +204,8 @@ def test_example_runs(example: Example, docs_server):
         pytest.skip(f"{example.name} needs {', '.join(missing)} ({install}), not installed here")
     if example.kind != "python":
         make_agents(docs_server.base_url, docs_server.cache_dir)  # the agents the commands name, whatever ran before
-    start = time.monotonic()
-    done = run(example, docs_server.base_url, "tiny", docs_server.cache_dir)
+    done = run(example, docs_server.base_url, "tiny", docs_server.cache_dir)  # TIMEOUT_S: a hang fails it
     check(example, done)
-    assert time.monotonic() - start < 120, f"{example.name} took {time.monotonic() - start:.0f} s"
 
 
 def main() -> int:
