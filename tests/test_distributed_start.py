@@ -42,7 +42,10 @@ def test_what_cannot_be_split_is_refused_at_start_on_every_rank(case, tiny_model
         model, args = tiny_model, ["--model", f"second={tiny_model}"]
         why = "--model is given 2 times: a server split over 2 processes"
     log = Launched(model, tmp_path / "cache", *args).ended()
-    assert log.count(why) == 2, log  # each rank says it, before any exchange
+    # Each rank says it, before any exchange, unless mlx.launch stopped it first: the launcher
+    # ends the other processes once one has exited.
+    said, stopped = log.count(why), log.count("exited with code -15")
+    assert said >= 1 and said + stopped >= 2, log
     assert "Uvicorn running" not in log
 
 
