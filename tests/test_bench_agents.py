@@ -9,7 +9,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.server import REPO
+
+pytestmark = pytest.mark.process
+
+
 def load_bench():
     spec = importlib.util.spec_from_file_location("bench_agents", REPO / "scripts/bench_agents.py")
     module = importlib.util.module_from_spec(spec)

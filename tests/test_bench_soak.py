@@ -8,7 +8,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.server import REPO
+
+pytestmark = pytest.mark.process
+
+
 def test_bench_soak_smoke(tiny_model, tmp_path):
     out = tmp_path / "soak.json"
     cmd = [

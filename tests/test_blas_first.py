@@ -10,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.process
 PACKAGE = Path(__file__).resolve().parent.parent / "agent_memory"
 
 

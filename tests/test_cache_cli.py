@@ -35,6 +35,8 @@ from tests.support.warm_folders import (  # noqa: F401 - cache: the fixture
     write_block,
 )
 
+pytestmark = pytest.mark.process
+
 # -- ls ------------------------------------------------------------------------------------
 
 

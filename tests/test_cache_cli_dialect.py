@@ -20,6 +20,8 @@ from agent_memory.cli.cache.select import parse_size
 from tests.support.server import REPO
 from tests.support.warm_folders import DAY, FP_TINY, cache, verify, write_agent  # noqa: F401 - cache: the fixture
 
+pytestmark = pytest.mark.process
+
 
 BOX = re.compile(r"[\u2500-\u257f]")  # box drawing characters
 

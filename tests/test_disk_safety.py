@@ -30,7 +30,6 @@ from agent_memory.memory.warm.format.records import Manifest
 from tests.support.chat import ask, tiers
 from tests.support.inprocess import InProcessServer
 
-pytestmark = pytest.mark.process
 MiB = 1 << 20
 STORY = "The keeper wrote down the ships, the weather and the lamps of every night on the cape. "
 

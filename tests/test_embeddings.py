@@ -19,7 +19,6 @@ from agent_memory.models.tiny_embedding import build_tiny_embedding
 from tests.support.inprocess import InProcessServer, refused_start
 from tests.support.metrics import metric
 
-pytestmark = pytest.mark.process
 
 TEXTS = ["Where is Paris?", "def add(a, b):\n    return a + b", "a longer sentence " * 20, "Oslo"]
 

@@ -18,7 +18,6 @@ import pytest
 from agent_memory.models.tiny import build_tiny
 from tests.support.inprocess import InProcessServer, refused_start
 
-pytestmark = pytest.mark.process
 PROMPTS = [
     "Describe the harbour at dawn, the boats and the gulls over the water.",
     "List three uses of a lighthouse.",

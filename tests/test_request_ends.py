@@ -14,7 +14,6 @@ import pytest
 
 from tests.support.inprocess import InProcessServer, refused_start
 
-pytestmark = pytest.mark.process
 CONTEXT = 1024
 DEFAULT = 6  # --default-max-tokens tight=6 (beating the 8 every model gets)
 # Fills most of the context: each API's prompt leaves a little room (its template's few tokens aside).

@@ -15,7 +15,6 @@ import pytest
 
 from tests.support.inprocess import InProcessServer, refused_start
 from tests.support.templates import templated_model
-pytestmark = pytest.mark.process
 
 
 KEYS = {"alice": "key-alice", "bob": "key-bob"}

@@ -14,7 +14,6 @@ import pytest
 from tests.support.inprocess import InProcessServer, refused_start
 from tests.support.metrics import metric
 from tests.support.tied import ANSWER, CODE, FEW, PROMPTS, models  # noqa: F401 - models: the fixture
-pytestmark = pytest.mark.process
 
 
 TOOLS = [

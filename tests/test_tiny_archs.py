@@ -18,6 +18,8 @@ from agent_memory.models.tiny_archs import ARCHS
 from agent_memory.models.tiny_embedding import EMBEDDING_ARCHS
 from agent_memory.models.tiny_vision import VISION_ARCHS
 
+pytestmark = pytest.mark.process
+
 # Longer than the sliding window (32 tokens), so rotating caches wrap while it is read.
 PROMPT = "Write a short story about a dragon and a knight who meet at a river and talk about the weather all day."
 OTHER_PROMPT = "def f(x): return x"
