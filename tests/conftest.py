@@ -21,14 +21,6 @@ for _name in [n for n in os.environ if n.startswith("AGENT_MEMORY_")]:
 os.environ["AGENT_MEMORY_CONFIG"] = str(Path(__file__).parent / "no-config.toml")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files that start processes or run programs first, each file's tests in their order: they
-    are the long ones (their time is their processes'), and with two workers taking a file at a
-    time (scripts/test), a long file started last would run alone at the end."""
-    heavy = {item.path for item in items if item.get_closest_marker("process") or item.get_closest_marker("programs")}
-    items.sort(key=lambda item: item.path not in heavy)
-
-
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     from agent_memory.models.tiny import build_tiny
