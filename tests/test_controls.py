@@ -56,6 +56,19 @@ def memory(server) -> dict:
     return {"agents": agents, "totals": totals}
 
 
+def written(server) -> dict:
+    """memory(server) once the warm tier has written what the last turns queued (its disk bytes
+    grow until then): two reads a moment apart alike."""
+    deadline = time.monotonic() + 30
+    last = memory(server)
+    while True:
+        time.sleep(0.2)
+        if (now := memory(server)) == last:
+            return now
+        assert time.monotonic() < deadline, "the warm tier did not finish writing"
+        last = now
+
+
 def test_a_request_not_remembered_reuses_and_writes_nothing(server, tiny_model):
     first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
     reply = chat(server, first, "keeper")
@@ -64,7 +77,8 @@ def test_a_request_not_remembered_reuses_and_writes_nothing(server, tiny_model):
         {"role": "assistant", "content": reply.choices[0].message.content},
         {"role": "user", "content": "And on page two?"},
     ]
-    before, files = memory(server), warm_files(server)
+    before = written(server)
+    files = warm_files(server)
     assert files and "keeper" in before["agents"]
     anthropic_body = {
         "model": "tiny", "max_tokens": 4, "system": SYSTEM, "extra_body": {"remember": False},
