@@ -13,18 +13,15 @@ import stat
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from click.testing import Result
-from typer.testing import CliRunner
 
-from agent_memory.cli.cache.commands import cache_app
 from agent_memory.memory.hashing import BlockNames
 from agent_memory.memory.warm.folder.paths import Folder, model_folders
 from agent_memory.memory.warm.format.records import Manifest
 from tests.support.chat import ask
+from tests.support.cli import cache_cli
 from tests.support.inprocess import InProcessServer
 from tests.support.server import Server, Serving, free_port
 from tests.support.warm_folders import DAY, FP_TINY, age, make_folder, write_agent, write_block
@@ -32,13 +29,6 @@ from tests.support.warm_folders import DAY, FP_TINY, age, make_folder, write_age
 pytestmark = pytest.mark.process
 
 KEY = "s3cret-key"
-
-
-def cache_cli(cache_dir: Path, *args: str, env: dict | None = None) -> Result:
-    """The `cache` command line in this process, with no settings but these (conftest: no user
-    config file, no AGENT_MEMORY_ env)."""
-    env = {"AGENT_MEMORY_CONFIG": str(cache_dir / "no-config.toml"), **(env or {})}
-    return CliRunner().invoke(cache_app, [*args, "--cache-dir", str(cache_dir)], env=env)
 
 
 def wait_for(predicate, timeout: float = 30) -> None:

@@ -22,12 +22,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from typer.testing import CliRunner
 
-from agent_memory.cli.cache.commands import cache_app
 from agent_memory.memory.warm.folder.paths import Folder, model_folders
 from agent_memory.memory.warm.format.records import Manifest
 from tests.support.chat import ask, tiers
+from tests.support.cli import cache_cli
 from tests.support.inprocess import InProcessServer
 
 MiB = 1 << 20
@@ -40,13 +39,6 @@ def conversation(agent: str, words: int = 150) -> list[dict]:
         {"role": "system", "content": f"You are {agent}, keeper of the records. " + STORY * (words // 15)},
         {"role": "user", "content": f"{agent}: what happened last night?"},
     ]
-
-
-def cache_cli(cache_dir: Path, *args: str):
-    """`agent-memory cache ARGS --cache-dir CACHE_DIR`, in this process (its logic is what these
-    tests check, not its process): the result's `exit_code` and `output`."""
-    env = {"AGENT_MEMORY_CONFIG": str(cache_dir.parent / "no-config.toml")}
-    return CliRunner().invoke(cache_app, [*args, "--cache-dir", str(cache_dir)], env=env)
 
 
 def wait_for(predicate, timeout: float = 30) -> None:
